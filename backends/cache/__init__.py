@@ -1,0 +1,1 @@
+"""Response cache stores: `memory` (in-process, the embedded default) and `redis`."""

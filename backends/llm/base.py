@@ -1,0 +1,109 @@
+"""The LLM seam: a tier name in, text (or tool calls) plus exact usage and cost out.
+
+Tiers are "small" and "large". An implementation owns retries (exactly one retry layer),
+fallbacks between a tier's models, timeouts and price accounting; it raises
+`backends.errors.BackendUnavailable` when no model of the tier could answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Tier = Literal["small", "large"]
+
+
+class TierConfig(BaseModel):
+    """One model tier as configured: a litellm model string plus prices and limits."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = Field(description="litellm model string, e.g. 'openai/gpt-4o-mini'")
+    api_base: str | None = None
+    api_key_env: str | None = Field(
+        default=None, description="name of the environment variable holding the API key"
+    )
+    input_cost_per_token: float = Field(default=0.0, ge=0)
+    output_cost_per_token: float = Field(default=0.0, ge=0)
+    timeout_s: float = Field(default=30.0, gt=0)
+    max_tokens: int = Field(default=512, gt=0)
+    temperature: float = Field(default=0.0, ge=0, le=2)
+    retries: int = Field(default=2, ge=0, le=5)
+    fallbacks: tuple[TierConfig, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str
+    tool_call_id: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            self.prompt_tokens + other.prompt_tokens,
+            self.completion_tokens + other.completion_tokens,
+            self.cost_usd + other.cost_usd,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    text: str
+    tier: Tier
+    model: str  # the model that actually answered (after fallbacks)
+    usage: Usage
+    tool_calls: tuple[ToolCall, ...] = ()
+    finish_reason: str = "stop"
+
+
+@dataclass(frozen=True, slots=True)
+class StreamDelta:
+    """A piece of a streamed answer; the last one has `done=True` and the final usage."""
+
+    text: str = ""
+    done: bool = False
+    usage: Usage | None = None
+    model: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class LLM(Protocol):
+    def has_tier(self, tier: Tier) -> bool:
+        """Whether a model is configured for this tier (no model: generation is off)."""
+        ...
+
+    async def complete(
+        self,
+        tier: Tier,
+        messages: list[Message],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        max_tokens: int | None = None,
+        route: str = "",
+    ) -> Completion: ...
+
+    def stream(
+        self, tier: Tier, messages: list[Message], *, max_tokens: int | None = None, route: str = ""
+    ) -> AsyncIterator[StreamDelta]:
+        """Deltas of the answer; usage comes with the final delta (usage chunk requested)."""
+        ...
+
+    async def aclose(self) -> None: ...

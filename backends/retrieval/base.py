@@ -1,0 +1,126 @@
+"""The retrieval seam: what a hybrid index must do for the gateway.
+
+Contract shared by every implementation:
+- Every read and write names a tenant, and the tenant filter is applied *inside* both the
+  lexical and the dense query, never after them: a tenant can never receive another's chunk.
+- `search(mode="hybrid")` fuses the BM25 and k-NN rankings with reciprocal rank fusion,
+  score = sum over arms of weight / (rrf_k + rank), rank starting at 1, ties broken by chunk id.
+- Writes are per document: `upsert_document` replaces all of a document's chunks atomically as
+  seen by readers and is a no-op when the content hash is unchanged; every change bumps the
+  tenant's generation, which cached answers are keyed on.
+- Failures of the underlying service surface as `backends.errors.BackendUnavailable`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+RetrievalMode = Literal["hybrid", "bm25", "dense"]
+Vector = npt.NDArray[np.float32]
+
+RRF_K = 60
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One retrievable passage of a document, with the context needed to cite it."""
+
+    chunk_id: str
+    text: str
+    section: str
+    embedding: Vector
+
+
+@dataclass(frozen=True, slots=True)
+class Document:
+    """A whole document as ingested: its chunks replace any earlier version's chunks."""
+
+    doc_id: str
+    title: str
+    content_hash: str
+    chunks: tuple[Chunk, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """One fused search result. Ranks are 1-based per arm; None when that arm missed it."""
+
+    doc_id: str
+    chunk_id: str
+    title: str
+    section: str
+    text: str
+    score: float
+    bm25_rank: int | None = None
+    dense_rank: int | None = None
+    bm25_score: float | None = None
+    dense_score: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SearchRequest:
+    tenant: str
+    text: str
+    vector: Vector
+    k: int = 8
+    mode: RetrievalMode = "hybrid"
+    # RRF weights per arm; the policy raises lexical_weight for identifier-like queries.
+    lexical_weight: float = 1.0
+    dense_weight: float = 1.0
+    # How deep each arm ranks before fusion.
+    candidates: int = 50
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+class Retriever(Protocol):
+    """A tenant-scoped hybrid index."""
+
+    name: str
+
+    async def search(self, request: SearchRequest) -> list[Hit]:
+        """Top `request.k` hits for the tenant, best first."""
+        ...
+
+    async def upsert_document(self, tenant: str, document: Document) -> bool:
+        """Store or replace a document; False when its content hash was already stored."""
+        ...
+
+    async def delete_document(self, tenant: str, doc_id: str) -> bool:
+        """Remove every chunk of a document; False when it did not exist."""
+        ...
+
+    async def content_hash(self, tenant: str, doc_id: str) -> str | None:
+        """The stored content hash of a document, for idempotent ingest."""
+        ...
+
+    async def generation(self, tenant: str) -> int:
+        """A counter that grows with every change to the tenant's documents."""
+        ...
+
+    async def stats(self, tenant: str) -> tuple[int, int]:
+        """(documents, chunks) stored for the tenant."""
+        ...
+
+    async def ping(self) -> None:
+        """Raise BackendUnavailable when the index cannot serve queries."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+def rrf_fuse(
+    rankings: list[tuple[list[str], float]], rrf_k: int = RRF_K
+) -> list[tuple[str, float]]:
+    """Reciprocal rank fusion of several rankings of ids, each with its weight.
+
+    Returns (id, fused score) best first; ties broken by id so results are deterministic.
+    """
+    scores: dict[str, float] = {}
+    for ids, weight in rankings:
+        for rank, item in enumerate(ids, start=1):
+            scores[item] = scores.get(item, 0.0) + weight / (rrf_k + rank)
+    return sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))
