@@ -1,0 +1,10 @@
+"""Shared pytest setup. Fixtures that start real processes live in tests/fixtures/."""
+
+import os
+
+# litellm must never reach for the network (cost map, tokenizers): set before any import of it.
+os.environ.setdefault("LITELLM_OFFLINE_MODE", "true")
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+pytest_plugins: list[str] = []
