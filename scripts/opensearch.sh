@@ -1,0 +1,248 @@
+#!/usr/bin/env bash
+# A real single-node OpenSearch (k-NN, lucene engine) for development and CI, from Maven Central.
+#
+#   scripts/opensearch.sh start|stop|status
+#
+# Environment:
+#   OPENSEARCH_VERSION  3.5.0 (default, Temurin 25) or 2.19.1 (JDK 17)
+#   OPENSEARCH_PORT     HTTP port on 127.0.0.1 (default 9200); transport uses port+100
+#   OPENSEARCH_HEAP     JVM heap options (default "-Xms512m -Xmx1g")
+#   OPENSEARCH_START_TIMEOUT  seconds to wait for health (default 180)
+#
+# Downloads are cached under $REPO/.cache/opensearch (git-ignored). Why each step exists, and what
+# the upstream recipe got wrong, is in docs/opensearch.md.
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OS_VER="${OPENSEARCH_VERSION:-3.5.0}"
+PLUG_VER="${OS_VER}.0"
+PORT="${OPENSEARCH_PORT:-9200}"
+HEAP="${OPENSEARCH_HEAP:--Xms512m -Xmx1g}"
+START_TIMEOUT="${OPENSEARCH_START_TIMEOUT:-180}"
+SERVICE_USER="${OPENSEARCH_USER:-osnode}"
+
+CACHE="$REPO/.cache/opensearch"
+DL="$CACHE/dl"
+INSTALL="$CACHE/install/opensearch-$OS_VER"
+RUN="$CACHE/run-$PORT"
+PIDFILE="$RUN/opensearch.pid"
+URL="http://127.0.0.1:$PORT"
+DEP_PLUGIN="org.apache.maven.plugins:maven-dependency-plugin:3.6.1"
+
+log() { printf '[opensearch] %s\n' "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+java_home() {
+  # OpenSearch 2.x installs a SecurityManager (gone in JDK 24+); 3.x needs JDK 21+.
+  case "$OS_VER" in
+    2.*) echo "${OPENSEARCH_JAVA_HOME:-/usr/lib/jvm/java-17-openjdk-amd64}" ;;
+    *) echo "${OPENSEARCH_JAVA_HOME:-/usr/lib/jvm/temurin-25-jdk-amd64}" ;;
+  esac
+}
+
+ensure_tools() {
+  local missing=()
+  command -v curl >/dev/null || missing+=(curl)
+  command -v unzip >/dev/null || missing+=(unzip)
+  command -v mvn >/dev/null || missing+=(maven)
+  if ((${#missing[@]})); then
+    log "installing ${missing[*]}"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+  [ -x "$(java_home)/bin/java" ] || die "no JDK at $(java_home) (set OPENSEARCH_JAVA_HOME)"
+}
+
+# mvn_copy GROUP:ARTIFACT:VERSION:zip -> 0 when the file is (now) in $DL, 1 when Central lacks it.
+mvn_copy() {
+  local coord="$1" artifact version file
+  artifact="$(cut -d: -f2 <<<"$coord")"
+  version="$(cut -d: -f3 <<<"$coord")"
+  file="$DL/$artifact-$version.zip"
+  [ -s "$file" ] && return 0
+  # A marker remembers a miss so every start does not ask Central again.
+  [ -e "$file.missing" ] && return 1
+  mkdir -p "$DL"
+  log "downloading $coord"
+  if mvn -B -q -Dmaven.repo.local="$CACHE/m2" "$DEP_PLUGIN:copy" \
+    -Dartifact="$coord" -DoutputDirectory="$DL" >"$DL/mvn.log" 2>&1; then
+    return 0
+  fi
+  # "Could not find" on a first miss, "was not found in ... during a previous attempt" when maven
+  # cached the miss in its local repository.
+  if grep -Eq "Could not find artifact|was not found in" "$DL/mvn.log"; then
+    touch "$file.missing"
+    return 1
+  fi
+  cat "$DL/mvn.log" >&2
+  die "maven could not fetch $coord"
+}
+
+ensure_user() {
+  # OpenSearch refuses to run as root, and there is no setting to override it.
+  getent passwd "$SERVICE_USER" >/dev/null ||
+    useradd --system --no-create-home --shell /usr/sbin/nologin "$SERVICE_USER"
+}
+
+ensure_lang_painless() {
+  # Integ-test-zips before 3.5 ship only transport-* modules; k-NN extends lang-painless.
+  [ -d "$INSTALL/modules/lang-painless" ] && return 0
+  die "modules/lang-painless missing from the $OS_VER integ-test-zip: see docs/opensearch.md"
+}
+
+install_plugin() {
+  # --batch accepts the plugin's extra permissions; its warnings go to a log, shown on failure.
+  env OPENSEARCH_JAVA_HOME="$(java_home)" JAVA_HOME="$(java_home)" \
+    "$INSTALL/bin/opensearch-plugin" install --batch "file://$1" >"$DL/plugin.log" 2>&1 ||
+    {
+      cat "$DL/plugin.log" >&2
+      die "installing $(basename "$1") failed"
+    }
+}
+
+install_node() {
+  [ -e "$INSTALL/.installed" ] && return 0
+  mvn_copy "org.opensearch.distribution.integ-test-zip:opensearch:$OS_VER:zip" ||
+    die "integ-test-zip $OS_VER is not on Maven Central"
+  mvn_copy "org.opensearch.plugin:opensearch-knn:$PLUG_VER:zip" ||
+    die "opensearch-knn $PLUG_VER is not on Maven Central"
+  rm -rf "$INSTALL"
+  mkdir -p "$(dirname "$INSTALL")"
+  unzip -q "$DL/opensearch-$OS_VER.zip" -d "$(dirname "$INSTALL")"
+  chmod +x "$INSTALL"/bin/*
+  ensure_lang_painless
+  install_plugin "$DL/opensearch-knn-$PLUG_VER.zip"
+  if mvn_copy "org.opensearch.plugin:neural-search:$PLUG_VER:zip"; then
+    install_plugin "$DL/neural-search-$PLUG_VER.zip"
+  else
+    log "neural-search $PLUG_VER is not on Maven Central: hybrid fusion stays client-side"
+  fi
+  touch "$INSTALL/.installed"
+}
+
+write_config() {
+  rm -rf "$RUN/config"
+  mkdir -p "$RUN/data" "$RUN/logs"
+  cp -r "$INSTALL/config" "$RUN/config"
+  # Loopback + single-node: bootstrap checks (vm.max_map_count, fd limits) are warnings only.
+  # Disk watermarks off: CI disks run nearly full and would turn indices read-only.
+  cat >>"$RUN/config/opensearch.yml" <<EOF
+cluster.name: querygate-dev
+node.name: node-$PORT
+discovery.type: single-node
+network.host: 127.0.0.1
+http.port: $PORT
+transport.port: $((PORT + 100))
+path.data: $RUN/data
+path.logs: $RUN/logs
+cluster.routing.allocation.disk.threshold_enabled: false
+action.auto_create_index: true
+EOF
+}
+
+running_pid() {
+  [ -s "$PIDFILE" ] || return 1
+  local pid
+  pid="$(cat "$PIDFILE")"
+  kill -0 "$pid" 2>/dev/null && echo "$pid"
+}
+
+healthy() {
+  curl -fsS -m 2 -o /dev/null "$URL/_cluster/health?wait_for_status=yellow&timeout=1s" 2>/dev/null
+}
+
+wait_healthy() {
+  local deadline=$((SECONDS + START_TIMEOUT)) grace=$((SECONDS + 30))
+  while ((SECONDS < deadline)); do
+    healthy && return 0
+    # `opensearch -d` returns before the JVM writes its pid file: a missing pid file means
+    # "still booting" for a short grace period, a dead pid means the node has exited.
+    if ! running_pid >/dev/null && { [ -s "$PIDFILE" ] || ((SECONDS > grace)); }; then
+      log "node process exited before becoming healthy; node log follows"
+      show_logs
+      return 1
+    fi
+    sleep 1
+  done
+  log "node did not become healthy within ${START_TIMEOUT}s; node log follows"
+  show_logs
+  return 1
+}
+
+show_logs() {
+  tail -n 80 "$RUN/logs/stdout.log" "$RUN/logs/querygate-dev.log" >&2 2>/dev/null || true
+}
+
+cmd_start() {
+  if healthy; then
+    log "already running at $URL"
+    return 0
+  fi
+  if running_pid >/dev/null; then
+    log "starting (pid $(running_pid)); waiting for health"
+    wait_healthy
+    return
+  fi
+  ensure_tools
+  local t0=$SECONDS
+  install_node
+  log "installed $OS_VER in $((SECONDS - t0))s"
+  ensure_user
+  write_config
+  # The service user must traverse every parent of the node dirs; chown what it writes.
+  chown -R "$SERVICE_USER:" "$INSTALL" "$RUN"
+  t0=$SECONDS
+  runuser -u "$SERVICE_USER" -- env OPENSEARCH_JAVA_HOME="$(java_home)" JAVA_HOME="$(java_home)" \
+    OPENSEARCH_PATH_CONF="$RUN/config" OPENSEARCH_JAVA_OPTS="$HEAP" \
+    "$INSTALL/bin/opensearch" -d -p "$PIDFILE" >"$RUN/logs/stdout.log" 2>&1 ||
+    {
+      cat "$RUN/logs/stdout.log" >&2
+      die "opensearch failed to launch"
+    }
+  wait_healthy || {
+    cmd_stop
+    exit 1
+  }
+  log "OpenSearch $OS_VER healthy at $URL after $((SECONDS - t0))s"
+  curl -fsS -m 5 "$URL/_cat/plugins?h=component,version" >&2 || true
+}
+
+cmd_stop() {
+  local pid
+  if ! pid="$(running_pid)"; then
+    log "not running"
+    rm -f "$PIDFILE"
+    return 0
+  fi
+  kill "$pid"
+  local deadline=$((SECONDS + 30))
+  while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.5; done
+  if kill -0 "$pid" 2>/dev/null; then
+    log "pid $pid ignored SIGTERM for 30s; killing"
+    kill -9 "$pid"
+  fi
+  rm -f "$PIDFILE"
+  log "stopped"
+}
+
+cmd_status() {
+  if healthy; then
+    curl -fsS -m 2 "$URL/_cluster/health?pretty"
+    return 0
+  fi
+  if running_pid >/dev/null; then
+    log "process $(running_pid) alive but $URL not healthy"
+  else
+    log "not running"
+  fi
+  return 1
+}
+
+case "${1:-}" in
+  start) cmd_start ;;
+  stop) cmd_stop ;;
+  status) cmd_status ;;
+  *)
+    echo "usage: $0 start|stop|status" >&2
+    exit 2
+    ;;
+esac
