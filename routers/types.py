@@ -5,7 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from backends.llm.base import Usage
+from typing import TYPE_CHECKING
+
+from backends.llm.base import Message, Tier, Usage
+from backends.retrieval.base import Vector
+
+if TYPE_CHECKING:
+    from routers.policy import RouteDecision
 
 
 class Route(StrEnum):
@@ -49,3 +55,26 @@ class Answer:
     complete: bool = True
     escalated: bool = False
     notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """An answer still to be written by a model. The pipeline completes or streams it, then
+    `routers.generation.finish` turns the text into an Answer with the sources it cited."""
+
+    route: Route
+    tier: Tier
+    messages: tuple[Message, ...]
+    # Numbered from 1 in the prompt; the model cites them as [n].
+    sources: tuple[Citation, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RouteContext:
+    """What a route executor gets: the tenant, the (rewritten) query, its vector, the history."""
+
+    tenant: str
+    query: str
+    vector: Vector
+    history: tuple[Message, ...]
+    decision: RouteDecision

@@ -1,0 +1,1 @@
+"""The querygate service: HTTP surface, settings, metrics and the request pipeline."""

@@ -1,0 +1,56 @@
+"""Gateway errors: each carries its HTTP status and a message safe to show the client.
+
+One middleware turns them into `{"error": {"type", "message"}}`; handlers raise, never format.
+"""
+
+from __future__ import annotations
+
+
+class GatewayError(Exception):
+    status = 500
+    type = "internal_error"
+
+    def __init__(self, message: str, *, retry_after_s: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after_s = retry_after_s
+
+
+class BadRequest(GatewayError):
+    status = 400
+    type = "bad_request"
+
+
+class Unauthorized(GatewayError):
+    status = 401
+    type = "unauthorized"
+
+
+class Forbidden(GatewayError):
+    status = 403
+    type = "forbidden"
+
+
+class NotFound(GatewayError):
+    status = 404
+    type = "not_found"
+
+
+class PayloadTooLarge(GatewayError):
+    status = 413
+    type = "payload_too_large"
+
+
+class Unprocessable(GatewayError):
+    status = 422
+    type = "validation_error"
+
+
+class TooManyRequests(GatewayError):
+    status = 429
+    type = "rate_limited"
+
+
+class ServiceUnavailable(GatewayError):
+    status = 503
+    type = "unavailable"

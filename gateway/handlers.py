@@ -1,0 +1,142 @@
+"""HTTP handlers: parse and validate, call the pipeline, shape the answer. No business logic."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable
+from typing import TypeVar
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ValidationError
+
+from backends.errors import BackendError
+from backends.llm.base import Message
+from gateway.appkeys import METRICS, RUNTIME, SERVICES
+from gateway.errors import BadRequest, PayloadTooLarge, Unprocessable
+from gateway.guard import request_guard
+from gateway.pipeline import QueryRequest
+from gateway.runtime import Runtime
+from gateway.schemas import QueryBody, RouteBody
+from gateway.streaming import stream_query
+from gateway.timing import StageTimer
+from gateway.wire import QueryResult, query_body
+
+Model = TypeVar("Model", bound=BaseModel)
+
+
+async def parse_body(request: web.Request, model: type[Model]) -> Model:
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise PayloadTooLarge(f"request body over {exc.max_size} bytes") from exc
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"the body is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise BadRequest("the body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise Unprocessable(describe_validation(exc)) from exc
+
+
+def describe_validation(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors(include_url=False):
+        field = ".".join(str(p) for p in err["loc"]) or "body"
+        parts.append(f"{field}: {err['msg']}")
+    return "; ".join(parts)
+
+
+def check_limits(runtime: Runtime, query: str, history_len: int) -> None:
+    server = runtime.settings.server
+    if len(query) > server.max_query_chars:
+        raise Unprocessable(f"query: longer than {server.max_query_chars} characters")
+    if history_len > server.max_history_messages:
+        raise Unprocessable(f"history: more than {server.max_history_messages} messages")
+
+
+async def answer(runtime: Runtime, query: QueryRequest) -> QueryResult:
+    async with request_guard(runtime.settings.server.request_timeout_s):
+        prepared = await runtime.pipeline.prepare(query)
+        return await runtime.pipeline.complete(prepared)
+
+
+async def handle_query(request: web.Request) -> web.StreamResponse:
+    runtime = request.app[RUNTIME].current
+    tenant = runtime.tenant_for(request.headers.get("Authorization"))
+    body = await parse_body(request, QueryBody)
+    check_limits(runtime, body.query, len(body.history))
+    query = QueryRequest(
+        id=request["request_id"],
+        tenant=tenant,
+        query=body.query,
+        history=tuple(Message(m.role, m.content) for m in body.history),
+        route=body.route,
+    )
+    if body.stream:
+        return await stream_query(request, runtime, query)
+    result = await answer(runtime, query)
+    return web.json_response(query_body(result))
+
+
+async def handle_route(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME].current
+    tenant = runtime.tenant_for(request.headers.get("Authorization"))
+    body = await parse_body(request, RouteBody)
+    check_limits(runtime, body.query, 0)
+    timer = StageTimer(request.app[METRICS])
+    query = QueryRequest(id=request["request_id"], tenant=tenant, query=body.query, route=body.route)
+    async with request_guard(runtime.settings.server.request_timeout_s):
+        decision = await runtime.pipeline.decide(query, timer)
+    c = decision.classification
+    return web.json_response(
+        {
+            "id": query.id,
+            "route": decision.route.value,
+            "route_reason": decision.explanation,
+            "reason": decision.reason,
+            "classifier": {
+                "route": c.route.value,
+                "confidence": round(c.confidence, 4),
+                "reasons": list(c.reasons),
+                "scores": {k: round(v, 4) for k, v in c.scores.items()},
+            },
+            "lexical_weight": decision.lexical_weight,
+            "timings_ms": timer.report(),
+            "config_version": runtime.settings.version,
+        }
+    )
+
+
+async def handle_healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def handle_readyz(request: web.Request) -> web.Response:
+    """Ready when retrieval answers; a cache that is down only degrades (it fails open)."""
+    services = request.app[SERVICES]
+    checks = {"retrieval": await _check(services.retriever.ping())}
+    if services.cache_store is not None:
+        checks["cache"] = await _check(services.cache_store.ping())
+    ready = checks["retrieval"] == "ok"
+    runtime = request.app[RUNTIME].current
+    body = {"ready": ready, "checks": checks, "config_version": runtime.settings.version}
+    headers = None if ready else {"Retry-After": "5"}
+    return web.json_response(body, status=200 if ready else 503, headers=headers)
+
+
+async def _check(ping: Awaitable[None]) -> str:
+    try:
+        await asyncio.wait_for(ping, timeout=2.0)
+    except (BackendError, TimeoutError) as exc:
+        return f"unavailable: {exc}"
+    return "ok"
+
+
+async def handle_metrics(request: web.Request) -> web.Response:
+    payload = generate_latest(request.app[METRICS].registry)
+    return web.Response(body=payload, headers={"Content-Type": CONTENT_TYPE_LATEST})

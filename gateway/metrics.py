@@ -1,0 +1,80 @@
+"""Every Prometheus metric the gateway exports, declared once, on a registry per app.
+
+Labels take values from small closed sets (routes, stages, tiers, outcomes, configured model
+names): never a tenant id, a query or a document id, which would grow without bound.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Gateway-side latencies span sub-millisecond cache hits to multi-second agent loops.
+_LATENCY_BUCKETS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
+)  # fmt: skip
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "querygate_requests", "Answered requests.", ["route", "outcome", "cache"], registry=r
+        )
+        self.request_duration = Histogram(
+            "querygate_request_duration_seconds",
+            "Time from request parsed to answer ready, by final route.",
+            ["route"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.stage_duration = Histogram(
+            "querygate_stage_duration_seconds",
+            "Time spent in each pipeline stage.",
+            ["stage"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.route_decisions = Counter(
+            "querygate_route_decisions",
+            "Routing decisions, by route and the rule or classifier that made them.",
+            ["route", "reason"],
+            registry=r,
+        )
+        self.escalations = Counter(
+            "querygate_escalations",
+            "Questions handed from a cheaper route to a dearer one.",
+            ["from_route", "to_route", "reason"],
+            registry=r,
+        )
+        self.cache_lookups = Counter(
+            "querygate_cache_lookups", "Response cache lookups.", ["result"], registry=r
+        )
+        self.llm_requests = Counter(
+            "querygate_llm_requests", "LLM calls.", ["tier", "model", "outcome"], registry=r
+        )
+        self.llm_tokens = Counter(
+            "querygate_llm_tokens", "LLM tokens.", ["tier", "model", "direction"], registry=r
+        )
+        self.llm_cost = Counter(
+            "querygate_llm_cost_usd",
+            "LLM spend in US dollars from configured prices.",
+            ["tier", "model", "route"],
+            registry=r,
+        )
+        self.retrieval_duration = Histogram(
+            "querygate_retrieval_duration_seconds",
+            "Retrieval query time.",
+            ["backend", "mode"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.inflight = Gauge(
+            "querygate_inflight_requests", "Requests being served now.", registry=r
+        )
+        self.config_info = Gauge(
+            "querygate_config_info", "The active configuration (value 1).", ["version"], registry=r
+        )
+        self.config_reloads = Counter(
+            "querygate_config_reloads", "Configuration reloads.", ["result"], registry=r
+        )

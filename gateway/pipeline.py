@@ -1,0 +1,230 @@
+"""The request pipeline: embed once → cache → classify → policy → plan → generate → store.
+
+Data flows one way. `prepare` does everything up to the model call, so the same prepared
+request can be answered whole (`complete`) or streamed (`stream`) by the HTTP layer.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from backends.cache.base import CacheStore
+from backends.embeddings.base import Embedder
+from backends.errors import BackendError
+from backends.llm.base import LLM, Completion, Message, StreamDelta, Usage
+from backends.retrieval.base import Retriever, Vector
+from gateway.metrics import Metrics
+from gateway.response_cache import CacheScope, ResponseCache, cache_key
+from gateway.settings import Settings, TenantConfig
+from gateway.timing import StageTimer
+from gateway.wire import QueryResult, answer_from_cache, answer_to_cache
+from routers.classifier import Classifier
+from routers.direct import plan_direct
+from routers.generation import finish, usage_total
+from routers.lookup import LookupParams, plan_lookup
+from routers.policy import PolicyConfig, RouteDecision, decide
+from routers.types import Answer, Generation, Route, RouteContext
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Services:
+    """The backends, built once per process and shared by every pipeline (and config)."""
+
+    embedder: Embedder
+    retriever: Retriever
+    llm: LLM
+    cache_store: CacheStore | None
+    metrics: Metrics
+
+
+@dataclass(frozen=True, slots=True)
+class QueryRequest:
+    id: str
+    tenant: TenantConfig
+    query: str
+    history: tuple[Message, ...] = ()
+    route: str = "auto"
+
+
+@dataclass(slots=True)
+class Prepared:
+    request: QueryRequest
+    timer: StageTimer
+    outcome: Answer | Generation
+    route_reason: str
+    cache: str
+    key: str | None
+
+
+class Pipeline:
+    def __init__(self, services: Services, settings: Settings, classifier: Classifier) -> None:
+        self._s = services
+        self.settings = settings
+        self._classifier = classifier
+        self._cache = ResponseCache(
+            services.cache_store if settings.cache.backend != "off" else None,
+            settings.cache.ttl_s,
+            services.metrics,
+        )
+        r = settings.retrieval
+        self._lookup = LookupParams(k=r.k, candidates=r.candidates, min_top_score=r.min_top_score)
+
+    @property
+    def config_version(self) -> str:
+        return self.settings.version
+
+    async def decide(self, request: QueryRequest, timer: StageTimer) -> RouteDecision:
+        """Classification and policy only: what /v1/route explains."""
+        with timer.stage("embed"):
+            vector = (await self._s.embedder.embed([request.query]))[0]
+        return self._decide(request, vector, timer)
+
+    def _decide(self, request: QueryRequest, vector: Vector, timer: StageTimer) -> RouteDecision:
+        with timer.stage("classify"):
+            classification = self._classifier.classify(request.query, vector)
+        with timer.stage("policy"):
+            decision = decide(classification, request.route, request.query, self._policy(request))
+        self._s.metrics.route_decisions.labels(decision.route.value, decision.reason).inc()
+        return decision
+
+    def _policy(self, request: QueryRequest) -> PolicyConfig:
+        r = self.settings.retrieval
+        return PolicyConfig(
+            allow_force_route=request.tenant.allow_force_route,
+            lexical_weight=r.lexical_weight,
+            dense_weight=r.dense_weight,
+            identifier_lexical_weight=r.identifier_lexical_weight,
+        )
+
+    async def prepare(self, request: QueryRequest) -> Prepared:
+        timer = StageTimer(self._s.metrics)
+        with timer.stage("embed"):
+            vector = (await self._s.embedder.embed([request.query]))[0]
+        key = await self._key(request) if self._cache.enabled else None
+        if key is not None:
+            with timer.stage("cache_lookup"):
+                cached = await self._cache.get(key)
+            if cached is not None:
+                answer, reason = answer_from_cache(cached)
+                return Prepared(request, timer, answer, reason, "exact", None)
+        decision = self._decide(request, vector, timer)
+        ctx = RouteContext(request.tenant.id, request.query, vector, request.history, decision)
+        with timer.stage("retrieve" if decision.route is Route.LOOKUP else "plan"):
+            outcome = await self._plan(ctx)
+        return Prepared(request, timer, outcome, decision.explanation, "miss", key)
+
+    async def _key(self, request: QueryRequest) -> str:
+        generation = await self._s.retriever.generation(request.tenant.id)
+        scope = CacheScope(
+            tenant=request.tenant.id,
+            requested_route=request.route,
+            generation=generation,
+            config_version=self.config_version,
+            embedding_model=self._s.embedder.model_id,
+        )
+        return cache_key(scope, request.query, request.history)
+
+    async def _plan(self, ctx: RouteContext) -> Answer | Generation:
+        has_small = self._s.llm.has_tier("small")
+        if ctx.decision.route is Route.DIRECT:
+            return plan_direct(ctx, has_small)
+        return await plan_lookup(ctx, self._s.retriever, self._lookup, has_small)
+
+    async def complete(self, prepared: Prepared) -> QueryResult:
+        outcome = prepared.outcome
+        if isinstance(outcome, Generation):
+            with prepared.timer.stage("generate"):
+                completion = await self._call(outcome)
+            outcome = finish(outcome, completion)
+        return await self._conclude(prepared, outcome)
+
+    async def stream(self, prepared: Prepared) -> AsyncIterator[str | QueryResult]:
+        """Text deltas as the model writes them, then the QueryResult."""
+        outcome = prepared.outcome
+        if isinstance(outcome, Generation):
+            with prepared.timer.stage("generate"):
+                final: StreamDelta | None = None
+                parts: list[str] = []
+                async for delta in self._stream_call(outcome):
+                    if delta.text:
+                        parts.append(delta.text)
+                        yield delta.text
+                    if delta.done:
+                        final = delta
+            usage = final.usage if final and final.usage else Usage()
+            completion = Completion(
+                "".join(parts), outcome.tier, final.model if final else "", usage
+            )
+            outcome = finish(outcome, completion)
+        else:
+            yield outcome.text
+        yield await self._conclude(prepared, outcome)
+
+    async def _call(self, generation: Generation) -> Completion:
+        try:
+            completion = await self._s.llm.complete(
+                generation.tier, list(generation.messages), route=generation.route.value
+            )
+        except BackendError:
+            self._s.metrics.llm_requests.labels(generation.tier, "-", "error").inc()
+            raise
+        self._record_llm(generation, completion.model, completion.usage)
+        return completion
+
+    async def _stream_call(self, generation: Generation) -> AsyncIterator[StreamDelta]:
+        try:
+            async for delta in self._s.llm.stream(
+                generation.tier, list(generation.messages), route=generation.route.value
+            ):
+                if delta.done:
+                    self._record_llm(generation, delta.model, delta.usage or Usage())
+                yield delta
+        except BackendError:
+            self._s.metrics.llm_requests.labels(generation.tier, "-", "error").inc()
+            raise
+
+    def _record_llm(self, generation: Generation, model: str, usage: Usage) -> None:
+        m, tier = self._s.metrics, generation.tier
+        m.llm_requests.labels(tier, model, "ok").inc()
+        m.llm_tokens.labels(tier, model, "prompt").inc(usage.prompt_tokens)
+        m.llm_tokens.labels(tier, model, "completion").inc(usage.completion_tokens)
+        m.llm_cost.labels(tier, model, generation.route.value).inc(usage.cost_usd)
+
+    async def _conclude(self, prepared: Prepared, answer: Answer) -> QueryResult:
+        if prepared.key is not None and answer.complete:
+            with prepared.timer.stage("cache_store"):
+                await self._cache.put(prepared.key, answer_to_cache(answer, prepared.route_reason))
+        result = QueryResult(
+            id=prepared.request.id,
+            answer=answer,
+            route_reason=prepared.route_reason,
+            cache=prepared.cache,
+            timings_ms=prepared.timer.report(),
+            config_version=self.config_version,
+        )
+        self._observe(prepared, result)
+        return result
+
+    def _observe(self, prepared: Prepared, result: QueryResult) -> None:
+        route = result.answer.route.value
+        m = self._s.metrics
+        m.requests.labels(route, "ok", result.cache).inc()
+        m.request_duration.labels(route).observe(prepared.timer.elapsed_s())
+        total = usage_total(result.answer)
+        log.info(
+            "answered",
+            extra={
+                "request_id": result.id,
+                "tenant": prepared.request.tenant.id,
+                "route": route,
+                "cache": result.cache,
+                "cost_usd": total.cost_usd,
+                "prompt_tokens": total.prompt_tokens,
+                "completion_tokens": total.completion_tokens,
+                "duration_ms": result.timings_ms["total"],
+            },
+        )

@@ -1,0 +1,65 @@
+"""Request bodies as strict models: wrong types are refused, never coerced."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+RequestedRoute = Literal["auto", "direct", "lookup", "multihop"]
+
+
+class HistoryMessage(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class RouteBody(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    query: str
+    route: RequestedRoute = "auto"
+
+    @field_validator("query")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be empty")
+        return value
+
+
+class QueryBody(RouteBody):
+    history: list[HistoryMessage] = Field(default_factory=list)
+    stream: bool = False
+    debug: bool = False
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow", frozen=True)
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    # OpenAI clients send fields we do not use (name, tool_call_id, ...): accept and ignore.
+    model_config = ConfigDict(strict=True, extra="allow", frozen=True)
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "\n".join(part.text for part in self.content)
+        return self.content or ""
+
+
+class ChatBody(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow", frozen=True)
+
+    model: str
+    messages: list[ChatMessage] = Field(min_length=1)
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None

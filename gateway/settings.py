@@ -1,0 +1,181 @@
+"""Configuration: one YAML file plus `QUERYGATE_*` environment overrides, validated whole.
+
+The whole configuration is one frozen model tree. A reload builds a new tree and swaps one
+reference, so a request keeps the tree it started with. Nothing else reads the environment
+for configuration. Secrets are never in the file: API keys are stored as SHA-256 hashes, and
+model keys by the name of the environment variable that holds them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from backends.embeddings.config import EmbeddingsConfig
+from backends.llm.base import TierConfig
+from backends.retrieval.opensearch import OpenSearchConfig
+
+_FROZEN = ConfigDict(extra="forbid", frozen=True)
+_SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used; the message names the bad field."""
+
+
+class ServerConfig(BaseModel):
+    model_config = _FROZEN
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    max_body_bytes: int = Field(default=1_048_576, gt=0)
+    max_query_chars: int = Field(default=8_000, gt=0)
+    max_history_messages: int = Field(default=50, ge=0)
+    request_timeout_s: float = Field(default=60.0, gt=0)
+    shutdown_grace_s: float = Field(default=20.0, ge=0)
+
+
+class TenantConfig(BaseModel):
+    model_config = _FROZEN
+
+    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    api_key_sha256: tuple[str, ...] = Field(min_length=1)
+    # May a request name its own route instead of "auto"?
+    allow_force_route: bool = True
+
+    @field_validator("api_key_sha256", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return (value,) if isinstance(value, str) else value
+
+    @field_validator("api_key_sha256")
+    @classmethod
+    def _hex_digests(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for digest in value:
+            if not _SHA256_HEX.match(digest):
+                raise ValueError("must be a lowercase hex SHA-256 digest of the API key")
+        return value
+
+
+class ModelsConfig(BaseModel):
+    """No tier configured means generation is off for it: the gateway answers extractively."""
+
+    model_config = _FROZEN
+
+    small: TierConfig | None = None
+    large: TierConfig | None = None
+
+
+class RetrievalConfig(BaseModel):
+    model_config = _FROZEN
+
+    backend: Literal["embedded", "opensearch"] = "embedded"
+    k: int = Field(default=6, ge=1, le=50)
+    candidates: int = Field(default=50, ge=1, le=1000)
+    lexical_weight: float = Field(default=1.0, ge=0)
+    dense_weight: float = Field(default=1.0, ge=0)
+    # Identifiers (error codes, SKUs) are found by exact terms, not by meaning.
+    identifier_lexical_weight: float = Field(default=2.0, ge=0)
+    # Below this fused score for the best hit, the lookup route says it lacks evidence.
+    min_top_score: float = Field(default=0.0, ge=0)
+    opensearch: OpenSearchConfig = OpenSearchConfig()
+
+
+class CacheConfig(BaseModel):
+    model_config = _FROZEN
+
+    backend: Literal["memory", "off"] = "memory"
+    ttl_s: int = Field(default=3600, gt=0)
+    max_entries: int = Field(default=10_000, gt=0)
+
+
+class RouterConfig(BaseModel):
+    model_config = _FROZEN
+
+    classifier: Literal["heuristic"] = "heuristic"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="QUERYGATE_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        frozen=True,
+    )
+
+    data_dir: Path = Path(".querygate")
+    server: ServerConfig = ServerConfig()
+    tenants: tuple[TenantConfig, ...] = ()
+    # Only used when no tenant is configured: the one `demo` tenant's key.
+    demo_api_key: SecretStr | None = None
+    admin_api_key_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    models: ModelsConfig = ModelsConfig()
+    embeddings: EmbeddingsConfig = EmbeddingsConfig()
+    retrieval: RetrievalConfig = RetrievalConfig()
+    cache: CacheConfig = CacheConfig()
+    router: RouterConfig = RouterConfig()
+
+    @field_validator("tenants")
+    @classmethod
+    def _unique_tenants(cls, value: tuple[TenantConfig, ...]) -> tuple[TenantConfig, ...]:
+        ids = [t.id for t in value]
+        if len(ids) != len(set(ids)):
+            raise ValueError("tenant ids must be unique")
+        digests = [d for t in value for d in t.api_key_sha256]
+        if len(digests) != len(set(digests)):
+            raise ValueError("an API key may belong to one tenant only")
+        return value
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The file comes in as init kwargs; the environment overrides it.
+        return (env_settings, init_settings)
+
+    @property
+    def version(self) -> str:
+        """A short digest of the effective configuration: it names the config in every answer."""
+        dumped = self.model_dump_json(exclude={"demo_api_key"})
+        return hashlib.sha256(dumped.encode()).hexdigest()[:12]
+
+
+def load_settings(path: Path | None) -> Settings:
+    """Read, merge and validate. Raises ConfigError naming every bad field."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"cannot read {path}: {exc}") from exc
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping")
+        data = loaded or {}
+    try:
+        return Settings(**data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, path)) from exc
+
+
+def _describe(exc: ValidationError, path: Path | None) -> str:
+    where = str(path) if path else "environment"
+    lines = [f"invalid configuration ({where}):"]
+    for err in exc.errors():
+        field = ".".join(str(p) for p in err["loc"]) or "(root)"
+        lines.append(f"  {field}: {err['msg']}")
+    return "\n".join(lines)
+
+
+def hash_api_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()

@@ -1,0 +1,89 @@
+"""Server-sent events: one writer, two dialects (querygate's own and OpenAI's chunks).
+
+Everything that can fail with a status code (auth, validation, retrieval) runs before the
+headers go out, so those failures stay ordinary JSON errors. Only the model's stream itself
+can fail after that; it ends the stream with an error event instead of a silent cut.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, Protocol
+
+from aiohttp import web
+
+from backends.errors import BackendError
+from gateway.errors import GatewayError
+from gateway.guard import request_guard
+from gateway.pipeline import QueryRequest
+from gateway.runtime import Runtime
+from gateway.wire import QueryResult, query_body
+
+log = logging.getLogger(__name__)
+
+
+class StreamFormat(Protocol):
+    def opening(self) -> bytes: ...
+
+    def delta(self, text: str) -> bytes: ...
+
+    def done(self, result: QueryResult) -> bytes: ...
+
+    def error(self, kind: str, message: str) -> bytes: ...
+
+
+def sse(data: Any, event: str | None = None) -> bytes:
+    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+    prefix = f"event: {event}\n" if event else ""
+    return f"{prefix}data: {payload}\n\n".encode()
+
+
+class QueryStreamFormat:
+    """`delta` events with text, then one `done` event with the full /v1/query body."""
+
+    def opening(self) -> bytes:
+        return b""
+
+    def delta(self, text: str) -> bytes:
+        return sse({"text": text}, event="delta")
+
+    def done(self, result: QueryResult) -> bytes:
+        return sse(query_body(result), event="done")
+
+    def error(self, kind: str, message: str) -> bytes:
+        return sse({"error": {"type": kind, "message": message}}, event="error")
+
+
+async def stream_answer(
+    request: web.Request, runtime: Runtime, query: QueryRequest, fmt: StreamFormat
+) -> web.StreamResponse:
+    deadline = runtime.settings.server.request_timeout_s
+    async with request_guard(deadline):
+        prepared = await runtime.pipeline.prepare(query)
+    response = web.StreamResponse(
+        headers={
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache",
+            "X-Request-Id": query.id,
+        }
+    )
+    await response.prepare(request)
+    await response.write(fmt.opening())
+    try:
+        async with request_guard(deadline - prepared.timer.elapsed_s()):
+            async for item in runtime.pipeline.stream(prepared):
+                chunk = fmt.delta(item) if isinstance(item, str) else fmt.done(item)
+                await response.write(chunk)
+    except (BackendError, GatewayError) as exc:
+        log.warning("stream ended by an error", extra={"error": str(exc)})
+        kind = exc.type if isinstance(exc, GatewayError) else "unavailable"
+        await response.write(fmt.error(kind, str(exc)))
+    await response.write_eof()
+    return response
+
+
+async def stream_query(
+    request: web.Request, runtime: Runtime, query: QueryRequest
+) -> web.StreamResponse:
+    return await stream_answer(request, runtime, query, QueryStreamFormat())

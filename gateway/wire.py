@@ -1,0 +1,65 @@
+"""JSON shapes the gateway speaks: the /v1/query body and the cached form of an answer."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from routers.generation import usage_total
+from routers.types import Answer, Citation, Route
+
+
+@dataclass(frozen=True, slots=True)
+class QueryResult:
+    id: str
+    answer: Answer
+    route_reason: str
+    cache: str  # miss | exact
+    timings_ms: dict[str, float]
+    config_version: str
+
+
+def answer_to_cache(answer: Answer, route_reason: str) -> dict[str, Any]:
+    return {
+        "answer": answer.text,
+        "route": answer.route.value,
+        "route_reason": route_reason,
+        "escalated": answer.escalated,
+        "extractive": answer.extractive,
+        "citations": [asdict(c) for c in answer.citations],
+    }
+
+
+def answer_from_cache(payload: dict[str, Any]) -> tuple[Answer, str]:
+    """A cached answer costs nothing now: its usage is empty."""
+    answer = Answer(
+        text=payload["answer"],
+        route=Route(payload["route"]),
+        citations=tuple(Citation(**c) for c in payload["citations"]),
+        extractive=payload["extractive"],
+        escalated=payload["escalated"],
+    )
+    return answer, payload["route_reason"]
+
+
+def query_body(result: QueryResult) -> dict[str, Any]:
+    answer = result.answer
+    total = usage_total(answer)
+    return {
+        "id": result.id,
+        "answer": answer.text,
+        "route": answer.route.value,
+        "route_reason": result.route_reason,
+        "escalated": answer.escalated,
+        "extractive": answer.extractive,
+        "citations": [asdict(c) for c in answer.citations],
+        "cache": result.cache,
+        "usage": {
+            "prompt_tokens": total.prompt_tokens,
+            "completion_tokens": total.completion_tokens,
+            "cost_usd": round(total.cost_usd, 8),
+            "by_tier": {tier: asdict(u) for tier, u in answer.usage_by_tier.items()},
+        },
+        "timings_ms": result.timings_ms,
+        "config_version": result.config_version,
+    }
