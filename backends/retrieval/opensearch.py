@@ -1,0 +1,678 @@
+"""OpenSearch hybrid retriever: BM25 + k-NN (lucene HNSW), tenant filter inside both arms, RRF.
+
+Layout in the cluster, all named from `OpenSearchConfig.alias` (say `qg`):
+- `qg` is an alias over one physical index `qg-v<N>`; `rebuild_index` builds `qg-v<N+1>` aside and
+  swaps the alias in one atomic `_aliases` call, so readers never see a half-built index.
+- an index template `qg` (pattern `qg-v*`) carries settings and mappings for every version.
+- `qg-meta` holds one document per tenant with its generation counter.
+- `qg-rrf` is the server-side RRF search pipeline, created only when neural-search is installed.
+
+Every call has a bounded timeout and no transport retries, so a down or slow node surfaces as
+`BackendUnavailable` quickly; only bulk writes retry (bounded) on 429/5xx.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import unicodedata
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, Literal
+
+from opensearchpy import AsyncOpenSearch
+from opensearchpy.exceptions import ConnectionError as OSConnectionError
+from opensearchpy.exceptions import NotFoundError, TransportError
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_exponential,
+)
+
+from backends.errors import BackendUnavailable, UpstreamError
+from backends.retrieval.base import RRF_K, Document, Hit, SearchRequest, Vector, rrf_fuse
+
+BACKEND = "opensearch"
+Json = dict[str, Any]
+
+# Tokens for the `.ids` subfields: runs of letters/digits/_ joined by inner `-` or `.`, so
+# "ERR-4471", "v1.2.3" and "SKU_88" stay whole instead of being split by the standard tokenizer.
+_IDENTIFIER_PATTERN = r"[^\p{L}\p{N}_.\-]+|(?<![\p{L}\p{N}_])[.\-]+|[.\-]+(?![\p{L}\p{N}_])"
+_FIELD_SPEC = re.compile(r"^[A-Za-z_][\w.]*(\^\d+(\.\d+)?)?$")
+_CONTROL_OR_SPACE = re.compile(r"[\s\x00-\x1f\x7f]+")
+_RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
+
+
+class OpenSearchConfig(BaseModel):
+    """Connection, index layout and query settings of the OpenSearch retriever."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    hosts: tuple[str, ...] = ("http://127.0.0.1:9200",)
+    alias: str = Field(default="querygate-chunks", pattern=r"^[a-z0-9][a-z0-9_\-]*$")
+    dimension: int = Field(default=384, ge=2, le=16000)
+    # Reads must fail fast (they sit on the agent's path); writes may take longer.
+    search_timeout_s: float = Field(default=2.0, gt=0, le=60)
+    write_timeout_s: float = Field(default=30.0, gt=0, le=600)
+    max_connections: int = Field(default=20, ge=1, le=1000)
+    bulk_batch_size: int = Field(default=500, ge=1, le=10000)
+    bulk_max_attempts: int = Field(default=3, ge=1, le=10)
+    refresh_interval: str = Field(default="1s", pattern=r"^(-1|\d+(ms|s|m))$")
+    number_of_shards: int = Field(default=1, ge=1)
+    number_of_replicas: int = Field(default=0, ge=0)
+    hnsw_m: int = Field(default=16, ge=2, le=100)
+    hnsw_ef_construction: int = Field(default=128, ge=2, le=4096)
+    use_server_side_rrf: Literal["auto", "on", "off"] = "auto"
+    fields: tuple[str, ...] = ("title^2", "title.ids^2", "section", "text", "text.ids^1.5")
+    max_query_chars: int = Field(default=2000, ge=1, le=100_000)
+    # Lucene caps the clauses of a whole query (1024 by default); terms x fields must stay below.
+    max_query_terms: int = Field(default=64, ge=1, le=1024)
+
+    @field_validator("fields")
+    @classmethod
+    def _fields_are_plain_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [f for f in value if not _FIELD_SPEC.match(f)]
+        if bad or not value:
+            raise ValueError(f"fields must be non-empty 'name' or 'name^boost' entries: {bad}")
+        return value
+
+    @property
+    def meta_index(self) -> str:
+        return f"{self.alias}-meta"
+
+    @property
+    def pipeline(self) -> str:
+        return f"{self.alias}-rrf"
+
+    def version_index(self, version: int) -> str:
+        return f"{self.alias}-v{version}"
+
+
+def normalise_query(text: str, max_chars: int, max_terms: int) -> str:
+    """Plain text safe to send as a `match` query; empty when nothing searchable is left.
+
+    `multi_match` never parses Lucene syntax, so `title:(foo OR "bar` is just words; what is left
+    to guard against is size (clause limits) and input with no letters or digits at all.
+    """
+    text = unicodedata.normalize("NFKC", text)[:max_chars]
+    words = _CONTROL_OR_SPACE.sub(" ", text).split(" ")
+    kept = [w for w in dict.fromkeys(words) if any(ch.isalnum() for ch in w)]
+    return " ".join(kept[:max_terms])
+
+
+def chunk_key(tenant: str, doc_id: str, chunk_id: str) -> str:
+    """The OpenSearch `_id` of a chunk: fixed length, and distinct per tenant by construction."""
+    raw = "\x1f".join((tenant, doc_id, chunk_id)).encode()
+    return hashlib.sha256(raw).hexdigest()
+
+
+def index_template(config: OpenSearchConfig) -> Json:
+    """Settings and mappings for every `<alias>-v<N>` index.
+
+    The k-NN engine is set explicitly: the plugin's default is faiss, whose native libraries the
+    Maven-published k-NN zip does not ship, so a faiss field would fail at indexing time.
+    """
+    ids: Json = {"ids": {"type": "text", "analyzer": "qg_identifier"}}
+    raw: Json = {"raw": {"type": "keyword", "ignore_above": 512}}
+    return {
+        "index_patterns": [f"{config.alias}-v*"],
+        "template": {
+            "settings": {
+                "index": {
+                    "knn": True,
+                    "number_of_shards": config.number_of_shards,
+                    "number_of_replicas": config.number_of_replicas,
+                    "refresh_interval": config.refresh_interval,
+                },
+                "analysis": {
+                    "tokenizer": {
+                        "qg_identifier": {"type": "pattern", "pattern": _IDENTIFIER_PATTERN}
+                    },
+                    "analyzer": {
+                        "qg_identifier": {
+                            "type": "custom",
+                            "tokenizer": "qg_identifier",
+                            "filter": ["lowercase"],
+                        }
+                    },
+                },
+            },
+            "mappings": {
+                "dynamic": "strict",
+                "properties": {
+                    "tenant": {"type": "keyword"},
+                    "doc_id": {"type": "keyword"},
+                    "chunk_id": {"type": "keyword"},
+                    "content_hash": {"type": "keyword"},
+                    "generation": {"type": "long"},
+                    "title": {"type": "text", "analyzer": "english", "fields": {**ids, **raw}},
+                    "section": {"type": "text", "analyzer": "english"},
+                    "text": {"type": "text", "analyzer": "english", "fields": ids},
+                    "embedding": {
+                        "type": "knn_vector",
+                        "dimension": config.dimension,
+                        "method": {
+                            "name": "hnsw",
+                            "engine": "lucene",
+                            "space_type": "cosinesimil",
+                            "parameters": {
+                                "m": config.hnsw_m,
+                                "ef_construction": config.hnsw_ef_construction,
+                            },
+                        },
+                    },
+                },
+            },
+        },
+    }
+
+
+@contextmanager
+def _translated(operation: str) -> Iterator[None]:
+    """Turn opensearch-py's exceptions into the backend seam's errors."""
+    try:
+        yield
+    except OSConnectionError as exc:  # includes ConnectionTimeout
+        raise BackendUnavailable(BACKEND, f"{operation}: {type(exc).__name__}") from exc
+    except TransportError as exc:
+        status = exc.status_code
+        if isinstance(status, int) and (status >= 500 or status == 429):
+            raise BackendUnavailable(BACKEND, f"{operation}: HTTP {status}") from exc
+        raise UpstreamError(BACKEND, f"{operation}: HTTP {status} {exc.error}") from exc
+
+
+class _RetryableBulk(Exception):
+    """Some bulk items were rejected with 429/5xx; `pending` holds them for the next attempt."""
+
+    def __init__(self, pending: list[Json]) -> None:
+        super().__init__(f"{len(pending) // 2 or len(pending)} bulk operations to retry")
+        self.pending = pending
+
+
+class OpenSearchRetriever:
+    """`Retriever` over one OpenSearch cluster; one pooled async client per instance."""
+
+    name = "opensearch"
+
+    def __init__(self, config: OpenSearchConfig) -> None:
+        self.config = config
+        self._client = AsyncOpenSearch(
+            hosts=list(config.hosts),
+            timeout=config.search_timeout_s,
+            maxsize=config.max_connections,
+            # Failing fast beats retrying on the caller's latency budget; bulk retries itself.
+            max_retries=0,
+            retry_on_timeout=False,
+        )
+        self._server_rrf: bool | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def __aenter__(self) -> OpenSearchRetriever:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._client.close()
+
+    async def ensure_index(self) -> None:
+        """Create the template, the first index version, the alias and the meta index if absent."""
+        cfg = self.config
+        with _translated("ensure_index"):
+            await self._client.indices.put_index_template(
+                name=cfg.alias, body=index_template(cfg), request_timeout=cfg.write_timeout_s
+            )
+            if not await self._client.indices.exists_alias(name=cfg.alias):
+                await self._create_index(cfg.version_index(1))
+                await self._client.indices.update_aliases(
+                    body={
+                        "actions": [{"add": {"index": cfg.version_index(1), "alias": cfg.alias}}]
+                    },
+                    request_timeout=cfg.write_timeout_s,
+                )
+            if not await self._client.indices.exists(index=cfg.meta_index):
+                await self._create_index(
+                    cfg.meta_index,
+                    {
+                        "mappings": {
+                            "dynamic": "strict",
+                            "properties": {"generation": {"type": "long"}},
+                        }
+                    },
+                )
+            if await self._use_server_rrf():
+                await self._client.transport.perform_request(
+                    "PUT",
+                    f"/_search/pipeline/{cfg.pipeline}",
+                    body=_rrf_pipeline(),
+                    timeout=cfg.write_timeout_s,
+                )
+
+    async def _create_index(self, name: str, body: Json | None = None) -> None:
+        try:
+            await self._client.indices.create(
+                index=name, body=body or {}, request_timeout=self.config.write_timeout_s
+            )
+        except TransportError as exc:
+            # Another replica of the gateway won the race to create it: that is the goal anyway.
+            if _error_type(exc) != "resource_already_exists_exception":
+                raise
+
+    async def drop_all(self) -> None:
+        """Delete every index, template and pipeline of this alias (tests, teardown)."""
+        cfg = self.config
+        with _translated("drop_all"):
+            await self._client.indices.delete(
+                index=f"{cfg.alias}-v*,{cfg.meta_index}",
+                ignore_unavailable=True,
+                request_timeout=cfg.write_timeout_s,
+            )
+            await self._client.indices.delete_index_template(
+                name=cfg.alias, ignore=[404], request_timeout=cfg.write_timeout_s
+            )
+            if await self._use_server_rrf():
+                await self._client.transport.perform_request(
+                    "DELETE", f"/_search/pipeline/{cfg.pipeline}", params={"ignore": 404}
+                )
+
+    # -- index versions ----------------------------------------------------------------------
+
+    async def current_index(self) -> str:
+        """The physical index the alias points at now."""
+        with _translated("current_index"):
+            aliases = await self._client.indices.get_alias(name=self.config.alias)
+        return str(next(iter(aliases)))
+
+    async def rebuild_index(self) -> tuple[str, str]:
+        """Copy the live index into a new version (current template) and swap the alias to it.
+
+        Returns (new index, old index). The old index is left in place so queries already running
+        against it finish; drop it with `drop_index` once drained. Writes made while the copy runs
+        land in the old index only, so callers pause ingestion around a rebuild.
+        """
+        cfg = self.config
+        old = await self.current_index()
+        new = cfg.version_index(int(old.rsplit("-v", 1)[1]) + 1)
+        with _translated("rebuild_index"):
+            await self._create_index(new)
+            await self._client.reindex(
+                body={"source": {"index": old}, "dest": {"index": new}},
+                refresh=True,
+                wait_for_completion=True,
+                request_timeout=cfg.write_timeout_s,
+            )
+            await self._client.indices.update_aliases(
+                body={
+                    "actions": [
+                        {"remove": {"index": old, "alias": cfg.alias}},
+                        {"add": {"index": new, "alias": cfg.alias}},
+                    ]
+                },
+                request_timeout=cfg.write_timeout_s,
+            )
+        return new, old
+
+    async def drop_index(self, index: str) -> None:
+        if index == await self.current_index():
+            raise ValueError(f"{index} is live behind {self.config.alias}")
+        with _translated("drop_index"):
+            await self._client.indices.delete(
+                index=index, request_timeout=self.config.write_timeout_s
+            )
+
+    # -- reads -------------------------------------------------------------------------------
+
+    async def search(self, request: SearchRequest) -> list[Hit]:
+        self._check_vector(request.vector)
+        text = normalise_query(
+            request.text, self.config.max_query_chars, self.config.max_query_terms
+        )
+        bm25 = self._bm25_body(request, text) if text and request.mode != "dense" else None
+        dense = self._knn_body(request) if request.mode != "bm25" else None
+        equal_weights = request.lexical_weight == 1.0 and request.dense_weight == 1.0
+        if bm25 and dense and equal_weights and await self._use_server_rrf():
+            return await self._search_server_rrf(request, text)
+        return await self._search_client_rrf(request, bm25, dense)
+
+    async def _search_client_rrf(
+        self, request: SearchRequest, bm25: Json | None, dense: Json | None
+    ) -> list[Hit]:
+        arms = [(name, body) for name, body in (("bm25", bm25), ("dense", dense)) if body]
+        if not arms:
+            return []
+        lines: list[Json] = []
+        for _, body in arms:
+            lines += [{"index": self.config.alias}, body]
+        with _translated("search"):
+            response = await self._client.msearch(body=lines)
+        ranked = {
+            name: _arm_hits(res) for (name, _), res in zip(arms, response["responses"], strict=True)
+        }
+        weights = {"bm25": request.lexical_weight, "dense": request.dense_weight}
+        fused = rrf_fuse(
+            [([h["_id"] for h in hits], weights[name]) for name, hits in ranked.items()]
+        )
+        return _best_first(_to_hits(fused, ranked))[: request.k]
+
+    async def _search_server_rrf(self, request: SearchRequest, text: str) -> list[Hit]:
+        body = {
+            "size": request.k,
+            "_source": {"excludes": ["embedding"]},
+            "query": {
+                "hybrid": {
+                    # Both arms rank `candidates` deep before fusion, as on the client-side path.
+                    "pagination_depth": request.candidates,
+                    "queries": [
+                        self._bm25_body(request, text)["query"],
+                        self._knn_body(request)["query"],
+                    ],
+                }
+            },
+        }
+        with _translated("search"):
+            response = await self._client.search(
+                index=self.config.alias, body=body, params={"search_pipeline": self.config.pipeline}
+            )
+        raw = response["hits"]["hits"]
+        fused = [(h["_id"], float(h["_score"])) for h in raw]
+        return _best_first(_to_hits(fused, {"server": raw}))
+
+    def _bm25_body(self, request: SearchRequest, text: str) -> Json:
+        return {
+            "size": request.candidates,
+            "_source": {"excludes": ["embedding"]},
+            "query": {
+                "bool": {
+                    "must": {"multi_match": {"query": text, "fields": list(self.config.fields)}},
+                    "filter": [{"term": {"tenant": request.tenant}}],
+                }
+            },
+        }
+
+    def _knn_body(self, request: SearchRequest) -> Json:
+        return {
+            "size": request.candidates,
+            "_source": {"excludes": ["embedding"]},
+            "query": {
+                "knn": {
+                    "embedding": {
+                        "vector": request.vector.astype(float).tolist(),
+                        "k": request.candidates,
+                        # Efficient filtering: HNSW search restricted to the tenant's documents,
+                        # so a k-NN arm never comes back short or with another tenant's chunk.
+                        "filter": {"term": {"tenant": request.tenant}},
+                    }
+                }
+            },
+        }
+
+    async def content_hash(self, tenant: str, doc_id: str) -> str | None:
+        body = {"size": 1, "_source": ["content_hash"], "query": _doc_filter(tenant, doc_id)}
+        with _translated("content_hash"):
+            response = await self._client.search(index=self.config.alias, body=body)
+        hits = response["hits"]["hits"]
+        return str(hits[0]["_source"]["content_hash"]) if hits else None
+
+    async def generation(self, tenant: str) -> int:
+        with _translated("generation"):
+            try:
+                doc = await self._client.get(index=self.config.meta_index, id=tenant)
+            except NotFoundError:
+                return 0
+        return int(doc["_source"]["generation"])
+
+    async def stats(self, tenant: str) -> tuple[int, int]:
+        body = {
+            "size": 0,
+            "track_total_hits": True,
+            "query": {"term": {"tenant": tenant}},
+            # Exact below the precision threshold, which is the most OpenSearch allows.
+            "aggs": {"docs": {"cardinality": {"field": "doc_id", "precision_threshold": 40000}}},
+        }
+        with _translated("stats"):
+            response = await self._client.search(index=self.config.alias, body=body)
+        return int(response["aggregations"]["docs"]["value"]), int(
+            response["hits"]["total"]["value"]
+        )
+
+    async def ping(self) -> None:
+        with _translated("ping"):
+            try:
+                health = await self._client.cluster.health(index=self.config.alias)
+            except NotFoundError as exc:
+                raise BackendUnavailable(BACKEND, f"index {self.config.alias} missing") from exc
+        if health["status"] == "red":
+            raise BackendUnavailable(BACKEND, f"index {self.config.alias} is red")
+
+    # -- writes ------------------------------------------------------------------------------
+
+    async def upsert_document(self, tenant: str, document: Document) -> bool:
+        for chunk in document.chunks:
+            self._check_vector(chunk.embedding)
+        if await self.content_hash(tenant, document.doc_id) == document.content_hash:
+            return False
+        generation = await self._bump_generation(tenant)
+        stale = set(await self._chunk_ids(tenant, document.doc_id))
+        ops: list[Json] = []
+        for chunk in document.chunks:
+            key = chunk_key(tenant, document.doc_id, chunk.chunk_id)
+            stale.discard(key)
+            ops += [
+                {"index": {"_index": self.config.alias, "_id": key}},
+                {
+                    "tenant": tenant,
+                    "doc_id": document.doc_id,
+                    "chunk_id": chunk.chunk_id,
+                    "title": document.title,
+                    "section": chunk.section,
+                    "text": chunk.text,
+                    "content_hash": document.content_hash,
+                    "generation": generation,
+                    "embedding": chunk.embedding.astype(float).tolist(),
+                },
+            ]
+        # New chunks and the removal of chunks the new version no longer has go in the same
+        # requests, so readers see old and new side by side for at most one refresh.
+        ops += _delete_ops(self.config.alias, sorted(stale))
+        await self._bulk(ops)
+        return True
+
+    async def delete_document(self, tenant: str, doc_id: str) -> bool:
+        ids = await self._chunk_ids(tenant, doc_id)
+        if not ids:
+            return False
+        await self._bump_generation(tenant)
+        await self._bulk(_delete_ops(self.config.alias, ids))
+        return True
+
+    async def _chunk_ids(self, tenant: str, doc_id: str) -> list[str]:
+        body = {"size": 10000, "_source": False, "query": _doc_filter(tenant, doc_id)}
+        with _translated("chunk_ids"):
+            response = await self._client.search(
+                index=self.config.alias, body=body, request_timeout=self.config.write_timeout_s
+            )
+        return [str(h["_id"]) for h in response["hits"]["hits"]]
+
+    async def _bump_generation(self, tenant: str) -> int:
+        """Increment the tenant's counter with optimistic concurrency (no scripting needed)."""
+        cfg = self.config
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception_type(_Conflict), stop=stop_after_attempt(20), reraise=True
+        ):
+            with attempt, _translated("generation"):
+                try:
+                    doc = await self._client.get(index=cfg.meta_index, id=tenant)
+                    guard = {"if_seq_no": doc["_seq_no"], "if_primary_term": doc["_primary_term"]}
+                    value = int(doc["_source"]["generation"]) + 1
+                except NotFoundError:
+                    guard, value = {"op_type": "create"}, 1
+                try:
+                    await self._client.index(
+                        index=cfg.meta_index,
+                        id=tenant,
+                        body={"generation": value},
+                        params=guard,
+                        request_timeout=cfg.write_timeout_s,
+                    )
+                except TransportError as exc:
+                    if exc.status_code == 409:
+                        raise _Conflict from exc
+                    raise
+                return value
+        raise AssertionError("unreachable: tenacity reraises")
+
+    async def _bulk(self, ops: Sequence[Json]) -> None:
+        """Send `ops` (action+source pairs, lone deletes) in bounded, retried batches."""
+        for batch in _batches(ops, self.config.bulk_batch_size):
+            pending = batch
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception_type((_RetryableBulk, BackendUnavailable)),
+                stop=stop_after_attempt(self.config.bulk_max_attempts),
+                wait=wait_exponential(multiplier=0.2, max=2.0),
+                reraise=True,
+            ):
+                with attempt:
+                    try:
+                        await self._bulk_once(pending)
+                    except _RetryableBulk as exc:
+                        pending = exc.pending
+                        raise
+
+    async def _bulk_once(self, lines: list[Json]) -> None:
+        with _translated("bulk"):
+            response = await self._client.bulk(
+                body=lines, refresh="wait_for", request_timeout=self.config.write_timeout_s
+            )
+        if not response["errors"]:
+            return
+        retry: list[Json] = []
+        for op, item in zip(_operations(lines), response["items"], strict=True):
+            result = next(iter(item.values()))
+            status = int(result.get("status", 500))
+            if status < 300 or (status == 404 and "delete" in item):
+                continue
+            if status in _RETRYABLE_STATUS or status >= 500:
+                retry += op
+                continue
+            raise UpstreamError(BACKEND, f"bulk item rejected: {result.get('error')}")
+        if retry:
+            raise _RetryableBulk(retry)
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    async def _use_server_rrf(self) -> bool:
+        if self.config.use_server_side_rrf == "off":
+            return False
+        if self._server_rrf is None:
+            with _translated("plugins"):
+                plugins = await self._client.cat.plugins(format="json")
+            installed = any(p.get("component") == "opensearch-neural-search" for p in plugins)
+            if self.config.use_server_side_rrf == "on" and not installed:
+                raise UpstreamError(BACKEND, "use_server_side_rrf=on but neural-search is missing")
+            self._server_rrf = installed
+        return self._server_rrf
+
+    def _check_vector(self, vector: Vector) -> None:
+        if vector.shape != (self.config.dimension,):
+            raise ValueError(f"vector shape {vector.shape} != ({self.config.dimension},)")
+
+
+class _Conflict(Exception):
+    """A concurrent writer bumped the generation first; read again and retry."""
+
+
+def _rrf_pipeline() -> Json:
+    return {
+        "description": "querygate hybrid: reciprocal rank fusion of BM25 and k-NN",
+        "phase_results_processors": [
+            {
+                "score-ranker-processor": {
+                    "combination": {"technique": "rrf", "parameters": {"rank_constant": RRF_K}}
+                }
+            }
+        ],
+    }
+
+
+def _doc_filter(tenant: str, doc_id: str) -> Json:
+    return {"bool": {"filter": [{"term": {"tenant": tenant}}, {"term": {"doc_id": doc_id}}]}}
+
+
+def _delete_ops(index: str, ids: Sequence[str]) -> list[Json]:
+    return [{"delete": {"_index": index, "_id": key}} for key in ids]
+
+
+def _operations(lines: list[Json]) -> Iterator[list[Json]]:
+    """Group bulk lines into operations: delete stands alone, index carries its source line."""
+    i = 0
+    while i < len(lines):
+        width = 1 if "delete" in lines[i] else 2
+        yield lines[i : i + width]
+        i += width
+
+
+def _batches(lines: Sequence[Json], size: int) -> Iterator[list[Json]]:
+    batch: list[Json] = []
+    for op in _operations(list(lines)):
+        batch += op
+        if len(batch) >= 2 * size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _arm_hits(response: Mapping[str, Any]) -> list[Json]:
+    """Hits of one `_msearch` arm; a failed arm fails the search instead of thinning it."""
+    if "error" in response:
+        status = int(response.get("status", 500))
+        detail = f"search arm failed: HTTP {status} {response['error']}"
+        if status >= 500 or status == 429:
+            raise BackendUnavailable(BACKEND, detail)
+        raise UpstreamError(BACKEND, detail)
+    return list(response["hits"]["hits"])
+
+
+def _to_hits(fused: Sequence[tuple[str, float]], arms: Mapping[str, list[Json]]) -> list[Hit]:
+    """Build Hits from fused (id, score) using each arm's raw hits for ranks and sources."""
+    source: dict[str, Json] = {}
+    rank: dict[tuple[str, str], tuple[int, float]] = {}
+    for name, hits in arms.items():
+        for position, hit in enumerate(hits, start=1):
+            source.setdefault(hit["_id"], hit["_source"])
+            rank[(name, hit["_id"])] = (position, float(hit["_score"]))
+    out = []
+    for key, score in fused:
+        src = source[key]
+        bm25, dense = rank.get(("bm25", key)), rank.get(("dense", key))
+        out.append(
+            Hit(
+                doc_id=src["doc_id"],
+                chunk_id=src["chunk_id"],
+                title=src["title"],
+                section=src["section"],
+                text=src["text"],
+                score=score,
+                bm25_rank=bm25[0] if bm25 else None,
+                dense_rank=dense[0] if dense else None,
+                bm25_score=bm25[1] if bm25 else None,
+                dense_score=dense[1] if dense else None,
+            )
+        )
+    return out
+
+
+def _best_first(hits: list[Hit]) -> list[Hit]:
+    """The retrieval contract's order: score descending, ties broken by chunk id."""
+    return sorted(hits, key=lambda h: (-h.score, h.chunk_id, h.doc_id))
+
+
+def _error_type(exc: TransportError) -> str | None:
+    info = exc.info
+    if isinstance(info, dict) and isinstance(info.get("error"), dict):
+        return str(info["error"].get("type"))
+    return None
