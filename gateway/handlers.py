@@ -21,7 +21,7 @@ from gateway.runtime import Runtime
 from gateway.schemas import QueryBody, RouteBody
 from gateway.streaming import stream_query
 from gateway.timing import StageTimer
-from gateway.wire import QueryResult, query_body
+from gateway.wire import QueryResult, decision_body, query_body
 
 Model = TypeVar("Model", bound=BaseModel)
 
@@ -30,7 +30,7 @@ async def parse_body(request: web.Request, model: type[Model]) -> Model:
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
-        raise PayloadTooLarge(f"request body over {exc.max_size} bytes") from exc
+        raise PayloadTooLarge(f"request body over {request.client_max_size} bytes") from exc
     try:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -89,23 +89,15 @@ async def handle_route(request: web.Request) -> web.Response:
     body = await parse_body(request, RouteBody)
     check_limits(runtime, body.query, 0)
     timer = StageTimer(request.app[METRICS])
-    query = QueryRequest(id=request["request_id"], tenant=tenant, query=body.query, route=body.route)
+    query = QueryRequest(
+        id=request["request_id"], tenant=tenant, query=body.query, route=body.route
+    )
     async with request_guard(runtime.settings.server.request_timeout_s):
         decision = await runtime.pipeline.decide(query, timer)
-    c = decision.classification
     return web.json_response(
         {
             "id": query.id,
-            "route": decision.route.value,
-            "route_reason": decision.explanation,
-            "reason": decision.reason,
-            "classifier": {
-                "route": c.route.value,
-                "confidence": round(c.confidence, 4),
-                "reasons": list(c.reasons),
-                "scores": {k: round(v, 4) for k, v in c.scores.items()},
-            },
-            "lexical_weight": decision.lexical_weight,
+            **decision_body(decision),
             "timings_ms": timer.report(),
             "config_version": runtime.settings.version,
         }

@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from backends.errors import BackendUnavailable, UpstreamError
 from gateway.errors import GatewayError
@@ -20,13 +21,15 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _CLIENT_REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 
-def error_response(status: int, kind: str, message: str, retry_after_s: int | None = None) -> web.Response:
+def error_response(
+    status: int, kind: str, message: str, retry_after_s: int | None = None
+) -> web.Response:
     headers = {"Retry-After": str(retry_after_s)} if retry_after_s is not None else None
     body = {"error": {"type": kind, "message": message}}
     return web.json_response(body, status=status, headers=headers)
 
 
-def request_id_middleware() -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+def request_id_middleware() -> Middleware:
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         # A caller's own id is kept when it is safe to log; otherwise we make one.
@@ -45,7 +48,7 @@ def request_id_middleware() -> Callable[[web.Request, Handler], Awaitable[web.St
     return middleware
 
 
-def error_middleware(metrics: Metrics) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+def error_middleware(metrics: Metrics) -> Middleware:
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         metrics.inflight.inc()

@@ -24,7 +24,12 @@ from gateway.wire import QueryResult
 from routers.generation import usage_total
 
 MODELS = ("auto", "direct", "lookup", "multihop")
-_HISTORY_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+_HISTORY_ROLES = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "assistant": "assistant",
+}
 
 
 def split_messages(messages: list[ChatMessage]) -> tuple[str, tuple[Message, ...]]:

@@ -113,8 +113,13 @@ class Pipeline:
                 return Prepared(request, timer, answer, reason, "exact", None)
         decision = self._decide(request, vector, timer)
         ctx = RouteContext(request.tenant.id, request.query, vector, request.history, decision)
-        with timer.stage("retrieve" if decision.route is Route.LOOKUP else "plan"):
+        retrieves = decision.route is Route.LOOKUP
+        with timer.stage("retrieve" if retrieves else "plan"):
             outcome = await self._plan(ctx)
+        if retrieves:
+            self._s.metrics.retrieval_duration.labels(self._s.retriever.name, "hybrid").observe(
+                timer.stages_ms["retrieve"] / 1000
+            )
         return Prepared(request, timer, outcome, decision.explanation, "miss", key)
 
     async def _key(self, request: QueryRequest) -> str:

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+from backends.embeddings.config import EmbeddingsConfig
+from backends.retrieval.opensearch import OpenSearchConfig
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from backends.embeddings.config import EmbeddingsConfig
 from backends.llm.base import TierConfig
-from backends.retrieval.opensearch import OpenSearchConfig
 
 _FROZEN = ConfigDict(extra="forbid", frozen=True)
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from routers.generation import usage_total
+from routers.policy import RouteDecision
 from routers.types import Answer, Citation, Route
 
 
@@ -62,4 +63,20 @@ def query_body(result: QueryResult) -> dict[str, Any]:
         },
         "timings_ms": result.timings_ms,
         "config_version": result.config_version,
+    }
+
+
+def decision_body(decision: RouteDecision) -> dict[str, Any]:
+    c = decision.classification
+    return {
+        "route": decision.route.value,
+        "route_reason": decision.explanation,
+        "reason": decision.reason,
+        "classifier": {
+            "route": c.route.value,
+            "confidence": round(c.confidence, 4),
+            "reasons": list(c.reasons),
+            "scores": {k: round(v, 4) for k, v in c.scores.items()},
+        },
+        "lexical_weight": decision.lexical_weight,
     }

@@ -1,0 +1,52 @@
+"""The application factory: routes, middleware, and backends that live as long as the app."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from gateway.appkeys import METRICS, RUNTIME, SERVICES, RuntimeHolder
+from gateway.handlers import (
+    handle_healthz,
+    handle_metrics,
+    handle_query,
+    handle_readyz,
+    handle_route,
+)
+from gateway.metrics import Metrics
+from gateway.middleware import error_middleware, request_id_middleware
+from gateway.openai_compat import handle_chat_completions
+from gateway.runtime import build_runtime
+from gateway.services import open_services
+from gateway.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings) -> web.Application:
+    metrics = Metrics()
+    app = web.Application(
+        client_max_size=settings.server.max_body_bytes,
+        middlewares=[request_id_middleware(), error_middleware(metrics)],
+    )
+    app[METRICS] = metrics
+
+    async def backends(app: web.Application) -> AsyncIterator[None]:
+        async with open_services(settings, metrics) as services:
+            app[SERVICES] = services
+            runtime = build_runtime(settings, services)
+            app[RUNTIME] = RuntimeHolder(runtime)
+            metrics.config_info.labels(settings.version).set(1)
+            log.info("ready", extra={"config_version": settings.version})
+            yield
+
+    app.cleanup_ctx.append(backends)
+    app.router.add_post("/v1/query", handle_query)
+    app.router.add_post("/v1/chat/completions", handle_chat_completions)
+    app.router.add_post("/v1/route", handle_route)
+    app.router.add_get("/healthz", handle_healthz)
+    app.router.add_get("/readyz", handle_readyz)
+    app.router.add_get("/metrics", handle_metrics)
+    return app

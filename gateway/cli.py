@@ -1,0 +1,160 @@
+"""`querygate`: serve, ingest, route. Every command reads the same configuration."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import secrets
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import SecretStr
+
+from gateway.logs import configure_logging
+from gateway.settings import ConfigError, Settings, load_settings
+
+log = logging.getLogger("querygate")
+
+DEMO_KEY_FILE = "demo_api_key"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    configure_logging(args.log_level)
+    try:
+        settings = load_settings(args.config)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    handler = {"serve": _serve, "ingest": _ingest, "route": _route}[args.command]
+    return handler(settings, args)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="querygate", description=__doc__)
+    parser.add_argument("--config", type=Path, help="YAML configuration file")
+    parser.add_argument("--log-level", default="INFO")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the gateway")
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+    serve.add_argument(
+        "--sample-corpus",
+        action="store_true",
+        help="ingest the offline Wikipedia sample for the demo tenant first (a no-op when done)",
+    )
+
+    ingest = sub.add_parser("ingest", help="add .md, .txt and .jsonl documents for a tenant")
+    ingest.add_argument("--tenant", required=True)
+    ingest.add_argument("paths", nargs="*", type=Path)
+    ingest.add_argument(
+        "--sample-corpus", action="store_true", help="the offline Wikipedia sample (10,033 pages)"
+    )
+
+    route = sub.add_parser("route", help="explain the routing decision for a question")
+    route.add_argument("question")
+    return parser
+
+
+def with_demo_key(settings: Settings) -> Settings:
+    """With no tenants configured, the demo tenant's key comes from the environment or is
+    generated once and kept in the data directory."""
+    if settings.tenants or settings.demo_api_key is not None:
+        return settings
+    path = settings.data_dir / DEMO_KEY_FILE
+    if path.exists():
+        key = path.read_text(encoding="utf-8").strip()
+        print(f"demo tenant API key: stored in {path}", file=sys.stderr)
+    else:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        key = "qg-demo-" + secrets.token_urlsafe(24)
+        path.touch(mode=0o600)
+        path.write_text(key + "\n", encoding="utf-8")
+        print(f"demo tenant API key (shown once, kept in {path}): {key}", file=sys.stderr)
+    return settings.model_copy(update={"demo_api_key": SecretStr(key)})
+
+
+def _serve(settings: Settings, args: argparse.Namespace) -> int:
+    from aiohttp import web
+
+    from gateway.app import create_app
+    from gateway.runtime import DEMO_TENANT
+
+    settings = with_demo_key(settings)
+    server = settings.server.model_copy(
+        update={k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    )
+    settings = settings.model_copy(update={"server": server})
+    if args.sample_corpus:
+        asyncio.run(_ingest_async(settings, DEMO_TENANT, [], sample=True))
+    web.run_app(
+        create_app(settings),
+        host=server.host,
+        port=server.port,
+        shutdown_timeout=server.shutdown_grace_s,
+        access_log=None,
+        print=lambda msg: log.info(msg),
+    )
+    return 0
+
+
+def _ingest(settings: Settings, args: argparse.Namespace) -> int:
+    if not args.paths and not args.sample_corpus:
+        print("nothing to ingest: give paths or --sample-corpus", file=sys.stderr)
+        return 2
+    report = asyncio.run(_ingest_async(settings, args.tenant, args.paths, args.sample_corpus))
+    print(json.dumps(report))
+    return 0
+
+
+async def _ingest_async(
+    settings: Settings, tenant: str, paths: list[Path], sample: bool
+) -> dict[str, int]:
+    from backends.embeddings.config import build_embedder
+
+    from gateway.ingest.pipeline import ingest_documents
+    from gateway.ingest.readers import read_paths
+    from gateway.ingest.wiki_sample import load_wiki_sample
+    from gateway.services import build_retriever
+
+    embedder = build_embedder(settings.embeddings)
+    retriever = build_retriever(settings, embedder.dimension)
+    try:
+        docs = list(load_wiki_sample()) if sample else []
+        docs += list(read_paths(paths))
+        report = await ingest_documents(tenant, docs, embedder, retriever, progress=_progress)
+    finally:
+        await retriever.aclose()
+        await embedder.aclose()
+    return report.as_dict()
+
+
+def _progress(done: int, total: int) -> None:
+    if done == total or done % 500 == 0:
+        log.info("ingest progress", extra={"done": done, "total": total})
+
+
+def _route(settings: Settings, args: argparse.Namespace) -> int:
+    from backends.embeddings.config import build_embedder
+
+    from gateway.wire import decision_body
+    from routers.classifier import HeuristicClassifier
+    from routers.policy import PolicyConfig, decide
+
+    async def explain() -> dict[str, Any]:
+        embedder = build_embedder(settings.embeddings)
+        try:
+            vector = (await embedder.embed([args.question]))[0]
+        finally:
+            await embedder.aclose()
+        classification = HeuristicClassifier().classify(args.question, vector)
+        r = settings.retrieval
+        policy = PolicyConfig(True, r.lexical_weight, r.dense_weight, r.identifier_lexical_weight)
+        return decision_body(decide(classification, "auto", args.question, policy))
+
+    print(json.dumps(asyncio.run(explain()), indent=2))
+    return 0

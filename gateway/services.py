@@ -1,0 +1,52 @@
+"""Building the backends a configuration names, and closing them in reverse order."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+
+from backends.embeddings.config import build_embedder
+from backends.retrieval.embedded import EmbeddedRetriever
+from backends.retrieval.opensearch import OpenSearchRetriever
+
+from backends.cache.base import CacheStore
+from backends.cache.memory import MemoryCacheStore
+from backends.llm.litellm_tiers import LiteLLMTiers
+from backends.retrieval.base import Retriever
+from gateway.metrics import Metrics
+from gateway.pipeline import Services
+from gateway.settings import ConfigError, Settings
+
+
+def build_retriever(settings: Settings, dimension: int) -> Retriever:
+    if settings.retrieval.backend == "opensearch":
+        config = settings.retrieval.opensearch
+        if config.dimension != dimension:
+            raise ConfigError(
+                f"retrieval.opensearch.dimension is {config.dimension}, "
+                f"but the embedding model gives {dimension}"
+            )
+        return OpenSearchRetriever(config)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    return EmbeddedRetriever(settings.data_dir / "index.sqlite3")
+
+
+def build_cache_store(settings: Settings) -> CacheStore | None:
+    if settings.cache.backend == "memory":
+        return MemoryCacheStore(settings.cache.max_entries)
+    return None
+
+
+@asynccontextmanager
+async def open_services(settings: Settings, metrics: Metrics) -> AsyncIterator[Services]:
+    async with AsyncExitStack() as stack:
+        embedder = build_embedder(settings.embeddings)
+        stack.push_async_callback(embedder.aclose)
+        retriever = build_retriever(settings, embedder.dimension)
+        stack.push_async_callback(retriever.aclose)
+        llm = LiteLLMTiers(settings.models.small, settings.models.large)
+        stack.push_async_callback(llm.aclose)
+        cache_store = build_cache_store(settings)
+        if cache_store is not None:
+            stack.push_async_callback(cache_store.aclose)
+        yield Services(embedder, retriever, llm, cache_store, metrics)
