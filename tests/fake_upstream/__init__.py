@@ -1,0 +1,1 @@
+"""A fake OpenAI-compatible upstream process for tests; see `tests.fake_upstream.server`."""
