@@ -7,4 +7,8 @@ os.environ.setdefault("LITELLM_OFFLINE_MODE", "true")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-pytest_plugins: list[str] = []
+pytest_plugins: list[str] = [
+    "tests.fixtures.opensearch",
+    "tests.fixtures.upstream",
+    "tests.fixtures.gateway",
+]

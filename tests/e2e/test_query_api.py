@@ -1,0 +1,153 @@
+"""`querygate serve` as a process, answering through the fake upstream (litellm's real path)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import requests
+
+from tests.fixtures.gateway import GatewayProcess
+
+
+def query(gw: GatewayProcess, text: str, tenant: str = "acme", **body: object) -> requests.Response:
+    return requests.post(
+        f"{gw.url}/v1/query", json={"query": text, **body}, headers=gw.headers(tenant), timeout=30
+    )
+
+
+def unique(text: str) -> str:
+    """A question no earlier test asked, so the cache cannot answer it."""
+    return f"{text} (run {uuid.uuid4().hex[:8]})"
+
+
+def test_lookup_answers_with_citations_cost_and_timings(gateway: GatewayProcess) -> None:
+    resp = query(gateway, unique("How do I fix ERR-4471 on the Acme router?"))
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert body["route"] == "lookup"
+    assert body["cache"] == "miss"
+    assert body["answer"].startswith("FAKE ANSWER")
+    assert body["citations"], body
+    assert body["citations"][0]["doc_id"] == "errors.md"
+    assert body["usage"]["prompt_tokens"] > 0
+    assert body["usage"]["cost_usd"] > 0
+    assert {"embed", "retrieve", "generate", "total"} <= set(body["timings_ms"])
+    assert resp.headers["X-Request-Id"] == body["id"]
+
+
+def test_repeated_question_is_an_exact_cache_hit_that_costs_nothing(
+    gateway: GatewayProcess,
+) -> None:
+    text = unique("What does the Acme warranty cover?")
+    first = query(gateway, text).json()
+    second = query(gateway, "  " + text.upper() + " ").json()
+    assert first["cache"] == "miss"
+    assert second["cache"] == "exact"
+    assert second["answer"] == first["answer"]
+    assert second["citations"] == first["citations"]
+    assert second["usage"]["cost_usd"] == 0
+
+
+def test_cached_answers_never_cross_tenants(gateway: GatewayProcess) -> None:
+    text = unique("What does the warranty cover?")
+    assert query(gateway, text, tenant="acme").json()["cache"] == "miss"
+    other = query(gateway, text, tenant="globex").json()
+    assert other["cache"] == "miss"
+    assert {c["doc_id"] for c in other["citations"]} <= {"globex-launch", "globex-warranty"}
+
+
+def test_a_tenant_never_sees_another_tenants_documents(gateway: GatewayProcess) -> None:
+    # The globex document is the perfect match; acme must still get only its own.
+    body = query(gateway, unique("What is the Hammerfall launch code HF-99812?")).json()
+    assert all(c["doc_id"] in {"errors.md", "warranty.txt"} for c in body["citations"]), body
+    assert "HF-99812" not in json.dumps(body["citations"])
+
+
+def test_greeting_goes_direct_without_retrieval(gateway: GatewayProcess) -> None:
+    body = query(gateway, "hello!").json()
+    assert body["route"] == "direct"
+    assert body["citations"] == []
+    assert "retrieve" not in body["timings_ms"]
+
+
+def test_multihop_question_is_answered_by_lookup_and_says_so(gateway: GatewayProcess) -> None:
+    text = unique("Compare the Acme warranty with the ERR-5120 fix and which came first?")
+    body = query(gateway, text).json()
+    assert body["route"] == "lookup"
+    assert "multihop route is not available" in body["route_reason"]
+
+
+def test_route_endpoint_explains_without_answering(gateway: GatewayProcess) -> None:
+    resp = requests.post(
+        f"{gateway.url}/v1/route",
+        json={"query": "what does ERR-4471 mean?"},
+        headers=gateway.headers(),
+        timeout=10,
+    )
+    body = resp.json()
+    assert body["route"] == "lookup"
+    assert body["lexical_weight"] > 1.0
+    assert "ERR-4471" in body["route_reason"]
+    assert "answer" not in body
+
+
+def test_streamed_query_sends_deltas_then_the_full_body(gateway: GatewayProcess) -> None:
+    resp = requests.post(
+        f"{gateway.url}/v1/query",
+        json={"query": unique("How long does Acme take to ship a replacement?"), "stream": True},
+        headers=gateway.headers(),
+        stream=True,
+        timeout=30,
+    )
+    assert resp.headers["Content-Type"].startswith("text/event-stream")
+    events = [block for block in resp.text.split("\n\n") if block.strip()]
+    deltas = [e for e in events if e.startswith("event: delta")]
+    done = [e for e in events if e.startswith("event: done")]
+    assert deltas and len(done) == 1
+    body = json.loads(done[0].split("data: ", 1)[1])
+    text = "".join(json.loads(d.split("data: ", 1)[1])["text"] for d in deltas)
+    assert body["answer"] == text.strip()
+    assert body["usage"]["cost_usd"] > 0
+
+
+def test_upstream_down_is_a_503_with_retry_after(gateway: GatewayProcess) -> None:
+    resp = query(gateway, unique('Acme warranty? [[fake:{"status": 500}]]'))
+    assert resp.status_code == 503
+    assert int(resp.headers["Retry-After"]) > 0
+    assert resp.json()["error"]["type"] == "unavailable"
+
+
+def test_metrics_expose_the_documented_families(gateway: GatewayProcess) -> None:
+    query(gateway, unique("Acme warranty length?"))
+    text = requests.get(f"{gateway.url}/metrics", timeout=5).text
+    for family in (
+        "querygate_requests_total",
+        "querygate_request_duration_seconds_bucket",
+        "querygate_stage_duration_seconds_bucket",
+        "querygate_route_decisions_total",
+        "querygate_cache_lookups_total",
+        "querygate_llm_requests_total",
+        "querygate_llm_tokens_total",
+        "querygate_llm_cost_usd_total",
+        "querygate_retrieval_duration_seconds_bucket",
+        "querygate_inflight_requests",
+        "querygate_config_info",
+    ):
+        assert family in text, family
+    assert "acme" not in text  # no tenant ids in labels
+
+
+def test_health_and_readiness(gateway: GatewayProcess) -> None:
+    assert requests.get(f"{gateway.url}/healthz", timeout=5).json() == {"status": "ok"}
+    ready = requests.get(f"{gateway.url}/readyz", timeout=5).json()
+    assert ready["ready"] is True
+    assert ready["checks"]["retrieval"] == "ok"
+
+
+def test_without_a_model_lookup_is_extractive_and_cited(extractive: GatewayProcess) -> None:
+    body = query(extractive, unique("How do I fix ERR-4471?")).json()
+    assert body["extractive"] is True
+    assert body["citations"][0]["doc_id"] == "errors.md"
+    assert "certificate" in body["answer"]
+    assert body["usage"]["cost_usd"] == 0
