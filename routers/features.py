@@ -85,5 +85,5 @@ def lexical_features(text: str) -> dict[str, float]:
 
 
 def identifiers_in(text: str) -> list[str]:
-    """Identifier-like tokens (error codes, SKUs, snake_case names): lexical search wins on these."""
+    """Identifier-like tokens (error codes, SKUs, snake_case names): lexical search wins here."""
     return _IDENTIFIER.findall(text)

@@ -10,7 +10,7 @@ DIRECT_SYSTEM = (
 LOOKUP_SYSTEM = (
     "Answer the question using only the numbered sources below. Cite every claim with the "
     "source number in square brackets, like [1] or [2][3]. If the sources do not contain the "
-    "answer, say exactly: \"The documents do not say.\"\n\nSources:\n{sources}"
+    'answer, say exactly: "The documents do not say."\n\nSources:\n{sources}'
 )
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-
 from typing import TYPE_CHECKING
 
 from backends.llm.base import Message, Tier, Usage
