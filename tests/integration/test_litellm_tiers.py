@@ -1,0 +1,259 @@
+"""LiteLLMTiers through litellm's real client path against the fake upstream process.
+
+Nothing here mocks litellm: every call goes over loopback HTTP to `tests.fake_upstream`, scripted
+per request by a directive in the last user message. Each test uses its own directive key and
+counts the upstream calls that carried it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from typing import Any
+
+import pytest
+
+from backends.errors import BackendUnavailable, UpstreamError
+from backends.llm.base import Message, StreamDelta, TierConfig, ToolCall
+from backends.llm.litellm_tiers import LiteLLMTiers
+from tests.fixtures.upstream import calls_for, upstream_stats
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.asyncio(loop_scope="session"),
+    # litellm 1.110 reads pydantic fields off instances; not ours to fix
+    pytest.mark.filterwarnings("ignore:Accessing the 'model_:DeprecationWarning"),
+]
+
+IN_PRICE = 1e-6
+OUT_PRICE = 2e-6
+# a hang must fail the test, not the CI job
+GUARD_S = 15
+
+SEARCH_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "search",
+        "description": "search the corpus",
+        "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+    },
+}
+
+
+def _tier(base_url: str, model: str = "openai/fake-small", **overrides: Any) -> TierConfig:
+    settings: dict[str, Any] = {
+        "model": model,
+        "api_base": base_url,
+        "input_cost_per_token": IN_PRICE,
+        "output_cost_per_token": OUT_PRICE,
+        "timeout_s": 5.0,
+        "retries": 2,
+    }
+    return TierConfig(**(settings | overrides))
+
+
+def _llm(small: TierConfig | None, large: TierConfig | None = None) -> LiteLLMTiers:
+    # tiny backoff: these tests count attempts, they do not measure waiting
+    return LiteLLMTiers(small, large, backoff_initial_s=0.01, backoff_max_s=0.05)
+
+
+def _ask(question: str, directive: dict[str, Any]) -> tuple[str, list[Message]]:
+    key = uuid.uuid4().hex
+    content = f"{question} [[fake:{json.dumps(directive | {'key': key})}]]"
+    return key, [Message(role="user", content=content)]
+
+
+async def _drain(stream: Any) -> list[StreamDelta]:
+    return [delta async for delta in stream]
+
+
+async def test_completion_has_text_usage_and_cost_from_tier_prices(fake_upstream: str) -> None:
+    usage = {"prompt_tokens": 100, "completion_tokens": 50}
+    _, messages = _ask("what is the capital of France", {"usage": usage})
+    completion = await _llm(_tier(fake_upstream)).complete("small", messages)
+    assert completion.text == "FAKE ANSWER: what is the capital of France"
+    assert (completion.tier, completion.model) == ("small", "openai/fake-small")
+    assert (completion.usage.prompt_tokens, completion.usage.completion_tokens) == (100, 50)
+    assert completion.usage.cost_usd == pytest.approx(100 * IN_PRICE + 50 * OUT_PRICE)
+
+
+async def test_stream_yields_deltas_then_a_final_delta_with_usage_and_cost(
+    fake_upstream: str,
+) -> None:
+    usage = {"prompt_tokens": 30, "completion_tokens": 6}
+    _, messages = _ask("stream this", {"usage": usage})
+    deltas = await _drain(_llm(_tier(fake_upstream)).stream("small", messages))
+    *parts, final = deltas
+    assert "".join(d.text for d in parts) == "FAKE ANSWER: stream this"
+    assert len(parts) > 1 and not any(d.done for d in parts)
+    assert final.done and final.usage is not None
+    assert (final.usage.prompt_tokens, final.usage.completion_tokens) == (30, 6)
+    assert final.usage.cost_usd == pytest.approx(30 * IN_PRICE + 6 * OUT_PRICE)
+    assert final.extra == {"finish_reason": "stop", "usage_estimated": False}
+
+
+async def test_stream_without_upstream_usage_estimates_it_and_says_so(fake_upstream: str) -> None:
+    _, messages = _ask("no usage from upstream", {"no_usage": True})
+    final = (await _drain(_llm(_tier(fake_upstream)).stream("small", messages)))[-1]
+    assert final.extra["usage_estimated"] is True
+    assert final.usage is not None
+    assert final.usage.prompt_tokens > 0 and final.usage.completion_tokens > 0
+    assert final.usage.cost_usd > 0
+
+
+async def test_tool_calls_are_parsed_with_decoded_arguments(fake_upstream: str) -> None:
+    calls = [{"id": "c1", "name": "search", "arguments": {"q": "eiffel tower height"}}]
+    _, messages = _ask("how tall", {"tool_calls": calls, "answer": ""})
+    completion = await _llm(_tier(fake_upstream)).complete("small", messages, tools=[SEARCH_TOOL])
+    assert completion.tool_calls == (ToolCall("c1", "search", {"q": "eiffel tower height"}),)
+    assert completion.finish_reason == "tool_calls"
+
+
+async def test_tool_call_results_can_be_sent_back(fake_upstream: str) -> None:
+    call = ToolCall("c1", "search", {"q": "x"})
+    _, messages = _ask("follow up", {})
+    messages += [
+        Message(role="assistant", content="", tool_calls=(call,)),
+        Message(role="tool", content="result text", tool_call_id="c1"),
+    ]
+    completion = await _llm(_tier(fake_upstream)).complete("small", messages, tools=[SEARCH_TOOL])
+    assert completion.text.startswith("FAKE ANSWER: follow up")
+
+
+async def test_tool_call_with_invalid_json_arguments_is_an_upstream_error(
+    fake_upstream: str,
+) -> None:
+    key, messages = _ask("q", {"tool_calls": [{"name": "search", "arguments": "{not json"}]})
+    with pytest.raises(UpstreamError):
+        await _llm(_tier(fake_upstream)).complete("small", messages, tools=[SEARCH_TOOL])
+    assert await calls_for(fake_upstream, key) == 1
+
+
+async def test_503_twice_then_success_is_retried_to_success(fake_upstream: str) -> None:
+    key, messages = _ask("q", {"fail_first": 2, "status": 503})
+    completion = await _llm(_tier(fake_upstream, retries=2)).complete("small", messages)
+    assert completion.model == "openai/fake-small"
+    assert await calls_for(fake_upstream, key) == 3
+
+
+async def test_429_is_retried(fake_upstream: str) -> None:
+    key, messages = _ask("q", {"fail_first": 1, "status": 429})
+    await _llm(_tier(fake_upstream, retries=1)).complete("small", messages)
+    assert await calls_for(fake_upstream, key) == 2
+
+
+async def test_persistent_500_falls_back_to_the_next_model_which_answers(
+    fake_upstream: str,
+) -> None:
+    fallback = _tier(fake_upstream, "openai/fake-fallback", input_cost_per_token=1e-5)
+    tier = _tier(fake_upstream, retries=1, fallbacks=(fallback,))
+    key, messages = _ask("q", {"status": 500, "models": ["fake-small"]})
+    completion = await _llm(tier).complete("small", messages)
+    assert completion.model == "openai/fake-fallback"
+    used = completion.usage  # the directive, usage script included, applies to fake-small only
+    assert used.cost_usd == pytest.approx(
+        used.prompt_tokens * 1e-5 + used.completion_tokens * OUT_PRICE
+    )
+    assert await calls_for(fake_upstream, key) == 2 + 1  # primary tried twice, fallback once
+
+
+async def test_all_models_down_raises_backend_unavailable_after_bounded_attempts(
+    fake_upstream: str,
+) -> None:
+    fallback = _tier(fake_upstream, "openai/fake-fallback", retries=1)
+    tier = _tier(fake_upstream, retries=2, fallbacks=(fallback,))
+    key, messages = _ask("q", {"status": 503})
+    async with asyncio.timeout(GUARD_S):
+        with pytest.raises(BackendUnavailable) as raised:
+            await _llm(tier).complete("small", messages)
+    assert raised.value.backend == "llm"
+    assert await calls_for(fake_upstream, key) == 3 + 2
+
+
+async def test_400_is_not_retried(fake_upstream: str) -> None:
+    key, messages = _ask("q", {"status": 400})
+    with pytest.raises(UpstreamError):
+        await _llm(_tier(fake_upstream, retries=3)).complete("small", messages)
+    assert await calls_for(fake_upstream, key) == 1
+
+
+async def test_timeout_is_retried_then_backend_unavailable(fake_upstream: str) -> None:
+    key, messages = _ask("q", {"delay_ms": 2000})
+    tier = _tier(fake_upstream, timeout_s=0.2, retries=1)
+    async with asyncio.timeout(GUARD_S):
+        with pytest.raises(BackendUnavailable):
+            await _llm(tier).complete("small", messages)
+    assert await calls_for(fake_upstream, key) == 2
+
+
+async def test_malformed_body_is_an_upstream_error_not_a_hang_nor_a_retry(
+    fake_upstream: str,
+) -> None:
+    key, messages = _ask("q", {"malformed": True})
+    async with asyncio.timeout(GUARD_S):
+        with pytest.raises(UpstreamError):
+            await _llm(_tier(fake_upstream, retries=2)).complete("small", messages)
+    assert await calls_for(fake_upstream, key) == 1
+
+
+async def test_malformed_body_falls_back(fake_upstream: str) -> None:
+    fallback = _tier(fake_upstream, "openai/fake-fallback")
+    _, messages = _ask("q", {"malformed": True, "models": ["fake-small"]})
+    completion = await _llm(_tier(fake_upstream, fallbacks=(fallback,))).complete("small", messages)
+    assert completion.model == "openai/fake-fallback"
+
+
+async def test_truncated_stream_raises_after_the_deltas_already_sent(fake_upstream: str) -> None:
+    _, messages = _ask("one two three four five", {"truncate_after": 3})
+    received: list[StreamDelta] = []
+    async with asyncio.timeout(GUARD_S):
+        with pytest.raises(UpstreamError):
+            async for delta in _llm(_tier(fake_upstream)).stream("small", messages):
+                received.append(delta)
+    assert received and not any(d.done for d in received)
+
+
+async def test_stream_that_fails_to_open_is_retried(fake_upstream: str) -> None:
+    key, messages = _ask("q", {"fail_first": 1, "status": 502})
+    deltas = await _drain(_llm(_tier(fake_upstream, retries=1)).stream("small", messages))
+    assert deltas[-1].done
+    assert await calls_for(fake_upstream, key) == 2
+
+
+async def test_stream_falls_back_when_the_primary_is_down(fake_upstream: str) -> None:
+    fallback = _tier(fake_upstream, "openai/fake-fallback")
+    _, messages = _ask("q", {"status": 503, "models": ["fake-small"]})
+    llm = _llm(_tier(fake_upstream, retries=0, fallbacks=(fallback,)))
+    deltas = await _drain(llm.stream("small", messages))
+    assert {d.model for d in deltas} == {"openai/fake-fallback"}
+
+
+async def test_refused_connection_is_retried_then_backend_unavailable(
+    fake_upstream: str,
+) -> None:
+    tier = _tier("http://127.0.0.1:9/v1", retries=1)  # discard port: nothing listens
+    async with asyncio.timeout(GUARD_S):
+        with pytest.raises(BackendUnavailable):
+            await _llm(tier).complete("small", [Message(role="user", content="q")])
+
+
+async def test_tiers_are_independent_and_an_unconfigured_tier_is_unavailable(
+    fake_upstream: str,
+) -> None:
+    llm = _llm(None, _tier(fake_upstream, "openai/fake-large"))
+    assert (llm.has_tier("small"), llm.has_tier("large")) == (False, True)
+    assert (await llm.complete("large", _ask("q", {})[1])).model == "openai/fake-large"
+    with pytest.raises(BackendUnavailable):
+        await llm.complete("small", _ask("q", {})[1])
+
+
+async def test_missing_api_key_env_var_fails_at_construction(fake_upstream: str) -> None:
+    with pytest.raises(ValueError, match="QUERYGATE_TEST_UNSET_KEY"):
+        _llm(_tier(fake_upstream, api_key_env="QUERYGATE_TEST_UNSET_KEY"))
+
+
+async def test_warm_up_does_not_call_the_upstream(fake_upstream: str) -> None:
+    before = (await upstream_stats(fake_upstream))["total"]
+    await _llm(_tier(fake_upstream), _tier(fake_upstream, "openai/fake-large")).warm_up()
+    assert (await upstream_stats(fake_upstream))["total"] == before
