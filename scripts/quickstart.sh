@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Set up and run the gateway on the embedded default (no servers), with the offline Wikipedia
+# sample ingested for the demo tenant on first run. Arguments go to `querygate serve`.
+set -euo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$REPO"
+scripts/setup.sh
+exec .venv/bin/querygate serve --sample-corpus "$@"
