@@ -60,6 +60,10 @@ class OpenSearchConfig(BaseModel):
     bulk_batch_size: int = Field(default=500, ge=1, le=10000)
     bulk_max_attempts: int = Field(default=3, ge=1, le=10)
     refresh_interval: str = Field(default="1s", pattern=r"^(-1|\d+(ms|s|m))$")
+    # How a write becomes visible before it returns: "wait_for" rides the next scheduled refresh
+    # (up to refresh_interval per write, cheap under load); "true" refreshes at once (fast single
+    # writes, many small segments under heavy ingest).
+    write_refresh: Literal["wait_for", "true"] = "wait_for"
     number_of_shards: int = Field(default=1, ge=1)
     number_of_replicas: int = Field(default=0, ge=0)
     hnsw_m: int = Field(default=16, ge=2, le=100)
@@ -418,12 +422,14 @@ class OpenSearchRetriever:
         return str(hits[0]["_source"]["content_hash"]) if hits else None
 
     async def generation(self, tenant: str) -> int:
+        doc = await self._meta_doc(tenant)
+        return int(doc["_source"]["generation"]) if doc else 0
+
+    async def _meta_doc(self, tenant: str) -> Json | None:
         with _translated("generation"):
-            try:
-                doc = await self._client.get(index=self.config.meta_index, id=tenant)
-            except NotFoundError:
-                return 0
-        return int(doc["_source"]["generation"])
+            # ignore=404: a tenant without changes is normal, not a warning in the client's log.
+            doc = await self._client.get(index=self.config.meta_index, id=tenant, ignore=404)
+        return doc if doc.get("found") else None
 
     async def stats(self, tenant: str) -> tuple[int, int]:
         body = {
@@ -503,25 +509,23 @@ class OpenSearchRetriever:
         async for attempt in AsyncRetrying(
             retry=retry_if_exception_type(_Conflict), stop=stop_after_attempt(20), reraise=True
         ):
-            with attempt, _translated("generation"):
-                try:
-                    doc = await self._client.get(index=cfg.meta_index, id=tenant)
+            with attempt:
+                doc = await self._meta_doc(tenant)
+                guard: Json = {"op_type": "create"}
+                value = 1
+                if doc:
                     guard = {"if_seq_no": doc["_seq_no"], "if_primary_term": doc["_primary_term"]}
                     value = int(doc["_source"]["generation"]) + 1
-                except NotFoundError:
-                    guard, value = {"op_type": "create"}, 1
-                try:
-                    await self._client.index(
+                with _translated("generation"):
+                    response = await self._client.index(
                         index=cfg.meta_index,
                         id=tenant,
                         body={"generation": value},
-                        params=guard,
+                        params={**guard, "ignore": 409},
                         request_timeout=cfg.write_timeout_s,
                     )
-                except TransportError as exc:
-                    if exc.status_code == 409:
-                        raise _Conflict from exc
-                    raise
+                if response.get("status") == 409:
+                    raise _Conflict
                 return value
         raise AssertionError("unreachable: tenacity reraises")
 
@@ -545,7 +549,9 @@ class OpenSearchRetriever:
     async def _bulk_once(self, lines: list[Json]) -> None:
         with _translated("bulk"):
             response = await self._client.bulk(
-                body=lines, refresh="wait_for", request_timeout=self.config.write_timeout_s
+                body=lines,
+                refresh=self.config.write_refresh,
+                request_timeout=self.config.write_timeout_s,
             )
         if not response["errors"]:
             return

@@ -1,0 +1,377 @@
+"""OpenSearchRetriever against a real node (see tests/fixtures/opensearch.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import AsyncIterator, Sequence
+
+import numpy as np
+import pytest
+
+from backends.errors import BackendUnavailable
+from backends.retrieval.base import (
+    RRF_K,
+    Chunk,
+    Document,
+    Hit,
+    RetrievalMode,
+    SearchRequest,
+    Vector,
+)
+from backends.retrieval.opensearch import OpenSearchConfig, OpenSearchRetriever
+from tests.fixtures.opensearch import TEST_DIMENSION, RetrieverFactory, opensearch_request
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+
+MODES: tuple[RetrievalMode, ...] = ("bm25", "dense", "hybrid")
+
+
+def unit_vector(seed: int) -> Vector:
+    """A deterministic random unit vector: distinct seeds are nearly orthogonal in 16 dims."""
+    v = np.random.default_rng(seed).standard_normal(TEST_DIMENSION).astype(np.float32)
+    return v / np.linalg.norm(v)
+
+
+def doc(
+    doc_id: str, texts: list[str], seeds: list[int], title: str = "", rev: str = "1"
+) -> Document:
+    chunks = tuple(
+        Chunk(f"{doc_id}#{i}", text, f"section {i}", unit_vector(seed))
+        for i, (text, seed) in enumerate(zip(texts, seeds, strict=True))
+    )
+    return Document(doc_id, title or doc_id, f"{doc_id}-{rev}", chunks)
+
+
+def ids(hits: Sequence[Hit]) -> list[str]:
+    return [h.chunk_id for h in hits]
+
+
+async def test_mapping_uses_lucene_hnsw_cosinesimil(
+    opensearch_retriever: OpenSearchRetriever, opensearch_url: str
+) -> None:
+    index = await opensearch_retriever.current_index()
+    mapping = opensearch_request(opensearch_url, f"/{index}/_mapping")[index]["mappings"]
+    method = mapping["properties"]["embedding"]["method"]
+    assert mapping["properties"]["embedding"]["dimension"] == TEST_DIMENSION
+    assert (method["engine"], method["name"], method["space_type"]) == (
+        "lucene",
+        "hnsw",
+        "cosinesimil",
+    )
+
+
+async def test_hybrid_fuses_both_arms_with_rrf(
+    opensearch_retriever: OpenSearchRetriever,
+) -> None:
+    tenant = "fusion"
+    await opensearch_retriever.upsert_document(
+        tenant, doc("manual", ["rotate the flux capacitor weekly", "unrelated prose"], [11, 12])
+    )
+    await opensearch_retriever.upsert_document(
+        tenant, doc("guide", ["a paraphrase only vectors find", "more prose"], [13, 14])
+    )
+    request = SearchRequest(tenant, "flux capacitor", unit_vector(13), k=4)
+
+    hits = await opensearch_retriever.search(request)
+
+    by_id = {h.chunk_id: h for h in hits}
+    assert {"manual#0", "guide#0"} <= set(by_id)
+    assert by_id["manual#0"].bm25_rank == 1
+    assert by_id["guide#0"].dense_rank == 1
+    for hit in hits:
+        ranks = [r for r in (hit.bm25_rank, hit.dense_rank) if r is not None]
+        assert hit.score == pytest.approx(sum(1 / (RRF_K + r) for r in ranks))
+    assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+
+
+async def test_arm_weights_decide_which_arm_ranks_first(
+    opensearch_retriever: OpenSearchRetriever,
+) -> None:
+    tenant = "weights"
+    await opensearch_retriever.upsert_document(tenant, doc("a", ["zebra crossing"], [21]))
+    await opensearch_retriever.upsert_document(tenant, doc("b", ["nothing to see"], [22]))
+
+    async def ranked(lexical: float, dense: float) -> list[str]:
+        request = SearchRequest(
+            tenant, "zebra", unit_vector(22), k=2, lexical_weight=lexical, dense_weight=dense
+        )
+        return ids(await opensearch_retriever.search(request))
+
+    # "a" matches the words, "b" the vector: a zero weight silences one arm.
+    assert await ranked(1.0, 0.0) == ["a#0", "b#0"]
+    assert await ranked(0.0, 1.0) == ["b#0", "a#0"]
+
+
+async def test_server_side_rrf_matches_client_side(
+    make_opensearch_retriever: RetrieverFactory, neural_search_installed: bool
+) -> None:
+    if not neural_search_installed:
+        pytest.skip("neural-search is not installed on this node: no server-side RRF to compare")
+    server = await make_opensearch_retriever(use_server_side_rrf="on")
+    client = OpenSearchRetriever(server.config.model_copy(update={"use_server_side_rrf": "off"}))
+    tenant = "rrf"
+    words = ["alpha", "beta", "gamma", "delta", "epsilon"]
+    for n in range(12):
+        texts = [f"{words[n % 5]} {words[(n + c) % 5]} report {n} part {c}" for c in range(2)]
+        await server.upsert_document(tenant, doc(f"d{n}", texts, [100 + 2 * n, 101 + 2 * n]))
+    try:
+        for query, seed in [("alpha report", 104), ("gamma delta", 111), ("epsilon", 120)]:
+            request = SearchRequest(tenant, query, unit_vector(seed), k=8, candidates=20)
+            on_server = await server.search(request)
+            on_client = await client.search(request)
+            assert ids(on_server) == ids(on_client), query
+            assert [h.score for h in on_server] == pytest.approx([h.score for h in on_client])
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_tenant_a_never_sees_tenant_b_chunk_even_when_it_is_the_perfect_match(
+    opensearch_retriever: OpenSearchRetriever, mode: RetrievalMode
+) -> None:
+    secret = "quarterly payroll export for the Zurich office"
+    await opensearch_retriever.upsert_document(
+        "tenant-b", doc("payroll", [secret], [31], title="payroll")
+    )
+    await opensearch_retriever.upsert_document(
+        "tenant-a", doc("menu", ["cafeteria lunch menu", "office hours"], [32, 33])
+    )
+    # Tenant A asks with tenant B's exact text and exact vector.
+    request = SearchRequest("tenant-a", secret, unit_vector(31), k=10, mode=mode)
+
+    hits = await opensearch_retriever.search(request)
+
+    assert all(h.doc_id == "menu" for h in hits)
+    if mode != "bm25":
+        # The k-NN arm still fills up from tenant A's own chunks (efficient filtering).
+        assert len(hits) == 2
+
+
+async def test_upsert_is_visible_at_once_and_same_hash_is_a_no_op(
+    opensearch_retriever: OpenSearchRetriever,
+) -> None:
+    tenant = "upsert"
+    first = doc("faq", ["how to reset a password", "how to change an email"], [41, 42])
+
+    assert await opensearch_retriever.upsert_document(tenant, first) is True
+    generation = await opensearch_retriever.generation(tenant)
+    hits = await opensearch_retriever.search(
+        SearchRequest(tenant, "reset password", unit_vector(41), mode="bm25")
+    )
+    assert ids(hits)[0] == "faq#0"
+    assert await opensearch_retriever.content_hash(tenant, "faq") == "faq-1"
+
+    assert await opensearch_retriever.upsert_document(tenant, first) is False
+    assert await opensearch_retriever.generation(tenant) == generation
+
+
+async def test_new_version_replaces_every_old_chunk(
+    opensearch_retriever: OpenSearchRetriever,
+) -> None:
+    tenant = "replace"
+    await opensearch_retriever.upsert_document(
+        tenant, doc("notes", ["old one", "old two", "old three"], [51, 52, 53])
+    )
+    before = await opensearch_retriever.generation(tenant)
+
+    changed = await opensearch_retriever.upsert_document(
+        tenant, doc("notes", ["new single chunk"], [54], rev="2")
+    )
+
+    assert changed is True
+    assert await opensearch_retriever.stats(tenant) == (1, 1)
+    assert await opensearch_retriever.generation(tenant) == before + 1
+    hits = await opensearch_retriever.search(SearchRequest(tenant, "old", unit_vector(51), k=10))
+    assert [h.text for h in hits] == ["new single chunk"]
+
+
+async def test_delete_removes_every_chunk_of_the_document(
+    opensearch_retriever: OpenSearchRetriever,
+) -> None:
+    tenant = "delete"
+    texts = [f"chapter {n} of the handbook" for n in range(7)]
+    await opensearch_retriever.upsert_document(tenant, doc("handbook", texts, list(range(60, 67))))
+    await opensearch_retriever.upsert_document(tenant, doc("keep", ["keep me"], [67]))
+    before = await opensearch_retriever.generation(tenant)
+
+    assert await opensearch_retriever.delete_document(tenant, "handbook") is True
+
+    assert await opensearch_retriever.stats(tenant) == (1, 1)
+    assert await opensearch_retriever.content_hash(tenant, "handbook") is None
+    assert await opensearch_retriever.generation(tenant) == before + 1
+    hits = await opensearch_retriever.search(
+        SearchRequest(tenant, "handbook chapter", unit_vector(60), k=10)
+    )
+    assert all(h.doc_id == "keep" for h in hits)
+    assert await opensearch_retriever.delete_document(tenant, "handbook") is False
+
+
+async def test_generation_counts_concurrent_changes_exactly(
+    opensearch_retriever: OpenSearchRetriever,
+) -> None:
+    tenant = "generation"
+    docs = [doc(f"g{n}", [f"text {n}"], [70 + n]) for n in range(8)]
+
+    await asyncio.gather(*(opensearch_retriever.upsert_document(tenant, d) for d in docs))
+
+    assert await opensearch_retriever.generation(tenant) == len(docs)
+    assert await opensearch_retriever.generation("nobody") == 0
+
+
+async def test_alias_swap_under_concurrent_queries_fails_no_query(
+    make_opensearch_retriever: RetrieverFactory,
+) -> None:
+    retriever = await make_opensearch_retriever()
+    tenant = "swap"
+    for n in range(20):
+        await retriever.upsert_document(tenant, doc(f"s{n}", [f"swap test {n}"], [200 + n]))
+    old = await retriever.current_index()
+    request = SearchRequest(tenant, "swap test", unit_vector(205), k=5)
+    stop = asyncio.Event()
+    results: list[int] = []
+
+    async def query_until_stopped() -> None:
+        while not stop.is_set():
+            results.append(len(await retriever.search(request)))
+
+    queriers = [asyncio.create_task(query_until_stopped()) for _ in range(4)]
+    new, previous = await retriever.rebuild_index()
+    await asyncio.sleep(0.2)  # let queries run against the new index too
+    stop.set()
+    await asyncio.gather(*queriers)  # any failed query raises here
+
+    assert previous == old != new == await retriever.current_index()
+    assert results and all(n == 5 for n in results)
+    await retriever.drop_index(old)
+    assert await retriever.stats(tenant) == (20, 20)
+
+
+async def test_identifier_is_found_exactly_by_bm25(
+    opensearch_retriever: OpenSearchRetriever,
+) -> None:
+    tenant = "ids"
+    await opensearch_retriever.upsert_document(
+        tenant,
+        doc(
+            "errors",
+            [
+                "ERR-4472 means the disk quota is exceeded",
+                "error 4471 in the legacy system was a typo",
+                "If you see ERR-4471, the upstream certificate expired.",
+            ],
+            [81, 82, 83],
+        ),
+    )
+
+    hits = await opensearch_retriever.search(
+        SearchRequest(tenant, "ERR-4471", unit_vector(99), mode="bm25")
+    )
+
+    assert ids(hits)[0] == "errors#2"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        'title:(foo OR "bar',
+        "a" * 10_000,
+        "word " * 2_000,
+        "🔥🙂 what does 🚀 mean?",
+        "?!.,;:()[]{}^~*\"'\\/",
+        "",
+        "AND OR NOT && || +-",
+        "\x00\x1f control \u200b chars",
+    ],
+    ids=["lucene", "10k-chars", "10k-words", "emoji", "punctuation", "empty", "ops", "control"],
+)
+@pytest.mark.parametrize("mode", MODES)
+async def test_malformed_queries_never_raise(
+    opensearch_retriever: OpenSearchRetriever, text: str, mode: RetrievalMode
+) -> None:
+    tenant = "malformed"
+    await opensearch_retriever.upsert_document(tenant, doc("m", ["what does foo mean"], [90]))
+
+    hits = await opensearch_retriever.search(
+        SearchRequest(tenant, text, unit_vector(90), mode=mode)
+    )
+
+    assert isinstance(hits, list)
+    if mode == "dense":
+        assert ids(hits) == ["m#0"]
+
+
+async def test_only_punctuation_sends_no_bm25_arm(
+    opensearch_retriever: OpenSearchRetriever,
+) -> None:
+    tenant = "malformed"
+    await opensearch_retriever.upsert_document(tenant, doc("m", ["what does foo mean"], [90]))
+
+    lexical = await opensearch_retriever.search(
+        SearchRequest(tenant, "?!... ---", unit_vector(90), mode="bm25")
+    )
+    hybrid = await opensearch_retriever.search(SearchRequest(tenant, "?!...", unit_vector(90)))
+
+    assert lexical == []
+    assert [(h.bm25_rank, h.dense_rank) for h in hybrid] == [(None, 1)]
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_node_down_raises_backend_unavailable_fast() -> None:
+    timeout = 1.0
+    config = OpenSearchConfig(
+        hosts=(f"http://127.0.0.1:{closed_port()}",),
+        alias="down",
+        dimension=TEST_DIMENSION,
+        search_timeout_s=timeout,
+    )
+    async with OpenSearchRetriever(config) as retriever:
+        for call in (
+            retriever.search(SearchRequest("t", "hello", unit_vector(1))),
+            retriever.ping(),
+            retriever.upsert_document("t", doc("x", ["x"], [1])),
+        ):
+            started = time.monotonic()
+            with pytest.raises(BackendUnavailable):
+                await call
+            assert time.monotonic() - started < timeout / 2
+
+
+@pytest.fixture
+async def silent_server() -> AsyncIterator[int]:
+    """A TCP server that accepts and never answers: a hung node."""
+
+    released = asyncio.Event()
+
+    async def hang(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(1 << 16)
+        await released.wait()
+        writer.close()
+
+    server = await asyncio.start_server(hang, "127.0.0.1", 0)
+    yield int(server.sockets[0].getsockname()[1])
+    released.set()
+    server.close()
+    await server.wait_closed()
+
+
+async def test_hung_node_times_out_within_the_bound(silent_server: int) -> None:
+    timeout = 0.5
+    config = OpenSearchConfig(
+        hosts=(f"http://127.0.0.1:{silent_server}",),
+        alias="hung",
+        dimension=TEST_DIMENSION,
+        search_timeout_s=timeout,
+        use_server_side_rrf="off",
+    )
+    async with OpenSearchRetriever(config) as retriever:
+        started = time.monotonic()
+        with pytest.raises(BackendUnavailable):
+            await retriever.search(SearchRequest("t", "hello", unit_vector(1)))
+        assert time.monotonic() - started < timeout + 1.0
