@@ -58,6 +58,8 @@ litellm.suppress_debug_info = True
 # The OpenAI SDK insists on a non-empty key even for upstreams that need none (local servers).
 KEYLESS_PLACEHOLDER = "sk-no-key-configured"
 
+WARM_UP_MESSAGES: list[dict[str, Any]] = [{"role": "user", "content": "warm-up"}]
+
 T = TypeVar("T")
 
 
@@ -223,10 +225,20 @@ class LiteLLMTiers:
         for chain in self._chains.values():
             for deployment in chain:
                 await litellm.acompletion(
-                    model=deployment.model,
-                    messages=[{"role": "user", "content": "warm-up"}],
-                    mock_response="ok",
+                    model=deployment.model, messages=WARM_UP_MESSAGES, mock_response="ok"
                 )
+                # streaming has its own lazily built path (chunk wrapper, usage builder)
+                stream = await litellm.acompletion(
+                    model=deployment.model,
+                    messages=WARM_UP_MESSAGES,
+                    mock_response="ok",
+                    stream=True,
+                    stream_options={"include_usage": True},
+                )
+                async for _ in stream:
+                    pass
+                # loads the tokenizer used when a stream arrives without usage
+                _estimate_usage(deployment.model, WARM_UP_MESSAGES, "ok")
 
     async def complete(
         self,

@@ -18,7 +18,8 @@ from tests.fake_upstream.server import create_app
 async def serve(host: str, port: int) -> None:
     runner = web.AppRunner(create_app(), access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    # scripted delays may hold handlers for seconds; don't let them stall a test run's teardown
+    site = web.TCPSite(runner, host, port, shutdown_timeout=0.5)
     await site.start()
     bound_port = runner.addresses[0][1]
     print(f"fake-upstream ready on http://{host}:{bound_port}", flush=True)

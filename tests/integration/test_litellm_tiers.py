@@ -187,6 +187,15 @@ async def test_timeout_is_retried_then_backend_unavailable(fake_upstream: str) -
     assert await calls_for(fake_upstream, key) == 2
 
 
+async def test_stalled_stream_times_out_instead_of_hanging(fake_upstream: str) -> None:
+    key, messages = _ask("q", {"chunk_delay_ms": 1000})
+    tier = _tier(fake_upstream, timeout_s=0.2, retries=1)
+    async with asyncio.timeout(GUARD_S):
+        with pytest.raises(BackendUnavailable):
+            await _drain(_llm(tier).stream("small", messages))
+    assert await calls_for(fake_upstream, key) == 2
+
+
 async def test_malformed_body_is_an_upstream_error_not_a_hang_nor_a_retry(
     fake_upstream: str,
 ) -> None:
