@@ -295,8 +295,11 @@ class LiteLLMTiers:
             await opened.chunks.aclose()
 
     async def aclose(self) -> None:
-        # litellm caches its HTTP clients process-wide; the gateway holds one LiteLLMTiers
+        # litellm caches its HTTP clients process-wide (the gateway holds one LiteLLMTiers). It
+        # leaves closed clients in that cache and would hand them to the next instance, which
+        # then fails with "client has been closed": flush it too.
         await close_litellm_async_clients()  # type: ignore[no-untyped-call]  # untyped upstream
+        litellm.in_memory_llm_clients_cache.flush_cache()  # type: ignore[no-untyped-call]
 
     def _call_args(
         self, deployment: _Deployment, wire: list[dict[str, Any]], max_tokens: int | None

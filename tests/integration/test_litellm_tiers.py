@@ -266,3 +266,11 @@ async def test_warm_up_does_not_call_the_upstream(fake_upstream: str) -> None:
     before = (await upstream_stats(fake_upstream))["total"]
     await _llm(_tier(fake_upstream), _tier(fake_upstream, "openai/fake-large")).warm_up()
     assert (await upstream_stats(fake_upstream))["total"] == before
+
+
+async def test_a_new_instance_works_after_another_was_closed(fake_upstream: str) -> None:
+    first = _llm(_tier(fake_upstream))
+    await first.complete("small", _ask("q", {})[1])
+    await first.aclose()
+    completion = await _llm(_tier(fake_upstream, retries=0)).complete("small", _ask("q", {})[1])
+    assert completion.text.startswith("FAKE ANSWER")
