@@ -259,7 +259,7 @@ class LiteLLMTiers:
                 )
             if not isinstance(response, ModelResponse):
                 raise UpstreamError("llm", f"{deployment.model}: unexpected {type(response)}")
-            return self._to_completion(tier, deployment, response)
+            return self._to_completion(tier, deployment, wire, response)
 
         return await self._first_that_answers(tier, attempt)
 
@@ -284,7 +284,14 @@ class LiteLLMTiers:
                     raise UpstreamError("llm", f"{deployment.model}: unexpected {type(chunks)}")
                 # the first chunk comes within the retried attempt: a stream that dies before
                 # saying anything can still be retried or fall back
-                return _OpenStream(deployment, chunks, await anext(aiter(chunks)))
+                try:
+                    first = await anext(aiter(chunks), None)
+                except BaseException:
+                    await chunks.aclose()  # don't leave the connection to the garbage collector
+                    raise
+            if first is None:
+                raise UpstreamError("llm", f"{deployment.model}: empty stream")
+            return _OpenStream(deployment, chunks, first)
 
         opened = await self._first_that_answers(tier, attempt)
         try:
@@ -356,17 +363,25 @@ class LiteLLMTiers:
         return UpstreamError("llm", detail)
 
     @staticmethod
-    def _to_completion(tier: Tier, deployment: _Deployment, response: ModelResponse) -> Completion:
+    def _to_completion(
+        tier: Tier, deployment: _Deployment, wire: list[dict[str, Any]], response: ModelResponse
+    ) -> Completion:
         if not response.choices:
             raise UpstreamError("llm", f"{deployment.model}: response without choices")
         choice = response.choices[0]
         message = choice.message
-        usage = response.usage
+        text = message.content or ""
+        tokens = (response.usage.prompt_tokens, response.usage.completion_tokens)
+        if tokens[0] == 0:
+            # litellm reports zeros when the upstream sent no usage; a real prompt is never
+            # free, so estimate rather than book the call at no cost
+            log.warning("llm %s sent no usage; estimating tokens", deployment.model)
+            tokens = _estimate_usage(deployment.model, wire, text)
         return Completion(
-            text=message.content or "",
+            text=text,
             tier=tier,
             model=deployment.model,
-            usage=deployment.cost(usage.prompt_tokens, usage.completion_tokens),
+            usage=deployment.cost(*tokens),
             tool_calls=tuple(_parse_tool_call(c) for c in message.tool_calls or ()),
             finish_reason=choice.finish_reason or "stop",
         )

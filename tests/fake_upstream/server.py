@@ -36,7 +36,7 @@ stripped from the text before the default answer echoes it. Keys, all optional:
 ``tool_calls``     list  ``[{"name": str, "arguments": obj|str, "id"?: str}]``; a string
                          ``arguments`` is sent verbatim (so invalid JSON can be scripted).
 ``usage``          obj   ``{"prompt_tokens", "completion_tokens"}`` (default: word counts).
-``no_usage``       bool  stream: omit the usage chunk even when it was asked for.
+``no_usage``       bool  omit ``usage`` from the body, or the usage chunk even when asked for.
 """
 
 from __future__ import annotations
@@ -326,7 +326,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         return await _stream(request, reply, directive, include_usage)
     if directive.get("malformed"):
         return web.Response(text='{"id": "chatcmpl-broken", "choi', content_type="application/json")
-    return web.json_response(_completion_body(reply))
+    payload = _completion_body(reply)
+    if directive.get("no_usage"):
+        del payload["usage"]
+    return web.json_response(payload)
 
 
 def _embedding(text: str, dim: int) -> list[float]:

@@ -102,6 +102,13 @@ async def test_stream_without_upstream_usage_estimates_it_and_says_so(fake_upstr
     assert final.usage.cost_usd > 0
 
 
+async def test_completion_without_upstream_usage_is_estimated_not_free(fake_upstream: str) -> None:
+    _, messages = _ask("no usage in the body", {"no_usage": True})
+    completion = await _llm(_tier(fake_upstream)).complete("small", messages)
+    assert completion.usage.prompt_tokens > 0 and completion.usage.completion_tokens > 0
+    assert completion.usage.cost_usd > 0
+
+
 async def test_tool_calls_are_parsed_with_decoded_arguments(fake_upstream: str) -> None:
     calls = [{"id": "c1", "name": "search", "arguments": {"q": "eiffel tower height"}}]
     _, messages = _ask("how tall", {"tool_calls": calls, "answer": ""})

@@ -77,6 +77,13 @@ async def test_directive_in_message_is_stripped_and_scripts_answer_and_usage(
     assert body["usage"]["completion_tokens"] == 9
 
 
+async def test_no_usage_omits_usage_from_the_body(
+    fake_upstream: str, http: aiohttp.ClientSession
+) -> None:
+    _, body = await _post(http, f"{fake_upstream}/chat/completions", _chat("q", {"no_usage": True}))
+    assert "usage" not in body
+
+
 async def test_header_directive_scripts_a_status(
     fake_upstream: str, http: aiohttp.ClientSession
 ) -> None:
