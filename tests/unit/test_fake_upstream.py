@@ -98,13 +98,14 @@ async def test_header_directive_scripts_a_status(
 async def test_fail_first_fails_that_many_attempts_of_a_key_then_answers(
     fake_upstream: str, http: aiohttp.ClientSession
 ) -> None:
-    directive = {"key": _key(), "fail_first": 2}
+    key = _key()
+    directive = {"key": key, "fail_first": 2}
     statuses = [
         (await _post(http, f"{fake_upstream}/chat/completions", _chat("q", directive)))[0]
         for _ in range(3)
     ]
     assert statuses == [503, 503, 200]
-    assert await calls_for(fake_upstream, directive["key"]) == 3
+    assert await calls_for(fake_upstream, key) == 3
 
 
 async def test_models_filter_applies_faults_only_to_listed_models(
