@@ -46,6 +46,7 @@ async def open_services(settings: Settings, metrics: Metrics) -> AsyncIterator[S
         stack.push_async_callback(retriever.aclose)
         llm = LiteLLMTiers(settings.models.small, settings.models.large)
         stack.push_async_callback(llm.aclose)
+        await llm.warm_up()
         cache_store = build_cache_store(settings)
         if cache_store is not None:
             stack.push_async_callback(cache_store.aclose)
