@@ -83,10 +83,64 @@ ensure_user() {
     useradd --system --no-create-home --shell /usr/sbin/nologin "$SERVICE_USER"
 }
 
-ensure_lang_painless() {
-  # Integ-test-zips before 3.5 ship only transport-* modules; k-NN extends lang-painless.
-  [ -d "$INSTALL/modules/lang-painless" ] && return 0
-  die "modules/lang-painless missing from the $OS_VER integ-test-zip: see docs/opensearch.md"
+ensure_modules() {
+  # Integ-test-zips before 3.5 ship only transport-* modules. k-NN extends lang-painless, and the
+  # english analyzer and pattern tokenizer of our mapping live in analysis-common: assemble both
+  # from their Maven jars when missing. (3.5.0's zip has every module, so this is a no-op there.)
+  # reindex backs rebuild_index (build a new index version aside, then swap the alias).
+  assemble_module lang-painless lang-painless "" "An easy, safe and fast scripting language"
+  assemble_module analysis-common analysis-common lang-painless 'Adds "built in" analyzers'
+  assemble_module reindex reindex-client "" "The Reindex module adds APIs to reindex"
+}
+
+# assemble_module NAME ARTIFACT EXTENDED_PLUGIN DESCRIPTION: build modules/NAME from the runtime
+# jars of org.opensearch.plugin:ARTIFACT.
+assemble_module() {
+  local name="$1" artifact="$2" extends="$3" description="$4"
+  local dir="$INSTALL/modules/$name" work="$CACHE/modules/$name-$OS_VER"
+  [ -d "$dir" ] && return 0
+  log "assembling module $name $OS_VER from Maven jars"
+  rm -rf "$work"
+  mkdir -p "$work/jars" "$dir"
+  cat >"$work/pom.xml" <<EOF
+<project><modelVersion>4.0.0</modelVersion>
+<groupId>local</groupId><artifactId>$name-module</artifactId><version>1</version>
+<dependencies><dependency><groupId>org.opensearch.plugin</groupId><artifactId>$artifact</artifactId>
+<version>$OS_VER</version></dependency></dependencies></project>
+EOF
+  mvn -B -q -Dmaven.repo.local="$CACHE/m2" -f "$work/pom.xml" "$DEP_PLUGIN:copy-dependencies" \
+    -DincludeScope=runtime -DoutputDirectory="$work/jars" >"$work/mvn.log" 2>&1 ||
+    {
+      cat "$work/mvn.log" >&2
+      die "could not fetch the jars of $name $OS_VER"
+    }
+  local jar base
+  for jar in "$work"/jars/*.jar; do
+    base="$(basename "$jar")"
+    # A jar already on the server classpath or in the extended plugin would be jar hell.
+    [ -e "$INSTALL/lib/$base" ] && continue
+    [ -n "$extends" ] && [ -e "$INSTALL/modules/$extends/$base" ] && continue
+    cp "$jar" "$dir/"
+  done
+  local classes
+  classes="$(unzip -Z1 "$dir/$artifact-$OS_VER.jar" | grep -E 'Plugin\.class$' || true)"
+  [ -n "$classes" ] && [ "$(wc -l <<<"$classes")" -eq 1 ] ||
+    die "expected one plugin class in $artifact-$OS_VER.jar, found: ${classes:-none}"
+  cat >"$dir/plugin-descriptor.properties" <<EOF
+description=$description
+version=$OS_VER
+name=$name
+classname=$(sed 's#/#.#g; s#\.class$##' <<<"$classes")
+java.version=11
+opensearch.version=$OS_VER
+extended.plugins=$extends
+has.native.controller=false
+EOF
+  if [ "$name" = lang-painless ]; then
+    # Painless generates classes at runtime; 2.x runs under a SecurityManager that must allow it.
+    printf '%s\n' 'grant {' '  permission java.lang.RuntimePermission "createClassLoader";' \
+      '  permission java.lang.RuntimePermission "getClassLoader";' '};' >"$dir/plugin-security.policy"
+  fi
 }
 
 install_plugin() {
@@ -109,7 +163,7 @@ install_node() {
   mkdir -p "$(dirname "$INSTALL")"
   unzip -q "$DL/opensearch-$OS_VER.zip" -d "$(dirname "$INSTALL")"
   chmod +x "$INSTALL"/bin/*
-  ensure_lang_painless
+  ensure_modules
   install_plugin "$DL/opensearch-knn-$PLUG_VER.zip"
   if mvn_copy "org.opensearch.plugin:neural-search:$PLUG_VER:zip"; then
     install_plugin "$DL/neural-search-$PLUG_VER.zip"

@@ -223,7 +223,7 @@ async def test_generation_counts_concurrent_changes_exactly(
 async def test_alias_swap_under_concurrent_queries_fails_no_query(
     make_opensearch_retriever: RetrieverFactory,
 ) -> None:
-    retriever = await make_opensearch_retriever()
+    retriever = await make_opensearch_retriever(write_refresh="true")
     tenant = "swap"
     for n in range(20):
         await retriever.upsert_document(tenant, doc(f"s{n}", [f"swap test {n}"], [200 + n]))
@@ -237,10 +237,12 @@ async def test_alias_swap_under_concurrent_queries_fails_no_query(
             results.append(len(await retriever.search(request)))
 
     queriers = [asyncio.create_task(query_until_stopped()) for _ in range(4)]
-    new, previous = await retriever.rebuild_index()
-    await asyncio.sleep(0.2)  # let queries run against the new index too
-    stop.set()
-    await asyncio.gather(*queriers)  # any failed query raises here
+    try:
+        new, previous = await retriever.rebuild_index()
+        await asyncio.sleep(0.2)  # let queries run against the new index too
+    finally:
+        stop.set()
+        await asyncio.gather(*queriers)  # any failed query raises here
 
     assert previous == old != new == await retriever.current_index()
     assert results and all(n == 5 for n in results)
@@ -375,3 +377,18 @@ async def test_hung_node_times_out_within_the_bound(silent_server: int) -> None:
         with pytest.raises(BackendUnavailable):
             await retriever.search(SearchRequest("t", "hello", unit_vector(1)))
         assert time.monotonic() - started < timeout + 1.0
+
+
+async def test_server_side_fusion_keeps_tenants_apart(
+    make_opensearch_retriever: RetrieverFactory, neural_search_installed: bool
+) -> None:
+    if not neural_search_installed:
+        pytest.skip("neural-search is not installed on this node: no server-side RRF")
+    retriever = await make_opensearch_retriever(use_server_side_rrf="on")
+    secret = "merger plans for the Lisbon subsidiary"
+    await retriever.upsert_document("tenant-b", doc("merger", [secret], [301]))
+    await retriever.upsert_document("tenant-a", doc("wiki", ["team wiki home"], [302]))
+
+    hits = await retriever.search(SearchRequest("tenant-a", secret, unit_vector(301), k=10))
+
+    assert ids(hits) == ["wiki#0"]
