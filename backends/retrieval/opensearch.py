@@ -42,7 +42,9 @@ Json = dict[str, Any]
 _IDENTIFIER_PATTERN = r"[^\p{L}\p{N}_.\-]+|(?<![\p{L}\p{N}_])[.\-]+|[.\-]+(?![\p{L}\p{N}_])"
 _FIELD_SPEC = re.compile(r"^[A-Za-z_][\w.]*(\^\d+(\.\d+)?)?$")
 _CONTROL_OR_SPACE = re.compile(r"[\s\x00-\x1f\x7f]+")
-_RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
+# A document's chunks are listed in one search page when a new version replaces them.
+MAX_CHUNKS_PER_DOCUMENT = 10_000
+_META_MAPPINGS: Json = {"dynamic": "strict", "properties": {"generation": {"type": "long"}}}
 
 
 class OpenSearchConfig(BaseModel):
@@ -182,17 +184,26 @@ def _translated(operation: str) -> Iterator[None]:
         raise BackendUnavailable(BACKEND, f"{operation}: {type(exc).__name__}") from exc
     except TransportError as exc:
         status = exc.status_code
-        if isinstance(status, int) and (status >= 500 or status == 429):
+        if isinstance(status, int) and _is_transient(status):
             raise BackendUnavailable(BACKEND, f"{operation}: HTTP {status}") from exc
         raise UpstreamError(BACKEND, f"{operation}: HTTP {status} {exc.error}") from exc
+
+
+def _is_transient(status: int) -> bool:
+    """Overload (429) or a server-side failure: worth a retry, and the caller's 503."""
+    return status == 429 or status >= 500
 
 
 class _RetryableBulk(Exception):
     """Some bulk items were rejected with 429/5xx; `pending` holds them for the next attempt."""
 
     def __init__(self, pending: list[Json]) -> None:
-        super().__init__(f"{len(pending) // 2 or len(pending)} bulk operations to retry")
+        super().__init__(f"{len(pending)} bulk lines to retry")
         self.pending = pending
+
+
+class _Conflict(Exception):
+    """A concurrent writer bumped the generation first; read again and retry."""
 
 
 class OpenSearchRetriever:
@@ -224,30 +235,23 @@ class OpenSearchRetriever:
         await self._client.close()
 
     async def ensure_index(self) -> None:
-        """Create the template, the first index version, the alias and the meta index if absent."""
+        """Create the template, the first index version, the alias and the meta index if absent.
+
+        Safe to run from every gateway replica at once: each step is idempotent.
+        """
         cfg = self.config
         with _translated("ensure_index"):
             await self._client.indices.put_index_template(
                 name=cfg.alias, body=index_template(cfg), request_timeout=cfg.write_timeout_s
             )
             if not await self._client.indices.exists_alias(name=cfg.alias):
-                await self._create_index(cfg.version_index(1))
+                first = cfg.version_index(1)
+                await self._create_index(first)
                 await self._client.indices.update_aliases(
-                    body={
-                        "actions": [{"add": {"index": cfg.version_index(1), "alias": cfg.alias}}]
-                    },
+                    body={"actions": [{"add": {"index": first, "alias": cfg.alias}}]},
                     request_timeout=cfg.write_timeout_s,
                 )
-            if not await self._client.indices.exists(index=cfg.meta_index):
-                await self._create_index(
-                    cfg.meta_index,
-                    {
-                        "mappings": {
-                            "dynamic": "strict",
-                            "properties": {"generation": {"type": "long"}},
-                        }
-                    },
-                )
+            await self._create_index(cfg.meta_index, {"mappings": _META_MAPPINGS})
             if await self._use_server_rrf():
                 await self._client.transport.perform_request(
                     "PUT",
@@ -257,6 +261,8 @@ class OpenSearchRetriever:
                 )
 
     async def _create_index(self, name: str, body: Json | None = None) -> None:
+        if await self._client.indices.exists(index=name):
+            return
         try:
             await self._client.indices.create(
                 index=name, body=body or {}, request_timeout=self.config.write_timeout_s
@@ -457,11 +463,14 @@ class OpenSearchRetriever:
     # -- writes ------------------------------------------------------------------------------
 
     async def upsert_document(self, tenant: str, document: Document) -> bool:
+        if len(document.chunks) > MAX_CHUNKS_PER_DOCUMENT:
+            raise ValueError(f"{document.doc_id}: more than {MAX_CHUNKS_PER_DOCUMENT} chunks")
         for chunk in document.chunks:
             self._check_vector(chunk.embedding)
         if await self.content_hash(tenant, document.doc_id) == document.content_hash:
             return False
-        generation = await self._bump_generation(tenant)
+        # Informational stamp on the chunks: the generation this change is expected to produce.
+        generation = await self.generation(tenant) + 1
         stale = set(await self._chunk_ids(tenant, document.doc_id))
         ops: list[Json] = []
         for chunk in document.chunks:
@@ -485,18 +494,25 @@ class OpenSearchRetriever:
         # requests, so readers see old and new side by side for at most one refresh.
         ops += _delete_ops(self.config.alias, sorted(stale))
         await self._bulk(ops)
+        # Bump only once the change is visible: an answer computed from the old content can then
+        # never be cached under the new generation.
+        await self._bump_generation(tenant)
         return True
 
     async def delete_document(self, tenant: str, doc_id: str) -> bool:
         ids = await self._chunk_ids(tenant, doc_id)
         if not ids:
             return False
-        await self._bump_generation(tenant)
         await self._bulk(_delete_ops(self.config.alias, ids))
+        await self._bump_generation(tenant)
         return True
 
     async def _chunk_ids(self, tenant: str, doc_id: str) -> list[str]:
-        body = {"size": 10000, "_source": False, "query": _doc_filter(tenant, doc_id)}
+        body = {
+            "size": MAX_CHUNKS_PER_DOCUMENT,
+            "_source": False,
+            "query": _doc_filter(tenant, doc_id),
+        }
         with _translated("chunk_ids"):
             response = await self._client.search(
                 index=self.config.alias, body=body, request_timeout=self.config.write_timeout_s
@@ -561,7 +577,7 @@ class OpenSearchRetriever:
             status = int(result.get("status", 500))
             if status < 300 or (status == 404 and "delete" in item):
                 continue
-            if status in _RETRYABLE_STATUS or status >= 500:
+            if _is_transient(status):
                 retry += op
                 continue
             raise UpstreamError(BACKEND, f"bulk item rejected: {result.get('error')}")
@@ -585,10 +601,6 @@ class OpenSearchRetriever:
     def _check_vector(self, vector: Vector) -> None:
         if vector.shape != (self.config.dimension,):
             raise ValueError(f"vector shape {vector.shape} != ({self.config.dimension},)")
-
-
-class _Conflict(Exception):
-    """A concurrent writer bumped the generation first; read again and retry."""
 
 
 def _rrf_pipeline() -> Json:
