@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -167,7 +168,9 @@ def _print_table(
 
 
 def _print_overhead(overheads: dict[str, list[float]]) -> None:
-    print("\nclassifier overhead per call, embedding excluded (microseconds):")
+    # On a shared machine the tail is mostly the scheduler, not the classifier: show the load.
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"\nclassifier overhead per call, embedding excluded (microseconds; load avg {load}):")
     for name, samples in overheads.items():
         p50, p99 = np.percentile(samples, [50, 99])
         print(f"  {name:<16}p50 {p50:7.1f}   p99 {p99:7.1f}   (n={len(samples)})")
