@@ -23,9 +23,9 @@ SERVICE_USER="${OPENSEARCH_USER:-osnode}"
 
 CACHE="$REPO/.cache/opensearch"
 DL="$CACHE/dl"
-INSTALL="$CACHE/install/opensearch-$OS_VER"
-RUN="$CACHE/run-$PORT"
-PIDFILE="$RUN/opensearch.pid"
+# Where the unpacked node and its data live: see resolve_node_dirs.
+SHARED_NODE_BASE="/var/tmp/querygate-opensearch"
+INSTALL="" RUN="" PIDFILE=""
 URL="http://127.0.0.1:$PORT"
 DEP_PLUGIN="org.apache.maven.plugins:maven-dependency-plugin:3.6.1"
 
@@ -75,6 +75,20 @@ mvn_copy() {
   fi
   cat "$DL/mvn.log" >&2
   die "maven could not fetch $coord"
+}
+
+# The node runs as $SERVICE_USER, which must traverse every parent of its files. A checkout under
+# a private directory (mode 700, e.g. a CI clone in a mktemp dir) cannot host them, so the node
+# then lives under $SHARED_NODE_BASE; downloads stay in the repo's cache either way.
+resolve_node_dirs() {
+  local base="$SHARED_NODE_BASE"
+  if getent passwd "$SERVICE_USER" >/dev/null &&
+    runuser -u "$SERVICE_USER" -- test -x "$CACHE" 2>/dev/null; then
+    base="$CACHE"
+  fi
+  INSTALL="$base/install/opensearch-$OS_VER"
+  RUN="$base/run-$PORT"
+  PIDFILE="$RUN/opensearch.pid"
 }
 
 ensure_user() {
@@ -227,6 +241,9 @@ show_logs() {
 }
 
 cmd_start() {
+  ensure_user
+  mkdir -p "$CACHE"
+  resolve_node_dirs
   if healthy; then
     log "already running at $URL"
     return 0
@@ -240,7 +257,6 @@ cmd_start() {
   local t0=$SECONDS
   install_node
   log "installed $OS_VER in $((SECONDS - t0))s"
-  ensure_user
   write_config
   # The service user must traverse every parent of the node dirs; chown what it writes.
   chown -R "$SERVICE_USER:" "$INSTALL" "$RUN"
@@ -293,8 +309,8 @@ cmd_status() {
 
 case "${1:-}" in
   start) cmd_start ;;
-  stop) cmd_stop ;;
-  status) cmd_status ;;
+  stop) resolve_node_dirs && cmd_stop ;;
+  status) resolve_node_dirs && cmd_status ;;
   *)
     echo "usage: $0 start|stop|status" >&2
     exit 2
