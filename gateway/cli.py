@@ -57,6 +57,7 @@ def _parser() -> argparse.ArgumentParser:
 
     route = sub.add_parser("route", help="explain the routing decision for a question")
     route.add_argument("question")
+    route.add_argument("--tenant", default="demo", help="whose routing rules apply")
     return parser
 
 
@@ -141,9 +142,10 @@ def _progress(done: int, total: int) -> None:
 def _route(settings: Settings, args: argparse.Namespace) -> int:
     from backends.embeddings.config import build_embedder
 
+    from gateway.pipeline import policy_for
+    from gateway.runtime import build_classifier
     from gateway.wire import decision_body
-    from routers.classifier import HeuristicClassifier
-    from routers.policy import PolicyConfig, decide
+    from routers.policy import decide
 
     async def explain() -> dict[str, Any]:
         embedder = build_embedder(settings.embeddings)
@@ -151,9 +153,9 @@ def _route(settings: Settings, args: argparse.Namespace) -> int:
             vector = (await embedder.embed([args.question]))[0]
         finally:
             await embedder.aclose()
-        classification = HeuristicClassifier().classify(args.question, vector)
-        r = settings.retrieval
-        policy = PolicyConfig(True, r.lexical_weight, r.dense_weight, r.identifier_lexical_weight)
+        classifier = build_classifier(settings, embedder.model_id)
+        policy = policy_for(settings, args.tenant, allow_force_route=True)
+        classification = classifier.classify(args.question, vector)
         return decision_body(decide(classification, "auto", args.question, policy))
 
     print(json.dumps(asyncio.run(explain()), indent=2))

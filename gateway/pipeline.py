@@ -23,6 +23,7 @@ from gateway.wire import QueryResult, answer_from_cache, answer_to_cache
 from routers.classifier import Classifier
 from routers.direct import plan_direct
 from routers.generation import finish, usage_total
+from routers.grading import GradeThresholds
 from routers.lookup import LookupParams, plan_lookup
 from routers.policy import PolicyConfig, RouteDecision, decide
 from routers.types import Answer, Generation, Route, RouteContext
@@ -60,6 +61,18 @@ class Prepared:
     key: str | None
 
 
+def policy_for(settings: Settings, tenant: str, allow_force_route: bool) -> PolicyConfig:
+    r = settings.retrieval
+    return PolicyConfig(
+        tenant=tenant,
+        allow_force_route=allow_force_route,
+        lexical_weight=r.lexical_weight,
+        dense_weight=r.dense_weight,
+        identifier_lexical_weight=r.identifier_lexical_weight,
+        router=settings.router,
+    )
+
+
 class Pipeline:
     def __init__(self, services: Services, settings: Settings, classifier: Classifier) -> None:
         self._s = services
@@ -70,8 +83,14 @@ class Pipeline:
             settings.cache.ttl_s,
             services.metrics,
         )
-        r = settings.retrieval
-        self._lookup = LookupParams(k=r.k, candidates=r.candidates, min_top_score=r.min_top_score)
+        r, escalation = settings.retrieval, settings.router.escalation
+        self._lookup = LookupParams(
+            k=r.k,
+            candidates=r.candidates,
+            grading=GradeThresholds(escalation.min_coverage, escalation.min_agreement)
+            if escalation.enabled
+            else None,
+        )
 
     @property
     def config_version(self) -> str:
@@ -87,18 +106,14 @@ class Pipeline:
         with timer.stage("classify"):
             classification = self._classifier.classify(request.query, vector)
         with timer.stage("policy"):
-            decision = decide(classification, request.route, request.query, self._policy(request))
+            decision = decide(
+                classification,
+                request.route,
+                request.query,
+                policy_for(self.settings, request.tenant.id, request.tenant.allow_force_route),
+            )
         self._s.metrics.route_decisions.labels(decision.route.value, decision.reason).inc()
         return decision
-
-    def _policy(self, request: QueryRequest) -> PolicyConfig:
-        r = self.settings.retrieval
-        return PolicyConfig(
-            allow_force_route=request.tenant.allow_force_route,
-            lexical_weight=r.lexical_weight,
-            dense_weight=r.dense_weight,
-            identifier_lexical_weight=r.identifier_lexical_weight,
-        )
 
     async def prepare(self, request: QueryRequest) -> Prepared:
         timer = StageTimer(self._s.metrics)
@@ -200,13 +215,14 @@ class Pipeline:
         m.llm_cost.labels(tier, model, generation.route.value).inc(usage.cost_usd)
 
     async def _conclude(self, prepared: Prepared, answer: Answer) -> QueryResult:
+        reason = "; ".join((prepared.route_reason, *answer.notes))
         if prepared.key is not None and answer.complete:
             with prepared.timer.stage("cache_store"):
-                await self._cache.put(prepared.key, answer_to_cache(answer, prepared.route_reason))
+                await self._cache.put(prepared.key, answer_to_cache(answer, reason))
         result = QueryResult(
             id=prepared.request.id,
             answer=answer,
-            route_reason=prepared.route_reason,
+            route_reason=reason,
             cache=prepared.cache,
             timings_ms=prepared.timer.report(),
             config_version=self.config_version,
@@ -217,6 +233,8 @@ class Pipeline:
     def _observe(self, prepared: Prepared, result: QueryResult) -> None:
         route = result.answer.route.value
         m = self._s.metrics
+        if result.answer.escalation_reason is not None and result.cache == "miss":
+            m.escalations.labels(route, Route.MULTIHOP.value, result.answer.escalation_reason).inc()
         m.requests.labels(route, "ok", result.cache).inc()
         m.request_duration.labels(route).observe(prepared.timer.elapsed_s())
         total = usage_total(result.answer)

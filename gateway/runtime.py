@@ -11,8 +11,9 @@ from dataclasses import dataclass
 
 from gateway.errors import Forbidden, Unauthorized
 from gateway.pipeline import Pipeline, Services
-from gateway.settings import Settings, TenantConfig, hash_api_key
-from routers.classifier import HeuristicClassifier
+from gateway.settings import ConfigError, Settings, TenantConfig, hash_api_key
+from routers.classifier import Classifier, HeuristicClassifier
+from routers.learned import LearnedClassifier, RouterModelMismatch
 
 DEMO_TENANT = "demo"
 
@@ -57,8 +58,17 @@ def effective_tenants(settings: Settings) -> tuple[TenantConfig, ...]:
     return (TenantConfig(id=DEMO_TENANT, api_key_sha256=(digest,)),)
 
 
+def build_classifier(settings: Settings, embedding_model_id: str) -> Classifier:
+    if settings.router.classifier == "heuristic":
+        return HeuristicClassifier()
+    try:
+        return LearnedClassifier.load(embedding_model_id=embedding_model_id)
+    except RouterModelMismatch as exc:
+        raise ConfigError(f"router.classifier: {exc}") from exc
+
+
 def build_runtime(settings: Settings, services: Services) -> Runtime:
     tenants = effective_tenants(settings)
     index = {digest: t for t in tenants for digest in t.api_key_sha256}
-    pipeline = Pipeline(services, settings, HeuristicClassifier())
+    pipeline = Pipeline(services, settings, build_classifier(settings, services.embedder.model_id))
     return Runtime(settings=settings, pipeline=pipeline, tenants_by_key_hash=index)

@@ -15,11 +15,12 @@ from typing import Any, Literal
 
 import yaml
 from backends.embeddings.config import EmbeddingsConfig
-from backends.retrieval.opensearch import OpenSearchConfig
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from backends.llm.base import TierConfig
+from backends.retrieval.opensearch import OpenSearchConfig
+from routers.rules import RouterConfig
 
 _FROZEN = ConfigDict(extra="forbid", frozen=True)
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
@@ -39,6 +40,8 @@ class ServerConfig(BaseModel):
     max_history_messages: int = Field(default=50, ge=0)
     request_timeout_s: float = Field(default=60.0, gt=0)
     shutdown_grace_s: float = Field(default=20.0, ge=0)
+    # How often the config file is checked for changes; 0 turns the file watch off.
+    reload_poll_s: float = Field(default=2.0, ge=0)
 
 
 class TenantConfig(BaseModel):
@@ -82,8 +85,6 @@ class RetrievalConfig(BaseModel):
     dense_weight: float = Field(default=1.0, ge=0)
     # Identifiers (error codes, SKUs) are found by exact terms, not by meaning.
     identifier_lexical_weight: float = Field(default=2.0, ge=0)
-    # Below this fused score for the best hit, the lookup route says it lacks evidence.
-    min_top_score: float = Field(default=0.0, ge=0)
     opensearch: OpenSearchConfig = OpenSearchConfig()
 
 
@@ -93,12 +94,6 @@ class CacheConfig(BaseModel):
     backend: Literal["memory", "off"] = "memory"
     ttl_s: int = Field(default=3600, gt=0)
     max_entries: int = Field(default=10_000, gt=0)
-
-
-class RouterConfig(BaseModel):
-    model_config = _FROZEN
-
-    classifier: Literal["heuristic"] = "heuristic"
 
 
 class Settings(BaseSettings):

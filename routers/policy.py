@@ -1,10 +1,18 @@
-"""Route policy: turns the classifier's opinion and the request into the route we execute."""
+"""Route policy: the classifier's opinion, the request and the configured rules → one route.
+
+Order, each step able to override the one before: classifier → per-route confidence
+thresholds → the first matching configured rule → a route forced by the request (when the
+tenant may force) → identifiers raise the lexical weight (unless a rule set it) → a route this
+deployment cannot execute falls back to lookup, and says so.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 
 from routers.features import identifiers_in
+from routers.rules import RouterConfig, Rule
 from routers.types import Classification, Route
 
 
@@ -14,10 +22,12 @@ class RouteNotAllowed(Exception):
 
 @dataclass(frozen=True, slots=True)
 class PolicyConfig:
+    tenant: str
     allow_force_route: bool
     lexical_weight: float
     dense_weight: float
     identifier_lexical_weight: float
+    router: RouterConfig = field(default_factory=RouterConfig)
     # Routes this deployment can execute; a decision for any other falls back, said so.
     executable: frozenset[Route] = frozenset({Route.DIRECT, Route.LOOKUP})
 
@@ -25,56 +35,105 @@ class PolicyConfig:
 @dataclass(frozen=True, slots=True)
 class RouteDecision:
     route: Route
-    # A short tag from a closed set, safe as a metric label.
+    # A short tag from a closed set (or a configured rule name), safe as a metric label.
     reason: str
-    # What a person reads in `route_reason`: the tag plus the classifier's evidence.
+    # What a person reads in `route_reason`: the tag plus the evidence behind it.
     explanation: str
     classification: Classification
     lexical_weight: float
     dense_weight: float
-    # The route the classifier wanted when the policy could not execute it.
+    # The route the policy wanted when this deployment could not execute it.
     wanted: Route | None = None
+
+
+@dataclass(slots=True)
+class _Draft:
+    route: Route
+    reason: str
+    notes: list[str]
+    lexical: float | None = None
+    dense: float | None = None
 
 
 def decide(
     classification: Classification, requested: str, query: str, config: PolicyConfig
 ) -> RouteDecision:
-    route, reason = classification.route, "classifier"
+    identifiers = identifiers_in(query)
+    draft = _Draft(classification.route, "classifier", [_describe(classification)])
+    _apply_threshold(draft, classification, config.router)
+    rule = _first_rule(config, classification, query, identifiers)
+    if rule is not None:
+        _apply_rule(draft, rule)
     if requested != "auto":
         if not config.allow_force_route:
             raise RouteNotAllowed(f"this tenant may not force the route {requested!r}")
-        route, reason = Route(requested), "forced"
-    wanted = None
-    if route not in config.executable:
-        wanted, route, reason = route, Route.LOOKUP, f"{route.value}_unavailable"
-    lexical = config.lexical_weight
-    identifiers = identifiers_in(query)
-    if identifiers and route is not Route.DIRECT:
+        draft.route, draft.reason = Route(requested), "forced"
+        draft.notes.append(f"the request forced {requested}")
+    lexical = draft.lexical if draft.lexical is not None else config.lexical_weight
+    if identifiers and draft.lexical is None and draft.route is not Route.DIRECT:
         lexical = max(lexical, config.identifier_lexical_weight)
+        draft.notes.append(f"identifiers {', '.join(identifiers[:5])} raise the lexical weight")
+    wanted = None
+    if draft.route not in config.executable:
+        wanted = draft.route
+        draft.notes.append(
+            f"the {wanted.value} route is not available in this deployment, answered by lookup"
+        )
+        draft.route, draft.reason = Route.LOOKUP, f"{wanted.value}_unavailable"
     return RouteDecision(
-        route=route,
-        reason=reason,
-        explanation=_explain(classification, reason, wanted, identifiers),
+        route=draft.route,
+        reason=draft.reason,
+        explanation=f"{draft.reason}: " + "; ".join(draft.notes),
         classification=classification,
         lexical_weight=lexical,
-        dense_weight=config.dense_weight,
+        dense_weight=draft.dense if draft.dense is not None else config.dense_weight,
         wanted=wanted,
     )
 
 
-def _explain(
-    classification: Classification, reason: str, wanted: Route | None, identifiers: list[str]
-) -> str:
-    parts = [
-        f"{reason}: classifier said {classification.route.value} "
-        f"(confidence {classification.confidence:.2f}"
-        + (f"; {', '.join(classification.reasons)}" if classification.reasons else "")
-        + ")"
-    ]
-    if wanted is not None:
-        parts.append(
-            f"the {wanted.value} route is not available in this deployment, answered by lookup"
+def _describe(classification: Classification) -> str:
+    evidence = f"; {', '.join(classification.reasons)}" if classification.reasons else ""
+    return (
+        f"classifier said {classification.route.value} "
+        f"(confidence {classification.confidence:.2f}{evidence})"
+    )
+
+
+def _apply_threshold(draft: _Draft, classification: Classification, router: RouterConfig) -> None:
+    threshold = router.thresholds.get(classification.route)
+    if threshold is not None and classification.confidence < threshold:
+        draft.route, draft.reason = Route.LOOKUP, "below_threshold"
+        draft.notes.append(
+            f"confidence under the {classification.route.value} threshold {threshold:.2f}"
         )
-    if identifiers:
-        parts.append(f"identifiers {', '.join(identifiers[:5])} raise the lexical weight")
-    return "; ".join(parts)
+
+
+def _first_rule(
+    config: PolicyConfig, classification: Classification, query: str, identifiers: list[str]
+) -> Rule | None:
+    for rule in config.router.rules:
+        if _matches(rule, config.tenant, classification, query, bool(identifiers)):
+            return rule
+    return None
+
+
+def _matches(
+    rule: Rule, tenant: str, classification: Classification, query: str, has_ids: bool
+) -> bool:
+    when = rule.when
+    return (
+        (not when.tenants or tenant in when.tenants)
+        and (not when.routes or classification.route in when.routes)
+        and (when.query_regex is None or re.search(when.query_regex, query) is not None)
+        and when.min_confidence <= classification.confidence <= when.max_confidence
+        and (when.has_identifiers is None or when.has_identifiers == has_ids)
+    )
+
+
+def _apply_rule(draft: _Draft, rule: Rule) -> None:
+    action = rule.then
+    if action.route is not None:
+        draft.route, draft.reason = action.route, f"rule:{rule.name}"
+    draft.lexical = action.lexical_weight
+    draft.dense = action.dense_weight
+    draft.notes.append(f"rule {rule.name} matched")

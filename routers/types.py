@@ -53,6 +53,8 @@ class Answer:
     # complete: safe to cache (confident, not truncated, not a "not enough evidence" answer).
     complete: bool = True
     escalated: bool = False
+    # Why the route escalated: a short tag from a closed set, safe as a metric label.
+    escalation_reason: str | None = None
     notes: tuple[str, ...] = ()
 
 

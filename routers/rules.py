@@ -1,0 +1,90 @@
+"""The routing section of the configuration: classifier, thresholds, ordered rules, escalation.
+
+Validated whole at load: an unknown route, a regex that does not compile or a threshold out
+of range is refused with the rule's path (e.g. `router.rules.2.when.query_regex`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from routers.types import Route
+
+_FROZEN = ConfigDict(extra="forbid", frozen=True)
+
+
+class RuleMatch(BaseModel):
+    """Every condition given must hold; an empty match matches everything."""
+
+    model_config = _FROZEN
+
+    tenants: tuple[str, ...] = ()
+    # The classifier's route.
+    routes: tuple[Route, ...] = ()
+    query_regex: str | None = None
+    min_confidence: float = Field(default=0.0, ge=0, le=1)
+    max_confidence: float = Field(default=1.0, ge=0, le=1)
+    has_identifiers: bool | None = None
+
+    @field_validator("query_regex")
+    @classmethod
+    def _compiles(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"not a valid regular expression: {exc}") from exc
+        return value
+
+
+class RuleAction(BaseModel):
+    model_config = _FROZEN
+
+    route: Route | None = None
+    lexical_weight: float | None = Field(default=None, ge=0)
+    dense_weight: float | None = Field(default=None, ge=0)
+
+
+class Rule(BaseModel):
+    model_config = _FROZEN
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,39}$")
+    when: RuleMatch = RuleMatch()
+    then: RuleAction
+
+
+class EscalationConfig(BaseModel):
+    model_config = _FROZEN
+
+    enabled: bool = True
+    min_coverage: float = Field(default=0.5, ge=0, le=1)
+    min_agreement: float = Field(default=0.5, ge=0, le=2)
+
+
+class RouterConfig(BaseModel):
+    model_config = _FROZEN
+
+    classifier: Literal["learned", "heuristic"] = "learned"
+    # Below its threshold, a classifier's direct or multihop verdict is answered by lookup.
+    thresholds: dict[Route, float] = Field(default_factory=dict)
+    rules: tuple[Rule, ...] = ()
+    escalation: EscalationConfig = EscalationConfig()
+
+    @field_validator("thresholds")
+    @classmethod
+    def _in_unit_range(cls, value: dict[Route, float]) -> dict[Route, float]:
+        for route, threshold in value.items():
+            if not 0 <= threshold <= 1:
+                raise ValueError(f"{route.value}: a confidence threshold is between 0 and 1")
+        return value
+
+    @field_validator("rules")
+    @classmethod
+    def _unique_names(cls, value: tuple[Rule, ...]) -> tuple[Rule, ...]:
+        names = [rule.name for rule in value]
+        if len(names) != len(set(names)):
+            raise ValueError("rule names must be unique (they label metrics)")
+        return value
