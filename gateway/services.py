@@ -7,12 +7,12 @@ from contextlib import AsyncExitStack, asynccontextmanager
 
 from backends.embeddings.config import build_embedder
 from backends.retrieval.embedded import EmbeddedRetriever
-from backends.retrieval.opensearch import OpenSearchRetriever
 
 from backends.cache.base import CacheStore
 from backends.cache.memory import MemoryCacheStore
 from backends.llm.litellm_tiers import LiteLLMTiers
 from backends.retrieval.base import Retriever
+from backends.retrieval.opensearch import OpenSearchRetriever
 from gateway.metrics import Metrics
 from gateway.pipeline import Services
 from gateway.settings import ConfigError, Settings
