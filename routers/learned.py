@@ -48,7 +48,8 @@ class RouterModel:
 
 
 def feature_row(text: str, vector: Vector) -> F64:
-    """The model's input for one query; the trainer builds its rows with this same function."""
+    """The model's input for one query, as the trainer builds it. `classify` computes the same
+    product in three slices (embedding, lexical, bias) to skip the concatenation."""
     lexical = lexical_features(text)
     return np.concatenate(
         [
