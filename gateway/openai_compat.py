@@ -20,7 +20,7 @@ from gateway.handlers import answer, check_limits, parse_body
 from gateway.pipeline import QueryRequest
 from gateway.schemas import ChatBody, ChatMessage
 from gateway.streaming import sse, stream_answer
-from gateway.wire import QueryResult
+from gateway.wire import QueryResult, rewrite_fields
 from routers.generation import usage_total
 
 MODELS = ("auto", "direct", "lookup", "multihop")
@@ -58,6 +58,7 @@ def extension(result: QueryResult) -> dict[str, Any]:
         "cost_usd": round(usage_total(a).cost_usd, 8),
         "timings_ms": result.timings_ms,
         "config_version": result.config_version,
+        **rewrite_fields(result),
     }
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from backends.cache.base import CacheStore
 from backends.embeddings.base import Embedder
@@ -19,13 +19,14 @@ from gateway.metrics import Metrics
 from gateway.response_cache import CacheScope, ResponseCache, cache_key
 from gateway.settings import Settings, TenantConfig
 from gateway.timing import StageTimer
-from gateway.wire import QueryResult, answer_from_cache, answer_to_cache
+from gateway.wire import QueryResult, answer_from_cache, answer_to_cache, rewrite_fields
 from routers.classifier import Classifier
 from routers.direct import plan_direct
-from routers.generation import finish, usage_total
+from routers.generation import finish, usage_total, with_usage
 from routers.grading import GradeThresholds
 from routers.lookup import LookupParams, plan_lookup
 from routers.policy import PolicyConfig, RouteDecision, decide
+from routers.rewrite import looks_like_followup, rewrite_followup
 from routers.types import Answer, Generation, Route, RouteContext
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,8 @@ class QueryRequest:
     query: str
     history: tuple[Message, ...] = ()
     route: str = "auto"
+    # Set when `query` is a rewrite of what the client sent.
+    original_query: str | None = None
 
 
 @dataclass(slots=True)
@@ -59,6 +62,8 @@ class Prepared:
     route_reason: str
     cache: str
     key: str | None
+    # Model calls made before the route's own (the follow-up rewrite).
+    usage_before: dict[str, Usage] = field(default_factory=dict)
 
 
 def policy_for(settings: Settings, tenant: str, allow_force_route: bool) -> PolicyConfig:
@@ -117,6 +122,7 @@ class Pipeline:
 
     async def prepare(self, request: QueryRequest) -> Prepared:
         timer = StageTimer(self._s.metrics)
+        request, usage_before = await self._rewrite(request, timer)
         with timer.stage("embed"):
             vector = (await self._s.embedder.embed([request.query]))[0]
         key = await self._key(request) if self._cache.enabled else None
@@ -125,7 +131,7 @@ class Pipeline:
                 cached = await self._cache.get(key)
             if cached is not None:
                 answer, reason = answer_from_cache(cached)
-                return Prepared(request, timer, answer, reason, "exact", None)
+                return Prepared(request, timer, answer, reason, "exact", None, usage_before)
         decision = self._decide(request, vector, timer)
         ctx = RouteContext(request.tenant.id, request.query, vector, request.history, decision)
         retrieves = decision.route is Route.LOOKUP
@@ -135,7 +141,26 @@ class Pipeline:
             self._s.metrics.retrieval_duration.labels(self._s.retriever.name, "hybrid").observe(
                 timer.stages_ms["retrieve"] / 1000
             )
-        return Prepared(request, timer, outcome, decision.explanation, "miss", key)
+        return Prepared(request, timer, outcome, decision.explanation, "miss", key, usage_before)
+
+    async def _rewrite(
+        self, request: QueryRequest, timer: StageTimer
+    ) -> tuple[QueryRequest, dict[str, Usage]]:
+        wanted = self.settings.router.rewrite_followups and self._s.llm.has_tier("small")
+        if not wanted or not looks_like_followup(request.query, request.history):
+            return request, {}
+        with timer.stage("rewrite"):
+            try:
+                completion = await rewrite_followup(self._s.llm, request.query, request.history)
+            except BackendError as exc:
+                # The rewrite only sharpens the question; without it the original still works.
+                log.warning("follow-up rewrite failed", extra={"error": str(exc)})
+                return request, {}
+        if completion is None:
+            return request, {}
+        self._record_llm(completion.tier, completion.model, completion.usage, "rewrite")
+        rewritten = replace(request, query=completion.text, original_query=request.query)
+        return rewritten, {completion.tier: completion.usage}
 
     async def _key(self, request: QueryRequest) -> str:
         generation = await self._s.retriever.generation(request.tenant.id)
@@ -192,7 +217,9 @@ class Pipeline:
         except BackendError:
             self._s.metrics.llm_requests.labels(generation.tier, "-", "error").inc()
             raise
-        self._record_llm(generation, completion.model, completion.usage)
+        self._record_llm(
+            generation.tier, completion.model, completion.usage, generation.route.value
+        )
         return completion
 
     async def _stream_call(self, generation: Generation) -> AsyncIterator[StreamDelta]:
@@ -201,27 +228,31 @@ class Pipeline:
                 generation.tier, list(generation.messages), route=generation.route.value
             ):
                 if delta.done:
-                    self._record_llm(generation, delta.model, delta.usage or Usage())
+                    usage = delta.usage or Usage()
+                    self._record_llm(generation.tier, delta.model, usage, generation.route.value)
                 yield delta
         except BackendError:
             self._s.metrics.llm_requests.labels(generation.tier, "-", "error").inc()
             raise
 
-    def _record_llm(self, generation: Generation, model: str, usage: Usage) -> None:
-        m, tier = self._s.metrics, generation.tier
+    def _record_llm(self, tier: str, model: str, usage: Usage, route: str) -> None:
+        m = self._s.metrics
         m.llm_requests.labels(tier, model, "ok").inc()
         m.llm_tokens.labels(tier, model, "prompt").inc(usage.prompt_tokens)
         m.llm_tokens.labels(tier, model, "completion").inc(usage.completion_tokens)
-        m.llm_cost.labels(tier, model, generation.route.value).inc(usage.cost_usd)
+        m.llm_cost.labels(tier, model, route).inc(usage.cost_usd)
 
     async def _conclude(self, prepared: Prepared, answer: Answer) -> QueryResult:
         reason = "; ".join((prepared.route_reason, *answer.notes))
+        answer = with_usage(answer, prepared.usage_before)
         if prepared.key is not None and answer.complete:
             with prepared.timer.stage("cache_store"):
                 await self._cache.put(prepared.key, answer_to_cache(answer, reason))
         result = QueryResult(
             id=prepared.request.id,
             answer=answer,
+            query=prepared.request.query,
+            original_query=prepared.request.original_query,
             route_reason=reason,
             cache=prepared.cache,
             timings_ms=prepared.timer.report(),
@@ -249,5 +280,6 @@ class Pipeline:
                 "prompt_tokens": total.prompt_tokens,
                 "completion_tokens": total.completion_tokens,
                 "duration_ms": result.timings_ms["total"],
+                **rewrite_fields(result),
             },
         )

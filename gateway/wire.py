@@ -14,6 +14,9 @@ from routers.types import Answer, Citation, Route
 class QueryResult:
     id: str
     answer: Answer
+    # The question as answered; `original_query` is what the client sent when it was rewritten.
+    query: str
+    original_query: str | None
     route_reason: str
     cache: str  # miss | exact
     timings_ms: dict[str, float]
@@ -63,7 +66,15 @@ def query_body(result: QueryResult) -> dict[str, Any]:
         },
         "timings_ms": result.timings_ms,
         "config_version": result.config_version,
+        **rewrite_fields(result),
     }
+
+
+def rewrite_fields(result: QueryResult) -> dict[str, str]:
+    """Present only when the question was rewritten: what was sent and what was answered."""
+    if result.original_query is None:
+        return {}
+    return {"original_query": result.original_query, "rewritten_query": result.query}
 
 
 def decision_body(decision: RouteDecision) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from backends.llm.base import Completion, Usage
 from backends.retrieval.base import Hit
@@ -49,3 +50,13 @@ def usage_total(answer: Answer) -> Usage:
     for usage in answer.usage_by_tier.values():
         total = total + usage
     return total
+
+
+def with_usage(answer: Answer, extra: dict[str, Usage]) -> Answer:
+    """The answer with the usage of earlier calls (e.g. a rewrite) added to its tiers."""
+    if not extra:
+        return answer
+    merged = dict(answer.usage_by_tier)
+    for tier, usage in extra.items():
+        merged[tier] = merged.get(tier, Usage()) + usage
+    return replace(answer, usage_by_tier=merged)

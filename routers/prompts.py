@@ -17,3 +17,10 @@ LOOKUP_SYSTEM = (
 def format_sources(passages: list[tuple[str, str]]) -> str:
     """Number (title, text) passages from 1, the way LOOKUP_SYSTEM cites them."""
     return "\n\n".join(f"[{i}] {title}\n{text}" for i, (title, text) in enumerate(passages, 1))
+
+
+REWRITE_SYSTEM = (
+    "Rewrite the user's last message as one self-contained question that can be understood "
+    "without the conversation: replace pronouns and references with what they refer to. Keep "
+    "the language and the meaning; add nothing else. Reply with the question only."
+)

@@ -72,6 +72,8 @@ class RouterConfig(BaseModel):
     thresholds: dict[Route, float] = Field(default_factory=dict)
     rules: tuple[Rule, ...] = ()
     escalation: EscalationConfig = EscalationConfig()
+    # Rewrite follow-ups into self-contained questions with the small model (when configured).
+    rewrite_followups: bool = True
 
     @field_validator("thresholds")
     @classmethod
