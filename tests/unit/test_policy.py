@@ -1,48 +1,112 @@
 import pytest
+from pydantic import ValidationError
 
 from routers.policy import PolicyConfig, RouteNotAllowed, decide
+from routers.rules import Rule, RouterConfig
 from routers.types import Classification, Route
 
-POLICY = PolicyConfig(
-    allow_force_route=True, lexical_weight=1.0, dense_weight=1.0, identifier_lexical_weight=2.5
-)
+
+def policy(router: RouterConfig | None = None, allow_force: bool = True) -> PolicyConfig:
+    return PolicyConfig(
+        tenant="acme",
+        allow_force_route=allow_force,
+        lexical_weight=1.0,
+        dense_weight=1.0,
+        identifier_lexical_weight=2.5,
+        router=router or RouterConfig(),
+    )
 
 
-def lookup(confidence: float = 0.8) -> Classification:
-    return Classification(Route.LOOKUP, confidence, ("feature:entities",))
+def classified(route: Route = Route.LOOKUP, confidence: float = 0.8) -> Classification:
+    return Classification(route, confidence, ("feature:entities",))
+
+
+def rules(*specs: dict[str, object]) -> RouterConfig:
+    return RouterConfig.model_validate({"rules": list(specs)})
 
 
 def test_classifier_route_is_kept_when_executable() -> None:
-    decision = decide(lookup(), "auto", "who wrote Hamlet?", POLICY)
+    decision = decide(classified(), "auto", "who wrote Hamlet?", policy())
     assert decision.route is Route.LOOKUP
     assert decision.reason == "classifier"
     assert "feature:entities" in decision.explanation
 
 
 def test_multihop_without_an_agent_is_answered_by_lookup_and_says_so() -> None:
-    classification = Classification(Route.MULTIHOP, 0.9, ("feature:compare",))
-    decision = decide(classification, "auto", "compare a and b", POLICY)
+    decision = decide(classified(Route.MULTIHOP, 0.9), "auto", "compare a and b", policy())
     assert decision.route is Route.LOOKUP
     assert decision.wanted is Route.MULTIHOP
     assert decision.reason == "multihop_unavailable"
     assert "multihop route is not available" in decision.explanation
 
 
-def test_forced_route_wins_over_the_classifier() -> None:
-    decision = decide(lookup(), "direct", "who wrote Hamlet?", POLICY)
+def test_forced_route_wins_over_classifier_and_rules() -> None:
+    router = rules({"name": "all-lookup", "then": {"route": "lookup"}})
+    decision = decide(classified(Route.DIRECT), "direct", "hi", policy(router))
     assert decision.route is Route.DIRECT
     assert decision.reason == "forced"
 
 
 def test_forcing_is_refused_for_a_tenant_not_allowed_to() -> None:
-    policy = PolicyConfig(False, 1.0, 1.0, 2.5)
     with pytest.raises(RouteNotAllowed):
-        decide(lookup(), "lookup", "q", policy)
+        decide(classified(), "lookup", "q", policy(allow_force=False))
 
 
 def test_identifiers_raise_the_lexical_weight() -> None:
-    decision = decide(lookup(), "auto", "what does ERR-4471 mean?", POLICY)
+    decision = decide(classified(), "auto", "what does ERR-4471 mean?", policy())
     assert decision.lexical_weight == 2.5
     assert "ERR-4471" in decision.explanation
-    plain = decide(lookup(), "auto", "what does this error mean?", POLICY)
-    assert plain.lexical_weight == 1.0
+    assert decide(classified(), "auto", "what does it mean?", policy()).lexical_weight == 1.0
+
+
+def test_low_confidence_direct_falls_back_to_lookup() -> None:
+    router = RouterConfig.model_validate({"thresholds": {"direct": 0.7}})
+    decision = decide(classified(Route.DIRECT, 0.6), "auto", "ok so", policy(router))
+    assert decision.route is Route.LOOKUP
+    assert decision.reason == "below_threshold"
+    confident = decide(classified(Route.DIRECT, 0.9), "auto", "hello", policy(router))
+    assert confident.route is Route.DIRECT
+
+
+def test_first_matching_rule_wins_and_names_itself() -> None:
+    router = rules(
+        {"name": "other-tenant", "when": {"tenants": ["globex"]}, "then": {"route": "direct"}},
+        {"name": "invoices", "when": {"query_regex": "(?i)invoice"}, "then": {"route": "direct"}},
+        {"name": "catch-all", "then": {"route": "lookup"}},
+    )
+    decision = decide(classified(), "auto", "Where is my INVOICE?", policy(router))
+    assert decision.route is Route.DIRECT
+    assert decision.reason == "rule:invoices"
+
+
+def test_a_rule_can_set_retrieval_weights() -> None:
+    router = rules(
+        {"name": "codes", "when": {"has_identifiers": True}, "then": {"lexical_weight": 4.0}}
+    )
+    decision = decide(classified(), "auto", "ERR-4471?", policy(router))
+    assert (decision.lexical_weight, decision.reason) == (4.0, "classifier")
+
+
+@pytest.mark.parametrize(
+    ("router", "path"),
+    [
+        ({"rules": [{"name": "x", "then": {"route": "teleport"}}]}, "rules.0.then.route"),
+        ({"rules": [{"name": "x", "when": {"query_regex": "(a"}, "then": {}}]}, "query_regex"),
+        ({"thresholds": {"direct": 1.5}}, "thresholds"),
+        ({"rules": [{"name": "Bad Name", "then": {}}]}, "rules.0.name"),
+    ],
+)
+def test_invalid_rules_are_refused_naming_the_path(router: dict[str, object], path: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        RouterConfig.model_validate(router)
+    located = [".".join(str(p) for p in e["loc"]) for e in info.value.errors()]
+    assert any(path in loc for loc in located), located
+
+
+def test_rule_names_must_be_unique() -> None:
+    with pytest.raises(ValidationError, match="unique"):
+        rules({"name": "a", "then": {}}, {"name": "a", "then": {}})
+
+
+def test_rule_type_is_exported() -> None:
+    assert Rule.model_validate({"name": "ok", "then": {}}).when.tenants == ()
