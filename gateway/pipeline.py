@@ -14,7 +14,7 @@ from backends.cache.base import CacheStore
 from backends.embeddings.base import Embedder
 from backends.errors import BackendError
 from backends.llm.base import LLM, Completion, Message, StreamDelta, Usage
-from backends.retrieval.base import Retriever, Vector
+from backends.retrieval.base import Hit, Retriever, Vector
 from gateway.metrics import Metrics
 from gateway.response_cache import CacheScope, ResponseCache, cache_key
 from gateway.settings import Settings, TenantConfig
@@ -22,6 +22,7 @@ from gateway.timing import StageTimer
 from gateway.wire import QueryResult, answer_from_cache, answer_to_cache, rewrite_fields
 from routers.classifier import Classifier
 from routers.direct import plan_direct
+from routers.full_context import corpus_chunks, plan_full_context
 from routers.generation import finish, usage_total, with_usage
 from routers.grading import GradeThresholds
 from routers.lookup import LookupParams, plan_lookup
@@ -107,7 +108,9 @@ class Pipeline:
             vector = (await self._s.embedder.embed([request.query]))[0]
         return self._decide(request, vector, timer)
 
-    def _decide(self, request: QueryRequest, vector: Vector, timer: StageTimer) -> RouteDecision:
+    def _decide(
+        self, request: QueryRequest, vector: Vector, timer: StageTimer, corpus_fits: bool = False
+    ) -> RouteDecision:
         with timer.stage("classify"):
             classification = self._classifier.classify(request.query, vector)
         with timer.stage("policy"):
@@ -115,7 +118,10 @@ class Pipeline:
                 classification,
                 request.route,
                 request.query,
-                policy_for(self.settings, request.tenant.id, request.tenant.allow_force_route),
+                replace(
+                    policy_for(self.settings, request.tenant.id, request.tenant.allow_force_route),
+                    corpus_fits=corpus_fits,
+                ),
             )
         self._s.metrics.route_decisions.labels(decision.route.value, decision.reason).inc()
         return decision
@@ -132,11 +138,12 @@ class Pipeline:
             if cached is not None:
                 answer, reason = answer_from_cache(cached)
                 return Prepared(request, timer, answer, reason, "exact", None, usage_before)
-        decision = self._decide(request, vector, timer)
+        corpus = await self._whole_corpus(request, vector, timer)
+        decision = self._decide(request, vector, timer, corpus_fits=corpus is not None)
         ctx = RouteContext(request.tenant.id, request.query, vector, request.history, decision)
         retrieves = decision.route is Route.LOOKUP
         with timer.stage("retrieve" if retrieves else "plan"):
-            outcome = await self._plan(ctx)
+            outcome = await self._plan(ctx, corpus)
         if retrieves:
             self._s.metrics.retrieval_duration.labels(self._s.retriever.name, "hybrid").observe(
                 timer.stages_ms["retrieve"] / 1000
@@ -173,10 +180,23 @@ class Pipeline:
         )
         return cache_key(scope, request.query, request.history)
 
-    async def _plan(self, ctx: RouteContext) -> Answer | Generation:
+    async def _whole_corpus(
+        self, request: QueryRequest, vector: Vector, timer: StageTimer
+    ) -> list[Hit] | None:
+        """The tenant's every chunk when full-context answering applies to it, else None."""
+        config = self.settings.router.full_context
+        usable = config.enabled and self._s.llm.has_tier("small")
+        if not usable or request.tenant.per_user_access:
+            return None
+        with timer.stage("corpus"):
+            return await corpus_chunks(self._s.retriever, request.tenant.id, vector, config)
+
+    async def _plan(self, ctx: RouteContext, corpus: list[Hit] | None) -> Answer | Generation:
         has_small = self._s.llm.has_tier("small")
         if ctx.decision.route is Route.DIRECT:
             return plan_direct(ctx, has_small)
+        if ctx.decision.route is Route.FULL_CONTEXT and corpus is not None:
+            return plan_full_context(ctx, corpus, self._s.llm.has_tier("large"))
         return await plan_lookup(ctx, self._s.retriever, self._lookup, has_small)
 
     async def complete(self, prepared: Prepared) -> QueryResult:

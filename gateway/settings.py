@@ -51,6 +51,8 @@ class TenantConfig(BaseModel):
     api_key_sha256: tuple[str, ...] = Field(min_length=1)
     # May a request name its own route instead of "auto"?
     allow_force_route: bool = True
+    # Documents carry per-user access rules: never put the whole corpus in one context.
+    per_user_access: bool = False
 
     @field_validator("api_key_sha256", mode="before")
     @classmethod

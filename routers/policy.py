@@ -1,9 +1,13 @@
 """Route policy: the classifier's opinion, the request and the configured rules → one route.
 
-Order, each step able to override the one before: classifier → per-route confidence
-thresholds → the first matching configured rule → a route forced by the request (when the
-tenant may force) → identifiers raise the lexical weight (unless a rule set it) → a route this
-deployment cannot execute falls back to lookup, and says so.
+Order, each step able to override the one before:
+1. the classifier;
+2. per-route confidence thresholds;
+3. the first matching configured rule;
+4. full context, for a tenant whose whole corpus fits the budget;
+5. a route forced by the request (when the tenant may force);
+6. identifiers raise the lexical weight (unless a rule set it);
+7. a route this deployment cannot execute falls back to lookup, and says so.
 """
 
 from __future__ import annotations
@@ -28,8 +32,11 @@ class PolicyConfig:
     dense_weight: float
     identifier_lexical_weight: float
     router: RouterConfig = field(default_factory=RouterConfig)
+    # The tenant's whole corpus fits the full-context budget (and it has no per-user access
+    # rules), so retrieval is not needed to find the evidence.
+    corpus_fits: bool = False
     # Routes this deployment can execute; a decision for any other falls back, said so.
-    executable: frozenset[Route] = frozenset({Route.DIRECT, Route.LOOKUP})
+    executable: frozenset[Route] = frozenset({Route.DIRECT, Route.LOOKUP, Route.FULL_CONTEXT})
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +71,9 @@ def decide(
     rule = _first_rule(config, classification, query, identifiers)
     if rule is not None:
         _apply_rule(draft, rule)
+    if config.corpus_fits and draft.route in (Route.LOOKUP, Route.MULTIHOP):
+        draft.route, draft.reason = Route.FULL_CONTEXT, "full_context"
+        draft.notes.append("the tenant's whole corpus fits the context budget")
     if requested != "auto":
         if not config.allow_force_route:
             raise RouteNotAllowed(f"this tenant may not force the route {requested!r}")

@@ -64,6 +64,16 @@ class EscalationConfig(BaseModel):
     min_agreement: float = Field(default=0.5, ge=0, le=2)
 
 
+class FullContextConfig(BaseModel):
+    """A tenant whose whole corpus fits the budget is answered from all of it, no retrieval."""
+
+    model_config = _FROZEN
+
+    enabled: bool = False
+    max_tokens: int = Field(default=3000, ge=1, le=200_000)
+    max_chunks: int = Field(default=40, ge=1, le=1000)
+
+
 class RouterConfig(BaseModel):
     model_config = _FROZEN
 
@@ -72,6 +82,7 @@ class RouterConfig(BaseModel):
     thresholds: dict[Route, float] = Field(default_factory=dict)
     rules: tuple[Rule, ...] = ()
     escalation: EscalationConfig = EscalationConfig()
+    full_context: FullContextConfig = FullContextConfig()
     # Rewrite follow-ups into self-contained questions with the small model (when configured).
     rewrite_followups: bool = True
 
