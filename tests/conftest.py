@@ -11,4 +11,5 @@ pytest_plugins: list[str] = [
     "tests.fixtures.opensearch",
     "tests.fixtures.upstream",
     "tests.fixtures.gateway",
+    "tests.fixtures.embeddings",
 ]

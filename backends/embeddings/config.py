@@ -1,0 +1,59 @@
+"""Which embedding model the gateway uses, and building it.
+
+The model id goes into cache keys and the dimension into the index, so changing either is a
+re-index; validation catches the combinations that could never work before anything starts.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from backends.embeddings.base import Embedder
+
+MINILM_MODEL = "all-MiniLM-L6-v2"
+MINILM_DIMENSION = 384
+
+
+class EmbeddingsConfig(BaseModel):
+    """`minilm` runs in-process with no server; `litellm` calls any embedding API it knows."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    backend: Literal["minilm", "litellm"] = "minilm"
+    model: str = Field(
+        default=MINILM_MODEL,
+        description="litellm model string, e.g. 'openai/text-embedding-3-small'",
+    )
+    api_base: str | None = None
+    api_key_env: str | None = Field(
+        default=None, description="name of the environment variable holding the API key"
+    )
+    dimension: int = Field(default=MINILM_DIMENSION, gt=0, le=8192)
+    batch_size: int = Field(default=64, gt=0, le=2048)
+    timeout_s: float = Field(default=30.0, gt=0)
+
+    @model_validator(mode="after")
+    def _minilm_is_one_model(self) -> EmbeddingsConfig:
+        if self.backend == "minilm" and (self.model, self.dimension) != (
+            MINILM_MODEL,
+            MINILM_DIMENSION,
+        ):
+            raise ValueError(
+                f"backend 'minilm' is {MINILM_MODEL} with dimension {MINILM_DIMENSION}; "
+                "use backend 'litellm' for another model"
+            )
+        return self
+
+
+def build_embedder(config: EmbeddingsConfig) -> Embedder:
+    """The configured embedder; the caller owns it and must `aclose` it."""
+    if config.backend == "minilm":
+        from backends.embeddings.minilm import MiniLMEmbedder
+
+        return MiniLMEmbedder(batch_size=config.batch_size)
+    # Imported only when configured: litellm costs ~4 s and ~200 MB to import.
+    from backends.embeddings.remote import LiteLLMEmbedder
+
+    return LiteLLMEmbedder(config)
