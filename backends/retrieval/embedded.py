@@ -1,0 +1,491 @@
+"""The embedded hybrid index: one SQLite file, BM25 by FTS5, exact cosine search in numpy.
+
+No server to run: `querygate serve` with no configuration uses this. Everything touching the
+connection or the in-memory vectors runs on one dedicated thread, so the event loop never blocks
+on disk or on a matmul, and the thread's FIFO order is the only synchronisation needed: a reader
+never sees half of a write.
+
+Layout: `documents` (one row per document: title, content hash), `chunks` (metadata and the
+float32 embedding blob; its rowid is the chunk's key everywhere), `chunks_fts` (FTS5 over
+title, section and text, plus an opaque per-tenant token that every MATCH requires) and
+`tenants` (the generation counter).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import hashlib
+import re
+import sqlite3
+import unicodedata
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import numpy as np
+
+from backends.errors import BackendUnavailable
+from backends.retrieval.base import Document, Hit, SearchRequest, Vector, rrf_fuse
+
+BACKEND = "embedded"
+T = TypeVar("T")
+
+# BM25 column weights, in the FTS table's column order. The tenant token must not score.
+_WEIGHTS = {"tenant_key": 0.0, "title": 2.5, "section": 1.5, "text": 1.0}
+_BM25 = f"bm25(chunks_fts, {', '.join(str(w) for w in _WEIGHTS.values())})"
+# '-' and '_' are part of a token so identifiers (ERR-4471, SKU_123) index and match whole.
+_TOKENIZER = "unicode61 remove_diacritics 2 tokenchars '-_'"
+_QUERY_TOKEN = re.compile(r"[\w-]+")
+
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS tenants (
+    tenant TEXT PRIMARY KEY,
+    generation INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS documents (
+    tenant TEXT NOT NULL,
+    doc_id TEXT NOT NULL,
+    title TEXT NOT NULL,
+    content_hash TEXT NOT NULL,
+    PRIMARY KEY (tenant, doc_id)
+);
+CREATE TABLE IF NOT EXISTS chunks (
+    id INTEGER PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    doc_id TEXT NOT NULL,
+    chunk_id TEXT NOT NULL,
+    section TEXT NOT NULL,
+    embedding BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS chunks_by_document ON chunks (tenant, doc_id);
+CREATE VIRTUAL TABLE IF NOT EXISTS chunks_fts USING fts5(
+    {", ".join(_WEIGHTS)}, tokenize = "{_TOKENIZER}"
+);
+"""
+
+
+def fts_query(text: str, max_chars: int = 1000, max_terms: int = 32) -> str:
+    """User text as an FTS5 expression: an OR of quoted terms, or "" when nothing is left.
+
+    Each term is a run of word characters, '-' and '_', so it can never hold a quote, and
+    quoting makes FTS5 read operators (NEAR, AND, *, :, parentheses) as plain words.
+    """
+    text = unicodedata.normalize("NFKC", text)[:max_chars]
+    terms = [t for t in _QUERY_TOKEN.findall(text) if any(ch.isalnum() for ch in t)]
+    unique = list(dict.fromkeys(t.lower() for t in terms))[:max_terms]
+    return " OR ".join(f'"{t}"' for t in unique)
+
+
+def tenant_key(tenant: str) -> str:
+    """The tenant's token in the FTS table: one alphanumeric token whatever the tenant id."""
+    return "t" + hashlib.sha256(tenant.encode()).hexdigest()[:32]
+
+
+class _TenantVectors:
+    """One tenant's embeddings in memory, for exact cosine search by one matmul.
+
+    Rows live in a growable buffer; removed rows are tombstoned and the buffer compacted when
+    they exceed half of it, so a single-document write costs O(its chunks), not O(tenant).
+    """
+
+    def __init__(self, dimension: int) -> None:
+        self.dimension = dimension
+        self._matrix = np.zeros((0, dimension), dtype=np.float32)
+        self._ids = np.zeros(0, dtype=np.int64)  # chunk row id per row, -1 when removed
+        self._size = 0
+        self._where: dict[int, int] = {}
+
+    def add(self, ids: Sequence[int], vectors: Vector) -> None:
+        needed = self._size + len(ids)
+        if needed > len(self._ids):
+            self._grow(max(needed, 2 * len(self._ids), 64))
+        self._matrix[self._size : needed] = vectors
+        self._ids[self._size : needed] = ids
+        self._where.update((chunk, self._size + i) for i, chunk in enumerate(ids))
+        self._size = needed
+
+    def remove(self, ids: Sequence[int]) -> None:
+        for chunk in ids:
+            row = self._where.pop(chunk, None)
+            if row is not None:
+                self._ids[row] = -1
+        if self._size and len(self._where) < self._size // 2:
+            self._compact()
+
+    def top(self, query: Vector, n: int) -> list[tuple[int, float]]:
+        """(chunk row id, cosine) of the n nearest live rows, best first."""
+        if not self._where or n <= 0:
+            return []
+        scores = self._matrix[: self._size] @ query
+        scores[self._ids[: self._size] < 0] = -np.inf
+        n = min(n, len(self._where))
+        best = np.argpartition(-scores, n - 1)[:n]
+        best = best[np.argsort(-scores[best], kind="stable")]
+        return [(int(self._ids[i]), float(scores[i])) for i in best]
+
+    def _grow(self, capacity: int) -> None:
+        matrix = np.zeros((capacity, self.dimension), dtype=np.float32)
+        ids = np.full(capacity, -1, dtype=np.int64)
+        matrix[: self._size] = self._matrix[: self._size]
+        ids[: self._size] = self._ids[: self._size]
+        self._matrix, self._ids = matrix, ids
+
+    def _compact(self) -> None:
+        live = np.flatnonzero(self._ids[: self._size] >= 0)
+        self._matrix[: len(live)] = self._matrix[live]
+        self._ids[: len(live)] = self._ids[live]
+        self._ids[len(live) :] = -1
+        self._size = len(live)
+        self._where = {int(chunk): row for row, chunk in enumerate(self._ids[: self._size])}
+
+
+@dataclass(frozen=True, slots=True)
+class _Ranked:
+    """One arm's ranking: chunk row ids best first, with the arm's own scores."""
+
+    ids: list[int]
+    scores: dict[int, float]
+
+
+@contextmanager
+def _translated(operation: str) -> Iterator[None]:
+    try:
+        yield
+    except sqlite3.Error as exc:
+        raise BackendUnavailable(BACKEND, f"{operation}: {exc}") from exc
+
+
+class EmbeddedRetriever:
+    """A `Retriever` over one SQLite file; see the module docstring for the layout."""
+
+    name = BACKEND
+
+    def __init__(self, path: Path, *, max_query_chars: int = 1000, max_query_terms: int = 32):
+        self._path = path
+        self._max_query_chars = max_query_chars
+        self._max_query_terms = max_query_terms
+        self._db: sqlite3.Connection | None = None
+        self._closed = False
+        self._vectors: dict[str, _TenantVectors] = {}
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="embedded-index"
+        )
+        # Opened on the worker thread (sqlite3 connections belong to their thread); queued
+        # first, so every later call runs after it.
+        self._opened = self._executor.submit(self._open)
+
+    async def __aenter__(self) -> EmbeddedRetriever:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.aclose()
+
+    async def _run(self, operation: str, fn: Callable[[sqlite3.Connection], T]) -> T:
+        def call() -> T:
+            with _translated(operation):
+                self._opened.result()
+                assert self._db is not None  # set by _open, which succeeded
+                return fn(self._db)
+
+        if self._closed:
+            raise BackendUnavailable(BACKEND, f"{operation}: the index is closed")
+        return await asyncio.get_running_loop().run_in_executor(self._executor, call)
+
+    def _open(self) -> None:
+        with _translated("open"):
+            db = sqlite3.connect(self._path, isolation_level=None)
+            db.execute("PRAGMA journal_mode=WAL")
+            # WAL + NORMAL: a crash may lose the last commits but never corrupts the file.
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.executescript(_SCHEMA)
+            self._db = db
+
+    # -- reads ------------------------------------------------------------------------------
+
+    async def search(self, request: SearchRequest) -> list[Hit]:
+        query = fts_query(request.text, self._max_query_chars, self._max_query_terms)
+        return await self._run("search", lambda db: self._search(db, request, query))
+
+    def _search(self, db: sqlite3.Connection, request: SearchRequest, query: str) -> list[Hit]:
+        arms: dict[str, tuple[_Ranked, float]] = {}
+        if request.mode != "dense" and query:
+            arms["bm25"] = (self._bm25(db, request, query), request.lexical_weight)
+        if request.mode != "bm25":
+            arms["dense"] = (self._dense(db, request), request.dense_weight)
+        fused = rrf_fuse([([str(i) for i in r.ids], w) for r, w in arms.values()])
+        top = [(int(key), score) for key, score in fused[: request.k]]
+        return self._hits(db, request.tenant, top, {name: r for name, (r, _) in arms.items()})
+
+    def _bm25(self, db: sqlite3.Connection, request: SearchRequest, query: str) -> _Ranked:
+        # The tenant token is part of the MATCH, so FTS5 only ever ranks this tenant's rows;
+        # the join re-checks the tenant column as a second, independent guard.
+        match = (
+            f'tenant_key : "{tenant_key(request.tenant)}" AND {{title section text}} : ({query})'
+        )
+        rows = db.execute(
+            f"SELECT chunks_fts.rowid, {_BM25} AS score FROM chunks_fts"
+            " JOIN chunks ON chunks.id = chunks_fts.rowid"
+            " WHERE chunks_fts MATCH ? AND chunks.tenant = ? ORDER BY score LIMIT ?",
+            (match, request.tenant, request.candidates),
+        ).fetchall()
+        # FTS5's bm25() is lower-is-better; negate so every arm's score is higher-is-better.
+        return _Ranked([r[0] for r in rows], {r[0]: -r[1] for r in rows})
+
+    def _dense(self, db: sqlite3.Connection, request: SearchRequest) -> _Ranked:
+        vectors = self._tenant_vectors(db, request.tenant)
+        if vectors is None:
+            return _Ranked([], {})
+        if request.vector.shape != (vectors.dimension,):
+            raise ValueError(
+                f"query vector has shape {request.vector.shape}, index holds {vectors.dimension}-d"
+            )
+        top = vectors.top(request.vector.astype(np.float32, copy=False), request.candidates)
+        return _Ranked([i for i, _ in top], dict(top))
+
+    def _tenant_vectors(self, db: sqlite3.Connection, tenant: str) -> _TenantVectors | None:
+        """The tenant's vectors, read from disk on first use; None when it has no chunks."""
+        if tenant not in self._vectors:
+            rows = db.execute("SELECT id, embedding FROM chunks WHERE tenant = ?", (tenant,))
+            ids: list[int] = []
+            blobs: list[bytes] = []
+            for chunk, blob in rows:
+                ids.append(chunk)
+                blobs.append(blob)
+            if not ids:
+                return None
+            matrix = np.frombuffer(b"".join(blobs), dtype=np.float32).reshape(len(ids), -1)
+            vectors = _TenantVectors(matrix.shape[1])
+            vectors.add(ids, matrix)
+            self._vectors[tenant] = vectors
+        return self._vectors[tenant]
+
+    def _hits(
+        self,
+        db: sqlite3.Connection,
+        tenant: str,
+        fused: list[tuple[int, float]],
+        arms: dict[str, _Ranked],
+    ) -> list[Hit]:
+        if not fused:
+            return []
+        marks = ",".join("?" * len(fused))
+        rows = db.execute(
+            "SELECT chunks.id, chunks.doc_id, chunks.chunk_id, documents.title, chunks.section,"
+            " chunks_fts.text FROM chunks"
+            " JOIN documents USING (tenant, doc_id)"
+            " JOIN chunks_fts ON chunks_fts.rowid = chunks.id"
+            f" WHERE chunks.tenant = ? AND chunks.id IN ({marks})",
+            (tenant, *[i for i, _ in fused]),
+        ).fetchall()
+        by_id = {r[0]: r for r in rows}
+        ranks = {name: {i: n for n, i in enumerate(r.ids, start=1)} for name, r in arms.items()}
+        hits = [_hit(by_id[i], score, ranks, arms) for i, score in fused if i in by_id]
+        return sorted(hits, key=lambda h: (-h.score, h.chunk_id, h.doc_id))
+
+    async def content_hash(self, tenant: str, doc_id: str) -> str | None:
+        def read(db: sqlite3.Connection) -> str | None:
+            row = db.execute(
+                "SELECT content_hash FROM documents WHERE tenant = ? AND doc_id = ?",
+                (tenant, doc_id),
+            ).fetchone()
+            return None if row is None else str(row[0])
+
+        return await self._run("content_hash", read)
+
+    async def generation(self, tenant: str) -> int:
+        return await self._run("generation", lambda db: _generation(db, tenant))
+
+    async def stats(self, tenant: str) -> tuple[int, int]:
+        def read(db: sqlite3.Connection) -> tuple[int, int]:
+            (docs,) = db.execute(
+                "SELECT count(*) FROM documents WHERE tenant = ?", (tenant,)
+            ).fetchone()
+            (chunks,) = db.execute(
+                "SELECT count(*) FROM chunks WHERE tenant = ?", (tenant,)
+            ).fetchone()
+            return int(docs), int(chunks)
+
+        return await self._run("stats", read)
+
+    async def ping(self) -> None:
+        await self._run("ping", lambda db: db.execute("SELECT 1").fetchone())
+
+    # -- writes -----------------------------------------------------------------------------
+
+    async def upsert_document(self, tenant: str, document: Document) -> bool:
+        _check_chunks(document)
+        return await self._run("upsert", lambda db: self._upsert(db, tenant, document))
+
+    def _upsert(self, db: sqlite3.Connection, tenant: str, document: Document) -> bool:
+        with _transaction(db):
+            row = db.execute(
+                "SELECT content_hash FROM documents WHERE tenant = ? AND doc_id = ?",
+                (tenant, document.doc_id),
+            ).fetchone()
+            if row is not None and row[0] == document.content_hash:
+                return False
+            _check_dimension(db, tenant, document)
+            removed = _delete_chunks(db, tenant, document.doc_id)
+            db.execute(
+                "INSERT OR REPLACE INTO documents (tenant, doc_id, title, content_hash)"
+                " VALUES (?, ?, ?, ?)",
+                (tenant, document.doc_id, document.title, document.content_hash),
+            )
+            added = _insert_chunks(db, tenant, document)
+            _bump_generation(db, tenant)
+        # Only after the commit: a failed transaction leaves memory as it was, like the file.
+        self._apply(tenant, removed, added, document)
+        return True
+
+    async def delete_document(self, tenant: str, doc_id: str) -> bool:
+        return await self._run("delete", lambda db: self._delete(db, tenant, doc_id))
+
+    def _delete(self, db: sqlite3.Connection, tenant: str, doc_id: str) -> bool:
+        with _transaction(db):
+            gone = db.execute(
+                "DELETE FROM documents WHERE tenant = ? AND doc_id = ?", (tenant, doc_id)
+            ).rowcount
+            if not gone:
+                return False
+            removed = _delete_chunks(db, tenant, doc_id)
+            _bump_generation(db, tenant)
+        self._apply(tenant, removed, [], None)
+        return True
+
+    def _apply(
+        self, tenant: str, removed: list[int], added: list[int], document: Document | None
+    ) -> None:
+        """Mirror a committed write in the tenant's vectors, if they are loaded."""
+        vectors = self._vectors.get(tenant)
+        if vectors is None:
+            return  # loaded from disk, with this write, on the tenant's next search
+        vectors.remove(removed)
+        if document is not None and added:
+            vectors.add(added, _matrix(document))
+
+    async def aclose(self) -> None:
+        def close() -> None:
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+
+        if self._closed:
+            return
+        self._closed = True
+        await asyncio.get_running_loop().run_in_executor(self._executor, close)
+        self._executor.shutdown(wait=True)
+
+
+def _hit(
+    row: tuple[int, str, str, str, str, str],
+    score: float,
+    ranks: dict[str, dict[int, int]],
+    arms: dict[str, _Ranked],
+) -> Hit:
+    chunk = row[0]
+
+    def arm(name: str) -> tuple[int | None, float | None]:
+        if name not in arms or chunk not in arms[name].scores:
+            return None, None
+        return ranks[name][chunk], arms[name].scores[chunk]
+
+    (bm25_rank, bm25_score), (dense_rank, dense_score) = arm("bm25"), arm("dense")
+    return Hit(
+        doc_id=row[1],
+        chunk_id=row[2],
+        title=row[3],
+        section=row[4],
+        text=row[5],
+        score=score,
+        bm25_rank=bm25_rank,
+        dense_rank=dense_rank,
+        bm25_score=bm25_score,
+        dense_score=dense_score,
+    )
+
+
+@contextmanager
+def _transaction(db: sqlite3.Connection) -> Iterator[None]:
+    # IMMEDIATE takes the write lock up front, so a concurrent writer process fails here,
+    # before any work, instead of at commit.
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+
+
+def _check_chunks(document: Document) -> None:
+    dimensions = {chunk.embedding.shape for chunk in document.chunks}
+    if len(dimensions) > 1 or any(len(d) != 1 for d in dimensions):
+        raise ValueError(f"{document.doc_id}: chunk embeddings must be 1-d and of one size")
+    if len({chunk.chunk_id for chunk in document.chunks}) != len(document.chunks):
+        raise ValueError(f"{document.doc_id}: chunk ids must be unique")
+
+
+def _check_dimension(db: sqlite3.Connection, tenant: str, document: Document) -> None:
+    """Refuse vectors of another size than the tenant's: search would fail on them later."""
+    if not document.chunks:
+        return
+    row = db.execute("SELECT length(embedding) FROM chunks WHERE tenant = ? LIMIT 1", (tenant,))
+    stored = row.fetchone()
+    size = document.chunks[0].embedding.shape[0]
+    if stored is not None and stored[0] != 4 * size:
+        raise ValueError(
+            f"{document.doc_id}: {size}-d embeddings, the tenant's index holds {stored[0] // 4}-d"
+        )
+
+
+def _matrix(document: Document) -> Vector:
+    return np.vstack([c.embedding for c in document.chunks]).astype(np.float32, copy=False)
+
+
+def _delete_chunks(db: sqlite3.Connection, tenant: str, doc_id: str) -> list[int]:
+    ids = [
+        r[0]
+        for r in db.execute(
+            "SELECT id FROM chunks WHERE tenant = ? AND doc_id = ?", (tenant, doc_id)
+        )
+    ]
+    db.executemany("DELETE FROM chunks_fts WHERE rowid = ?", [(i,) for i in ids])
+    db.execute("DELETE FROM chunks WHERE tenant = ? AND doc_id = ?", (tenant, doc_id))
+    return ids
+
+
+def _insert_chunks(db: sqlite3.Connection, tenant: str, document: Document) -> list[int]:
+    ids = []
+    key = tenant_key(tenant)
+    for chunk in document.chunks:
+        blob = np.ascontiguousarray(chunk.embedding, dtype=np.float32).tobytes()
+        cursor = db.execute(
+            "INSERT INTO chunks (tenant, doc_id, chunk_id, section, embedding)"
+            " VALUES (?, ?, ?, ?, ?)",
+            (tenant, document.doc_id, chunk.chunk_id, chunk.section, blob),
+        )
+        chunk_row = cursor.lastrowid
+        assert chunk_row is not None  # always set after an INSERT on a rowid table
+        db.execute(
+            "INSERT INTO chunks_fts (rowid, tenant_key, title, section, text)"
+            " VALUES (?, ?, ?, ?, ?)",
+            (chunk_row, key, document.title, chunk.section, chunk.text),
+        )
+        ids.append(chunk_row)
+    return ids
+
+
+def _generation(db: sqlite3.Connection, tenant: str) -> int:
+    row = db.execute("SELECT generation FROM tenants WHERE tenant = ?", (tenant,)).fetchone()
+    return 0 if row is None else int(row[0])
+
+
+def _bump_generation(db: sqlite3.Connection, tenant: str) -> None:
+    db.execute(
+        "INSERT INTO tenants (tenant, generation) VALUES (?, 1)"
+        " ON CONFLICT (tenant) DO UPDATE SET generation = generation + 1",
+        (tenant,),
+    )

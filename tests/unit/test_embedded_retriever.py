@@ -1,0 +1,234 @@
+"""EmbeddedRetriever: tenancy, identifiers, idempotent writes, generations, hostile queries."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import AsyncIterator, Sequence
+from contextlib import closing
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from backends.errors import BackendUnavailable
+from backends.retrieval.base import (
+    RRF_K,
+    Chunk,
+    Document,
+    Hit,
+    RetrievalMode,
+    SearchRequest,
+)
+from backends.retrieval.embedded import EmbeddedRetriever, fts_query
+from tests.fixtures.embeddings import unit_vector
+
+MODES: tuple[RetrievalMode, ...] = ("bm25", "dense", "hybrid")
+
+
+def doc(
+    doc_id: str, texts: Sequence[str], seeds: Sequence[int], title: str = "", rev: str = "1"
+) -> Document:
+    chunks = tuple(
+        Chunk(f"{doc_id}#{i}", text, f"section {i}", unit_vector(seed))
+        for i, (text, seed) in enumerate(zip(texts, seeds, strict=True))
+    )
+    return Document(doc_id, title or doc_id, f"{doc_id}-{rev}", chunks)
+
+
+def ids(hits: Sequence[Hit]) -> list[str]:
+    return [h.chunk_id for h in hits]
+
+
+@pytest.fixture
+async def index(tmp_path: Path) -> AsyncIterator[EmbeddedRetriever]:
+    async with EmbeddedRetriever(tmp_path / "index.sqlite3") as retriever:
+        yield retriever
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_tenant_never_sees_another_tenants_perfect_match(
+    index: EmbeddedRetriever, mode: RetrievalMode
+) -> None:
+    secret = "zanzibar quarterly revenue forecast"
+    await index.upsert_document("tenant-b", doc("b1", [secret], [7]))
+    await index.upsert_document("tenant-a", doc("a1", ["unrelated notes on gardening"], [8]))
+    request = SearchRequest("tenant-a", secret, unit_vector(7), k=10, mode=mode)
+    hits = await index.search(request)
+    assert "b1#0" not in ids(hits)
+    assert all(h.doc_id == "a1" for h in hits)
+
+
+async def test_tenant_with_no_documents_gets_nothing(index: EmbeddedRetriever) -> None:
+    await index.upsert_document("tenant-b", doc("b1", ["shared words"], [1]))
+    assert await index.search(SearchRequest("tenant-a", "shared words", unit_vector(1))) == []
+
+
+@pytest.mark.parametrize("identifier", ["ERR-4471", "SKU_123"])
+async def test_identifier_matches_exactly_in_bm25(
+    index: EmbeddedRetriever, identifier: str
+) -> None:
+    await index.upsert_document(
+        "t",
+        doc(
+            "d",
+            [f"the failure {identifier} appears at boot", "ERR-4472 and SKU_124 are neighbours"],
+            [1, 2],
+        ),
+    )
+    await index.upsert_document("t", doc("other", ["err 4471 sku 123 split apart"], [3]))
+    hits = await index.search(SearchRequest("t", identifier, unit_vector(9), mode="bm25"))
+    assert ids(hits) == ["d#0"]
+
+
+async def test_title_outweighs_the_same_word_in_text(index: EmbeddedRetriever) -> None:
+    await index.upsert_document("t", doc("body", ["notes about a volcano and lava"], [1]))
+    await index.upsert_document("t", doc("titled", ["notes about lava"], [2], title="Volcano"))
+    hits = await index.search(SearchRequest("t", "volcano", unit_vector(3), mode="bm25"))
+    assert ids(hits)[0] == "titled#0"
+
+
+async def test_dense_ranks_by_cosine(index: EmbeddedRetriever) -> None:
+    await index.upsert_document("t", doc("d", ["one", "two", "three"], [1, 2, 3]))
+    mix = unit_vector(2) + 0.3 * unit_vector(3)
+    query = (mix / np.linalg.norm(mix)).astype(np.float32)
+    hits = await index.search(SearchRequest("t", "", query, mode="dense"))
+    assert ids(hits)[:2] == ["d#1", "d#2"]
+    assert hits[0].dense_score == pytest.approx(float(unit_vector(2) @ query), abs=1e-5)
+
+
+async def test_hybrid_scores_are_weighted_rrf(index: EmbeddedRetriever) -> None:
+    await index.upsert_document("t", doc("d", ["alpha words", "beta words"], [1, 2]))
+    request = SearchRequest("t", "alpha", unit_vector(2), lexical_weight=2.0, dense_weight=0.5)
+    hits = {h.chunk_id: h for h in await index.search(request)}
+    alpha, beta = hits["d#0"], hits["d#1"]
+    assert (alpha.bm25_rank, alpha.dense_rank) == (1, 2)
+    assert alpha.score == pytest.approx(2.0 / (RRF_K + 1) + 0.5 / (RRF_K + 2))
+    assert (beta.bm25_rank, beta.score) == (None, pytest.approx(0.5 / (RRF_K + 1)))
+
+
+async def test_hit_carries_title_section_and_text(index: EmbeddedRetriever) -> None:
+    await index.upsert_document("t", doc("d", ["the body text"], [1], title="The Title"))
+    (hit,) = await index.search(SearchRequest("t", "body", unit_vector(1), mode="bm25"))
+    assert (hit.doc_id, hit.title, hit.section, hit.text) == (
+        "d",
+        "The Title",
+        "section 0",
+        "the body text",
+    )
+
+
+async def test_upsert_replaces_every_chunk_of_the_document(index: EmbeddedRetriever) -> None:
+    await index.upsert_document("t", doc("d", ["old apple", "old pear", "old plum"], [1, 2, 3]))
+    await index.search(SearchRequest("t", "old", unit_vector(1)))  # vectors now in memory
+    assert await index.upsert_document("t", doc("d", ["new apple"], [4], rev="2"))
+    hits = await index.search(SearchRequest("t", "old apple", unit_vector(2), k=10))
+    assert [h.text for h in hits] == ["new apple"]
+    assert await index.stats("t") == (1, 1)
+
+
+async def test_same_content_hash_is_a_no_op(index: EmbeddedRetriever) -> None:
+    assert await index.upsert_document("t", doc("d", ["text"], [1]))
+    generation = await index.generation("t")
+    assert not await index.upsert_document("t", doc("d", ["text"], [1]))
+    assert await index.generation("t") == generation
+    assert await index.content_hash("t", "d") == "d-1"
+
+
+async def test_delete_removes_the_document_from_both_arms(index: EmbeddedRetriever) -> None:
+    await index.upsert_document("t", doc("d", ["doomed words"], [1]))
+    await index.upsert_document("t", doc("keep", ["kept words"], [2]))
+    await index.search(SearchRequest("t", "words", unit_vector(1)))
+    assert await index.delete_document("t", "d")
+    assert not await index.delete_document("t", "d")
+    for mode in MODES:
+        hits = await index.search(SearchRequest("t", "doomed", unit_vector(1), mode=mode))
+        assert "d#0" not in ids(hits)
+    assert await index.content_hash("t", "d") is None
+    assert await index.stats("t") == (1, 1)
+
+
+async def test_generation_bumps_on_every_change_and_only_for_that_tenant(
+    index: EmbeddedRetriever,
+) -> None:
+    assert await index.generation("t") == 0
+    await index.upsert_document("t", doc("d", ["a"], [1]))
+    await index.upsert_document("t", doc("d", ["b"], [1], rev="2"))
+    await index.delete_document("t", "d")
+    assert await index.generation("t") == 3
+    assert await index.generation("other") == 0
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['"', "*", "NEAR(a b)", "title:secret", "(", ")", "a AND", "OR", "^x", "-", '"unclosed', ""],
+)
+@pytest.mark.parametrize("mode", MODES)
+async def test_fts_syntax_in_a_query_never_raises(
+    index: EmbeddedRetriever, text: str, mode: RetrievalMode
+) -> None:
+    await index.upsert_document("t", doc("d", ["near title secret words"], [1]))
+    await index.search(SearchRequest("t", text, unit_vector(1), mode=mode))
+
+
+def test_query_is_an_or_of_quoted_unique_terms_capped() -> None:
+    assert fts_query('Reset "ERR-4471" NEAR(x) reset') == '"reset" OR "err-4471" OR "near" OR "x"'
+    assert fts_query("?!... ---") == ""
+    assert fts_query(" ".join(f"w{i}" for i in range(100))).count(" OR ") == 31
+
+
+async def test_query_without_terms_has_no_bm25_arm(index: EmbeddedRetriever) -> None:
+    await index.upsert_document("t", doc("d", ["words"], [1]))
+    assert await index.search(SearchRequest("t", "?!", unit_vector(1), mode="bm25")) == []
+    (hit,) = await index.search(SearchRequest("t", "?!", unit_vector(1)))
+    assert (hit.bm25_rank, hit.dense_rank) == (None, 1)
+
+
+async def test_index_persists_across_reopen(tmp_path: Path) -> None:
+    path = tmp_path / "index.sqlite3"
+    async with EmbeddedRetriever(path) as first:
+        await first.upsert_document("t", doc("d", ["durable words"], [1]))
+    async with EmbeddedRetriever(path) as second:
+        hits = await second.search(SearchRequest("t", "durable", unit_vector(1)))
+        assert ids(hits) == ["d#0"]
+        assert (hits[0].bm25_rank, hits[0].dense_rank) == (1, 1)
+        assert await second.generation("t") == 1
+        assert await second.content_hash("t", "d") == "d-1"
+
+
+async def test_database_is_in_wal_mode(tmp_path: Path) -> None:
+    path = tmp_path / "index.sqlite3"
+    async with EmbeddedRetriever(path) as index:
+        await index.ping()
+    with closing(sqlite3.connect(path)) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
+async def test_vectors_of_another_dimension_are_refused(index: EmbeddedRetriever) -> None:
+    await index.upsert_document("t", doc("d", ["a"], [1]))
+    wrong = Document("e", "e", "h", (Chunk("e#0", "b", "", np.ones(8, dtype=np.float32)),))
+    with pytest.raises(ValueError, match="384"):
+        await index.upsert_document("t", wrong)
+
+
+async def test_unopenable_file_is_backend_unavailable(tmp_path: Path) -> None:
+    async with EmbeddedRetriever(tmp_path / "missing-dir" / "index.sqlite3") as index:
+        with pytest.raises(BackendUnavailable):
+            await index.ping()
+
+
+async def test_closed_index_is_backend_unavailable(tmp_path: Path) -> None:
+    index = EmbeddedRetriever(tmp_path / "index.sqlite3")
+    await index.aclose()
+    await index.aclose()
+    with pytest.raises(BackendUnavailable):
+        await index.ping()
+
+
+async def test_concurrent_writes_and_searches_stay_consistent(index: EmbeddedRetriever) -> None:
+    docs = [doc(f"d{i}", [f"common word{i}"], [i]) for i in range(40)]
+    searches = [index.search(SearchRequest("t", "common", unit_vector(0), k=50)) for _ in range(20)]
+    await asyncio.gather(*(index.upsert_document("t", d) for d in docs), *searches)
+    hits = await index.search(SearchRequest("t", "common", unit_vector(0), k=50))
+    assert len(hits) == 40
+    assert await index.stats("t") == (40, 40)
