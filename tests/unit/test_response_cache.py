@@ -65,7 +65,5 @@ async def test_a_failing_store_is_a_counted_miss_not_an_error() -> None:
     cache = ResponseCache(BrokenStore(), ttl_s=60, metrics=metrics)
     assert await cache.get("k") is None
     await cache.put("k", {"answer": "x"})
-    value = metrics.registry.get_sample_value(
-        "querygate_cache_lookups_total", {"result": "error"}
-    )
+    value = metrics.registry.get_sample_value("querygate_cache_lookups_total", {"result": "error"})
     assert value == 1.0
