@@ -167,6 +167,17 @@ async def test_upsert_is_visible_at_once_and_same_hash_is_a_no_op(
     assert await opensearch_retriever.generation(tenant) == generation
 
 
+async def test_wait_for_refresh_also_makes_a_write_visible_on_return(
+    make_opensearch_retriever: RetrieverFactory,
+) -> None:
+    retriever = await make_opensearch_retriever(write_refresh="wait_for")
+
+    await retriever.upsert_document("lazy", doc("late", ["refreshed later"], [45]))
+
+    hits = await retriever.search(SearchRequest("lazy", "refreshed", unit_vector(45), mode="bm25"))
+    assert ids(hits) == ["late#0"]
+
+
 async def test_new_version_replaces_every_old_chunk(
     opensearch_retriever: OpenSearchRetriever,
 ) -> None:
@@ -223,7 +234,7 @@ async def test_generation_counts_concurrent_changes_exactly(
 async def test_alias_swap_under_concurrent_queries_fails_no_query(
     make_opensearch_retriever: RetrieverFactory,
 ) -> None:
-    retriever = await make_opensearch_retriever(write_refresh="true")
+    retriever = await make_opensearch_retriever()
     tenant = "swap"
     for n in range(20):
         await retriever.upsert_document(tenant, doc(f"s{n}", [f"swap test {n}"], [200 + n]))
