@@ -1,0 +1,127 @@
+"""Ingesting a batch of documents into one tenant's index.
+
+Unchanged documents (same content hash) are skipped before any embedding, so re-running an
+ingest over the same tree costs a hash per document. Chunks of many documents are embedded
+together, because the embedder is far faster per text in batches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+
+from backends.embeddings.base import Embedder
+from backends.retrieval.base import Chunk, Document, Retriever
+from gateway.ingest.chunker import DEFAULT_CHUNKING, ChunkingConfig, TextChunk, chunk_document
+from gateway.ingest.readers import RawDocument
+
+Progress = Callable[[int, int], None]  # (documents done, documents in total)
+
+EMBED_BATCH = 256  # chunks per embedder call: enough to batch well, small enough to report
+
+
+@dataclass(slots=True)
+class IngestReport:
+    added: int = 0
+    updated: int = 0
+    unchanged: int = 0
+    deleted: int = 0
+    chunks: int = 0  # chunks written (of added and updated documents)
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    raw: RawDocument
+    content_hash: str
+    is_new: bool
+    chunks: list[TextChunk]
+
+
+def content_hash(title: str, text: str) -> str:
+    # The separator keeps ("ab", "c") and ("a", "bc") apart.
+    return hashlib.sha256(f"{title}\x00{text}".encode()).hexdigest()
+
+
+async def ingest_documents(
+    tenant: str,
+    raw_docs: Iterable[RawDocument],
+    embedder: Embedder,
+    retriever: Retriever,
+    progress: Progress | None = None,
+    *,
+    chunking: ChunkingConfig = DEFAULT_CHUNKING,
+    embed_batch: int = EMBED_BATCH,
+) -> IngestReport:
+    """Add, update or delete each document; a document with blank text is deleted.
+
+    Each document is written in its own transaction, so an interrupted ingest leaves whole
+    documents only and re-running it resumes where it stopped.
+    """
+    docs = list({d.doc_id: d for d in raw_docs}.values())  # the last version of an id wins
+    report = IngestReport()
+    pending: list[_Pending] = []
+    done = 0
+    for raw in docs:
+        item = await _prepare(tenant, raw, retriever, report, chunking)
+        if item is None:
+            done += 1
+        else:
+            pending.append(item)
+        if pending and (raw is docs[-1] or _size(pending) >= embed_batch):
+            done += await _flush(tenant, pending, embedder, retriever, report)
+        if progress is not None:
+            progress(done, len(docs))
+    return report
+
+
+def _size(pending: list[_Pending]) -> int:
+    return sum(len(p.chunks) for p in pending)
+
+
+async def _prepare(
+    tenant: str,
+    raw: RawDocument,
+    retriever: Retriever,
+    report: IngestReport,
+    chunking: ChunkingConfig,
+) -> _Pending | None:
+    """What to write for this document; None when it needs nothing (counted as done)."""
+    stored = await retriever.content_hash(tenant, raw.doc_id)
+    if not raw.text.strip():
+        if stored is not None and await retriever.delete_document(tenant, raw.doc_id):
+            report.deleted += 1
+        return None
+    digest = content_hash(raw.title, raw.text)
+    if digest == stored:
+        report.unchanged += 1
+        return None
+    chunks = chunk_document(raw.doc_id, raw.title, raw.text, chunking)
+    return _Pending(raw, digest, stored is None, chunks)
+
+
+async def _flush(
+    tenant: str,
+    pending: list[_Pending],
+    embedder: Embedder,
+    retriever: Retriever,
+    report: IngestReport,
+) -> int:
+    """Embed every pending chunk in one call, write each document; returns documents written."""
+    texts = [chunk.embedding_text for item in pending for chunk in item.chunks]
+    vectors = iter(await embedder.embed(texts))
+    for item in pending:
+        chunks = tuple(Chunk(c.chunk_id, c.text, c.section, next(vectors)) for c in item.chunks)
+        document = Document(item.raw.doc_id, item.raw.title, item.content_hash, chunks)
+        await retriever.upsert_document(tenant, document)
+        if item.is_new:
+            report.added += 1
+        else:
+            report.updated += 1
+        report.chunks += len(chunks)
+    written = len(pending)
+    pending.clear()
+    return written

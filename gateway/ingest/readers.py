@@ -1,0 +1,67 @@
+"""Reading documents from disk: .md, .txt, and .jsonl of {"id", "title", "text"}."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+SUFFIXES = (".md", ".txt", ".jsonl")
+_HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.+?)\s*#*\s*$", re.MULTILINE)
+
+
+@dataclass(frozen=True, slots=True)
+class RawDocument:
+    """A whole document before chunking. Empty text means: the document should not exist."""
+
+    doc_id: str
+    title: str
+    text: str
+
+
+def read_paths(paths: Iterable[Path]) -> Iterator[RawDocument]:
+    """Documents from files and directories (searched recursively, in sorted order).
+
+    A file's id is its path relative to the directory given (or its name, for a file given
+    directly), so re-ingesting the same tree updates documents instead of duplicating them.
+    """
+    for path in paths:
+        if path.is_dir():
+            files = sorted(p for p in path.rglob("*") if p.suffix in SUFFIXES and p.is_file())
+            for file in files:
+                yield from read_file(file, root=path)
+        elif path.suffix in SUFFIXES:
+            yield from read_file(path, root=path.parent)
+        else:
+            raise ValueError(f"{path}: not a directory or a {', '.join(SUFFIXES)} file")
+
+
+def read_file(path: Path, root: Path) -> Iterator[RawDocument]:
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".jsonl":
+        yield from _jsonl_documents(path, text)
+        return
+    doc_id = path.relative_to(root).as_posix()
+    yield RawDocument(doc_id, title_of(text, path.stem), text)
+
+
+def title_of(text: str, fallback: str) -> str:
+    """The first markdown heading, else the fallback (the file's stem)."""
+    match = _HEADING.search(text)
+    return match.group(1) if match else fallback
+
+
+def _jsonl_documents(path: Path, text: str) -> Iterator[RawDocument]:
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            fields = (record["id"], record.get("title") or record["id"], record["text"])
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"{path}:{number}: want a JSON object with id and text") from exc
+        if not all(isinstance(f, str) for f in fields):
+            raise ValueError(f"{path}:{number}: id, title and text must be strings")
+        yield RawDocument(*fields)

@@ -1,0 +1,176 @@
+"""Reading, hashing, batching and writing documents into an index."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from backends.embeddings.minilm import MiniLMEmbedder
+from backends.retrieval.base import SearchRequest, Vector
+from backends.retrieval.embedded import EmbeddedRetriever
+from gateway.ingest.chunker import ChunkingConfig
+from gateway.ingest.pipeline import content_hash, ingest_documents
+from gateway.ingest.readers import RawDocument, read_paths
+from gateway.ingest.wiki_sample import load_wiki_sample
+
+TEST_DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+class FakeEmbedder:
+    """Deterministic unit vectors from a hash of the text; records what it was asked."""
+
+    model_id = "fake"
+    dimension = 16
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    async def embed(self, texts: Sequence[str]) -> Vector:
+        self.calls.append(list(texts))
+        rows = []
+        for text in texts:
+            seed = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+            v = np.random.default_rng(seed).standard_normal(self.dimension)
+            rows.append(v / np.linalg.norm(v))
+        return np.asarray(rows, dtype=np.float32).reshape(len(texts), self.dimension)
+
+    async def aclose(self) -> None:
+        return None
+
+
+@pytest.fixture
+async def index(tmp_path: Path) -> AsyncIterator[EmbeddedRetriever]:
+    async with EmbeddedRetriever(tmp_path / "index.sqlite3") as retriever:
+        yield retriever
+
+
+def docs(n: int, version: str = "v1") -> list[RawDocument]:
+    return [RawDocument(f"d{i}", f"Doc {i}", f"Text of document {i}, {version}.") for i in range(n)]
+
+
+# -- readers ----------------------------------------------------------------------------------
+
+
+def test_reader_ids_are_paths_relative_to_the_root_and_titles_come_from_headings(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "guides").mkdir()
+    (tmp_path / "guides" / "setup.md").write_text("intro\n\n# Setting Up\n\nSteps.")
+    (tmp_path / "plain.txt").write_text("No heading here.")
+    (tmp_path / "ignored.bin").write_bytes(b"\x00")
+    found = {d.doc_id: d.title for d in read_paths([tmp_path])}
+    assert found == {"guides/setup.md": "Setting Up", "plain.txt": "plain"}
+
+
+def test_reader_takes_jsonl_records_with_their_own_ids(tmp_path: Path) -> None:
+    path = tmp_path / "docs.jsonl"
+    rows = [{"id": "a", "title": "A", "text": "alpha"}, {"id": "b", "text": "beta"}]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
+    assert list(read_paths([path])) == [
+        RawDocument("a", "A", "alpha"),
+        RawDocument("b", "b", "beta"),
+    ]
+
+
+@pytest.mark.parametrize("line", ["not json", '{"id": "a"}', '{"id": 1, "text": "x"}', "[1]"])
+def test_reader_names_the_line_of_a_bad_jsonl_record(tmp_path: Path, line: str) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"id": "ok", "text": "fine"}\n' + line + "\n")
+    with pytest.raises(ValueError, match=r"bad\.jsonl:2"):
+        list(read_paths([path]))
+
+
+def test_reader_refuses_an_unsupported_file(tmp_path: Path) -> None:
+    path = tmp_path / "doc.pdf"
+    path.write_bytes(b"%PDF")
+    with pytest.raises(ValueError, match=r"doc\.pdf"):
+        list(read_paths([path]))
+
+
+def test_wiki_sample_has_every_article_keyed_by_title() -> None:
+    sample = load_wiki_sample()
+    assert len(sample) == 10_033
+    assert all(d.doc_id == d.title and d.text for d in sample)
+
+
+# -- pipeline ---------------------------------------------------------------------------------
+
+
+async def test_first_ingest_adds_every_document(index: EmbeddedRetriever) -> None:
+    report = await ingest_documents("t", docs(5), FakeEmbedder(), index)
+    assert report.as_dict() == {"added": 5, "updated": 0, "unchanged": 0, "deleted": 0, "chunks": 5}
+    assert await index.stats("t") == (5, 5)
+    assert await index.content_hash("t", "d0") == content_hash("Doc 0", "Text of document 0, v1.")
+
+
+async def test_unchanged_documents_are_skipped_before_embedding(index: EmbeddedRetriever) -> None:
+    await ingest_documents("t", docs(5), FakeEmbedder(), index)
+    generation = await index.generation("t")
+    embedder = FakeEmbedder()
+    changed = docs(5)[:4] + docs(5, "v2")[4:]
+    report = await ingest_documents("t", changed, embedder, index)
+    assert (report.unchanged, report.updated, report.added) == (4, 1, 0)
+    assert embedder.calls == [["Doc 4\n\nText of document 4, v2."]]
+    assert await index.generation("t") == generation + 1
+
+
+async def test_blank_text_deletes_the_document(index: EmbeddedRetriever) -> None:
+    await ingest_documents("t", docs(3), FakeEmbedder(), index)
+    report = await ingest_documents(
+        "t", [RawDocument("d1", "Doc 1", "  \n")], FakeEmbedder(), index
+    )
+    assert report.deleted == 1
+    assert await index.content_hash("t", "d1") is None
+    assert await index.stats("t") == (2, 2)
+
+
+async def test_chunks_of_many_documents_are_embedded_together(index: EmbeddedRetriever) -> None:
+    embedder = FakeEmbedder()
+    await ingest_documents("t", docs(10), embedder, index, embed_batch=4)
+    assert [len(call) for call in embedder.calls] == [4, 4, 2]
+
+
+async def test_long_documents_are_chunked_with_their_context(index: EmbeddedRetriever) -> None:
+    text = "# Manual\n\n## Install\n\n" + " ".join(f"Step {i} is simple." for i in range(60))
+    embedder = FakeEmbedder()
+    report = await ingest_documents(
+        "t",
+        [RawDocument("manual.md", "Manual", text)],
+        embedder,
+        index,
+        chunking=ChunkingConfig(target_tokens=50),
+    )
+    assert report.chunks > 3
+    assert all(t.startswith("Manual — Install\n\n") for t in embedder.calls[0])
+    assert await index.stats("t") == (1, report.chunks)
+
+
+async def test_progress_reaches_the_total(index: EmbeddedRetriever) -> None:
+    seen: list[tuple[int, int]] = []
+    await ingest_documents("t", docs(7), FakeEmbedder(), index, progress=lambda *p: seen.append(p))
+    assert seen[-1] == (7, 7)
+    assert [done for done, _ in seen] == sorted(done for done, _ in seen)
+
+
+async def test_a_repeated_id_keeps_its_last_version(index: EmbeddedRetriever) -> None:
+    batch = [RawDocument("d", "D", "first"), RawDocument("d", "D", "second")]
+    report = await ingest_documents("t", batch, FakeEmbedder(), index)
+    assert report.added == 1
+    assert await index.content_hash("t", "d") == content_hash("D", "second")
+
+
+async def test_minilm_ingest_finds_a_paraphrase_and_an_identifier(
+    index: EmbeddedRetriever, minilm: MiniLMEmbedder
+) -> None:
+    await ingest_documents("acme", read_paths([TEST_DATA / "acme"]), minilm, index)
+    query = "the TLS cert on the upstream ran out"
+    vector = (await minilm.embed([query]))[0]
+    dense = await index.search(SearchRequest("acme", query, vector, k=1, mode="dense"))
+    assert "certificate expired" in dense[0].section
+    exact = await index.search(SearchRequest("acme", "ERR-5120", vector, k=1, mode="bm25"))
+    assert exact[0].section.startswith("ERR-5120")
