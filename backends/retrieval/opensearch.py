@@ -13,6 +13,7 @@ Every call has a bounded timeout and no transport retries, so a down or slow nod
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import re
 import unicodedata
@@ -223,6 +224,8 @@ class OpenSearchRetriever:
             retry_on_timeout=False,
         )
         self._server_rrf: bool | None = None
+        self._ready = False
+        self._ready_lock = asyncio.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -242,9 +245,9 @@ class OpenSearchRetriever:
         """
         cfg = self.config
         with _translated("ensure_index"):
-            await self._client.indices.put_index_template(
-                name=cfg.alias, body=index_template(cfg), request_timeout=cfg.write_timeout_s
-            )
+            # Lookups and the template use the short read timeout, so a hung node fails the first
+            # query fast; only index creation gets the write timeout.
+            await self._client.indices.put_index_template(name=cfg.alias, body=index_template(cfg))
             if not await self._client.indices.exists_alias(name=cfg.alias):
                 first = cfg.version_index(1)
                 await self._create_index(first)
@@ -260,6 +263,15 @@ class OpenSearchRetriever:
                     body=_rrf_pipeline(),
                     timeout=cfg.write_timeout_s,
                 )
+        self._ready = True
+
+    async def _ensure_ready(self) -> None:
+        """Run `ensure_index` once, on first use: the gateway needs no separate bootstrap step."""
+        if self._ready:
+            return
+        async with self._ready_lock:
+            if not self._ready:
+                await self.ensure_index()
 
     async def _create_index(self, name: str, body: Json | None = None) -> None:
         if await self._client.indices.exists(index=name):
@@ -276,6 +288,7 @@ class OpenSearchRetriever:
     async def drop_all(self) -> None:
         """Delete every index, template and pipeline of this alias (tests, teardown)."""
         cfg = self.config
+        self._ready = False
         with _translated("drop_all"):
             await self._client.indices.delete(
                 index=f"{cfg.alias}-v*,{cfg.meta_index}",
@@ -305,6 +318,7 @@ class OpenSearchRetriever:
         against it finish; drop it with `drop_index` once drained. Writes made while the copy runs
         land in the old index only, so callers pause ingestion around a rebuild.
         """
+        await self._ensure_ready()
         cfg = self.config
         old = await self.current_index()
         new = cfg.version_index(int(old.rsplit("-v", 1)[1]) + 1)
@@ -338,6 +352,7 @@ class OpenSearchRetriever:
     # -- reads -------------------------------------------------------------------------------
 
     async def search(self, request: SearchRequest) -> list[Hit]:
+        await self._ensure_ready()
         self._check_vector(request.vector)
         text = normalise_query(
             request.text, self.config.max_query_chars, self.config.max_query_terms
@@ -422,6 +437,7 @@ class OpenSearchRetriever:
         }
 
     async def content_hash(self, tenant: str, doc_id: str) -> str | None:
+        await self._ensure_ready()
         body = {"size": 1, "_source": ["content_hash"], "query": _doc_filter(tenant, doc_id)}
         with _translated("content_hash"):
             response = await self._client.search(index=self.config.alias, body=body)
@@ -429,6 +445,7 @@ class OpenSearchRetriever:
         return str(hits[0]["_source"]["content_hash"]) if hits else None
 
     async def generation(self, tenant: str) -> int:
+        await self._ensure_ready()
         doc = await self._meta_doc(tenant)
         return int(doc["_source"]["generation"]) if doc else 0
 
@@ -439,6 +456,7 @@ class OpenSearchRetriever:
         return doc if doc.get("found") else None
 
     async def stats(self, tenant: str) -> tuple[int, int]:
+        await self._ensure_ready()
         body = {
             "size": 0,
             "track_total_hits": True,
@@ -453,6 +471,7 @@ class OpenSearchRetriever:
         )
 
     async def ping(self) -> None:
+        await self._ensure_ready()
         with _translated("ping"):
             try:
                 health = await self._client.cluster.health(index=self.config.alias)
@@ -501,6 +520,7 @@ class OpenSearchRetriever:
         return True
 
     async def delete_document(self, tenant: str, doc_id: str) -> bool:
+        await self._ensure_ready()
         ids = await self._chunk_ids(tenant, doc_id)
         if not ids:
             return False

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
+import uuid
 from collections.abc import AsyncIterator, Sequence
 
 import numpy as np
@@ -60,6 +61,19 @@ async def test_mapping_uses_lucene_hnsw_cosinesimil(
         "hnsw",
         "cosinesimil",
     )
+
+
+async def test_first_use_creates_the_index_layout(opensearch_url: str) -> None:
+    config = OpenSearchConfig(
+        hosts=(opensearch_url,), alias=f"qgtest-lazy-{uuid.uuid4().hex[:8]}", dimension=16
+    )
+    async with OpenSearchRetriever(config) as retriever:
+        try:
+            assert await retriever.search(SearchRequest("t", "empty", unit_vector(1))) == []
+            assert await retriever.upsert_document("t", doc("first", ["hello"], [1])) is True
+            assert await retriever.current_index() == f"{config.alias}-v1"
+        finally:
+            await retriever.drop_all()
 
 
 async def test_hybrid_fuses_both_arms_with_rrf(
