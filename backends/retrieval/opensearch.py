@@ -542,46 +542,60 @@ class OpenSearchRetriever:
 
     async def _bump_generation(self, tenant: str) -> int:
         """Increment the tenant's counter with optimistic concurrency (no scripting needed)."""
-        cfg = self.config
-        async for attempt in AsyncRetrying(
+        retrying = AsyncRetrying(
             retry=retry_if_exception_type(_Conflict), stop=stop_after_attempt(20), reraise=True
-        ):
-            with attempt:
-                doc = await self._meta_doc(tenant)
-                guard: Json = {"op_type": "create"}
-                value = 1
-                if doc:
-                    guard = {"if_seq_no": doc["_seq_no"], "if_primary_term": doc["_primary_term"]}
-                    value = int(doc["_source"]["generation"]) + 1
-                with _translated("generation"):
-                    response = await self._client.index(
-                        index=cfg.meta_index,
-                        id=tenant,
-                        body={"generation": value},
-                        params={**guard, "ignore": 409},
-                        request_timeout=cfg.write_timeout_s,
-                    )
-                if response.get("status") == 409:
-                    raise _Conflict
-                return value
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    return await self._bump_generation_once(tenant)
+        except _Conflict as exc:
+            raise BackendUnavailable(BACKEND, "generation: too many concurrent writers") from exc
         raise AssertionError("unreachable: tenacity reraises")
+
+    async def _bump_generation_once(self, tenant: str) -> int:
+        doc = await self._meta_doc(tenant)
+        guard: Json = {"op_type": "create"}
+        value = 1
+        if doc:
+            guard = {"if_seq_no": doc["_seq_no"], "if_primary_term": doc["_primary_term"]}
+            value = int(doc["_source"]["generation"]) + 1
+        with _translated("generation"):
+            response = await self._client.index(
+                index=self.config.meta_index,
+                id=tenant,
+                body={"generation": value},
+                params={**guard, "ignore": 409},
+                request_timeout=self.config.write_timeout_s,
+            )
+        if response.get("status") == 409:
+            raise _Conflict
+        return value
 
     async def _bulk(self, ops: Sequence[Json]) -> None:
         """Send `ops` (action+source pairs, lone deletes) in bounded, retried batches."""
         for batch in _batches(ops, self.config.bulk_batch_size):
-            pending = batch
-            async for attempt in AsyncRetrying(
-                retry=retry_if_exception_type((_RetryableBulk, BackendUnavailable)),
-                stop=stop_after_attempt(self.config.bulk_max_attempts),
-                wait=wait_exponential(multiplier=0.2, max=2.0),
-                reraise=True,
-            ):
-                with attempt:
-                    try:
-                        await self._bulk_once(pending)
-                    except _RetryableBulk as exc:
-                        pending = exc.pending
-                        raise
+            try:
+                await self._bulk_with_retries(batch)
+            except _RetryableBulk as exc:
+                attempts = self.config.bulk_max_attempts
+                raise BackendUnavailable(BACKEND, f"bulk: {exc} after {attempts} attempts") from exc
+
+    async def _bulk_with_retries(self, batch: list[Json]) -> None:
+        pending = batch
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception_type((_RetryableBulk, BackendUnavailable)),
+            stop=stop_after_attempt(self.config.bulk_max_attempts),
+            wait=wait_exponential(multiplier=0.2, max=2.0),
+            reraise=True,
+        ):
+            with attempt:
+                try:
+                    await self._bulk_once(pending)
+                except _RetryableBulk as exc:
+                    # Only the rejected operations go again; the rest are already stored.
+                    pending = exc.pending
+                    raise
 
     async def _bulk_once(self, lines: list[Json]) -> None:
         with _translated("bulk"):

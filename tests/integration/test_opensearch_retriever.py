@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Literal
 
+import aiohttp
 import numpy as np
 import pytest
+from aiohttp import web
 
 from backends.errors import BackendUnavailable
 from backends.retrieval.base import (
@@ -417,3 +422,102 @@ async def test_server_side_fusion_keeps_tenants_apart(
     hits = await retriever.search(SearchRequest("tenant-a", secret, unit_vector(301), k=10))
 
     assert ids(hits) == ["wiki#0"]
+
+
+@asynccontextmanager
+async def bulk_rejecting_proxy(
+    upstream: str, rejections: int, how: Literal["request", "items"]
+) -> AsyncIterator[tuple[str, list[str]]]:
+    """An HTTP proxy in front of the real node that rejects the first `rejections` bulk calls.
+
+    "request" answers HTTP 429 (node overloaded); "items" answers 200 with every item rejected
+    with 429 (write queue full). Everything else is forwarded. Yields (url, log of bulk calls).
+    """
+    calls: list[str] = []
+
+    async def handle(request: web.Request) -> web.Response:
+        body = await request.read()
+        if request.path.endswith("/_bulk"):
+            rejected = len(calls) < rejections
+            calls.append("rejected" if rejected else "forwarded")
+            if rejected and how == "request":
+                return web.json_response({"error": "rejected", "status": 429}, status=429)
+            if rejected:
+                ops = [json.loads(line) for line in body.splitlines() if line.strip()]
+                items = [
+                    {next(iter(op)): {"status": 429, "error": {"type": "rejected_execution"}}}
+                    for op in ops
+                    if next(iter(op)) in ("index", "delete")
+                ]
+                return web.json_response({"took": 1, "errors": True, "items": items})
+        async with (
+            aiohttp.ClientSession() as session,
+            session.request(
+                request.method,
+                upstream + request.path_qs,
+                data=body,
+                headers={"content-type": request.headers.get("content-type", "application/json")},
+            ) as response,
+        ):
+            return web.Response(
+                body=await response.read(),
+                status=response.status,
+                headers={"content-type": response.headers["content-type"]},
+            )
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield f"http://127.0.0.1:{port}", calls
+    finally:
+        await runner.cleanup()
+
+
+@asynccontextmanager
+async def retriever_via(url: str, attempts: int) -> AsyncIterator[OpenSearchRetriever]:
+    config = OpenSearchConfig(
+        hosts=(url,),
+        alias=f"qgtest-proxy-{uuid.uuid4().hex[:8]}",
+        dimension=TEST_DIMENSION,
+        bulk_max_attempts=attempts,
+        use_server_side_rrf="off",
+    )
+    async with OpenSearchRetriever(config) as retriever:
+        try:
+            yield retriever
+        finally:
+            await retriever.drop_all()
+
+
+@pytest.mark.parametrize("how", ["request", "items"])
+async def test_rejected_bulk_writes_are_retried_until_stored(
+    opensearch_url: str, how: Literal["request", "items"]
+) -> None:
+    async with (
+        bulk_rejecting_proxy(opensearch_url, rejections=2, how=how) as (url, calls),
+        retriever_via(url, attempts=3) as retriever,
+    ):
+        stored = await retriever.upsert_document("t", doc("busy", ["a", "b", "c"], [1, 2, 3]))
+
+        assert stored is True
+        assert calls == ["rejected", "rejected", "forwarded"]
+        assert await retriever.stats("t") == (1, 3)
+
+
+async def test_bulk_retries_are_bounded_and_end_in_backend_unavailable(
+    opensearch_url: str,
+) -> None:
+    async with (
+        bulk_rejecting_proxy(opensearch_url, rejections=99, how="items") as (url, calls),
+        retriever_via(url, attempts=2) as retriever,
+    ):
+        with pytest.raises(BackendUnavailable):
+            await retriever.upsert_document("t", doc("never", ["a"], [1]))
+
+        assert calls == ["rejected", "rejected"]
+        assert await retriever.generation("t") == 0
