@@ -47,7 +47,8 @@ ensure_tools() {
   command -v mvn >/dev/null || missing+=(maven)
   if ((${#missing[@]})); then
     log "installing ${missing[*]}"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
   fi
   [ -x "$(java_home)/bin/java" ] || die "no JDK at $(java_home) (set OPENSEARCH_JAVA_HOME)"
 }
@@ -138,8 +139,9 @@ EOF
   done
   local classes
   classes="$(unzip -Z1 "$dir/$artifact-$OS_VER.jar" | grep -E 'Plugin\.class$' || true)"
-  [ -n "$classes" ] && [ "$(wc -l <<<"$classes")" -eq 1 ] ||
+  if [ -z "$classes" ] || [ "$(wc -l <<<"$classes")" -ne 1 ]; then
     die "expected one plugin class in $artifact-$OS_VER.jar, found: ${classes:-none}"
+  fi
   cat >"$dir/plugin-descriptor.properties" <<EOF
 description=$description
 version=$OS_VER
@@ -152,8 +154,10 @@ has.native.controller=false
 EOF
   if [ "$name" = lang-painless ]; then
     # Painless generates classes at runtime; 2.x runs under a SecurityManager that must allow it.
-    printf '%s\n' 'grant {' '  permission java.lang.RuntimePermission "createClassLoader";' \
-      '  permission java.lang.RuntimePermission "getClassLoader";' '};' >"$dir/plugin-security.policy"
+    printf '%s\n' 'grant {' \
+      '  permission java.lang.RuntimePermission "createClassLoader";' \
+      '  permission java.lang.RuntimePermission "getClassLoader";' \
+      '};' >"$dir/plugin-security.policy"
   fi
 }
 
@@ -188,7 +192,9 @@ install_node() {
 }
 
 write_config() {
-  rm -rf "$RUN/config"
+  rm -rf "$RUN/config" "$RUN/logs.prev"
+  # Fresh logs per start, so a fatal line from an earlier run cannot fail this one.
+  [ -d "$RUN/logs" ] && mv "$RUN/logs" "$RUN/logs.prev"
   mkdir -p "$RUN/data" "$RUN/logs"
   cp -r "$INSTALL/config" "$RUN/config"
   # Loopback + single-node: bootstrap checks (vm.max_map_count, fd limits) are warnings only.
@@ -222,9 +228,7 @@ wait_healthy() {
   local deadline=$((SECONDS + START_TIMEOUT)) grace=$((SECONDS + 30))
   while ((SECONDS < deadline)); do
     healthy && return 0
-    # `opensearch -d` returns before the JVM writes its pid file: a missing pid file means
-    # "still booting" for a short grace period, a dead pid means the node has exited.
-    if ! running_pid >/dev/null && { [ -s "$PIDFILE" ] || ((SECONDS > grace)); }; then
+    if node_gone "$grace"; then
       log "node process exited before becoming healthy; node log follows"
       show_logs
       return 1
@@ -234,6 +238,15 @@ wait_healthy() {
   log "node did not become healthy within ${START_TIMEOUT}s; node log follows"
   show_logs
   return 1
+}
+
+# node_gone GRACE_DEADLINE: has the starting node died? `opensearch -d` returns before the JVM
+# writes its pid file, so a missing pid file means "still booting" until GRACE_DEADLINE (in
+# $SECONDS); a fatal line in the log means dead at once.
+node_gone() {
+  grep -qs "uncaught exception in thread \[main\]" "$RUN/logs/querygate-dev.log" && return 0
+  running_pid >/dev/null && return 1
+  [ -s "$PIDFILE" ] || ((SECONDS > $1))
 }
 
 show_logs() {
