@@ -15,6 +15,7 @@ import aiohttp
 import numpy as np
 import pytest
 from aiohttp import web
+from pydantic import ValidationError
 
 from backends.errors import BackendUnavailable
 from backends.retrieval.base import (
@@ -26,7 +27,7 @@ from backends.retrieval.base import (
     SearchRequest,
     Vector,
 )
-from backends.retrieval.opensearch import OpenSearchConfig, OpenSearchRetriever
+from backends.retrieval.opensearch import OpenSearchConfig, OpenSearchRetriever, normalise_query
 from tests.fixtures.opensearch import TEST_DIMENSION, RetrieverFactory, opensearch_request
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
@@ -52,6 +53,21 @@ def doc(
 
 def ids(hits: Sequence[Hit]) -> list[str]:
     return [h.chunk_id for h in hits]
+
+
+async def test_config_rejects_unknown_keys_and_query_syntax_in_fields() -> None:
+    with pytest.raises(ValidationError):
+        OpenSearchConfig(hots=("http://x",))  # type: ignore[call-arg]
+    with pytest.raises(ValidationError):
+        OpenSearchConfig(fields=("title^2", "text OR 1"))
+
+
+async def test_query_normalisation_caps_size_and_drops_wordless_input() -> None:
+    assert normalise_query('title:(foo OR "bar', 2000, 64) == 'title:(foo OR "bar'
+    assert normalise_query("?!... --- 🙂", 2000, 64) == ""
+    assert normalise_query("a " * 5000, 2000, 64) == "a"
+    assert len(normalise_query(" ".join(f"w{i}" for i in range(500)), 2000, 64).split()) == 64
+    assert normalise_query("x" * 10_000, 2000, 64) == "x" * 2000
 
 
 async def test_mapping_uses_lucene_hnsw_cosinesimil(
