@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from aiohttp import web
 
+from gateway.admin import handle_reload
 from gateway.appkeys import METRICS, RUNTIME, SERVICES, RuntimeHolder
+from gateway.documents import handle_delete_document, handle_put_document
 from gateway.handlers import (
     handle_healthz,
     handle_metrics,
@@ -18,6 +21,7 @@ from gateway.handlers import (
 from gateway.metrics import Metrics
 from gateway.middleware import error_middleware, request_id_middleware
 from gateway.openai_compat import handle_chat_completions
+from gateway.reload import Prepare, as_is, live_config
 from gateway.runtime import build_runtime
 from gateway.services import open_services
 from gateway.settings import Settings
@@ -25,7 +29,10 @@ from gateway.settings import Settings
 log = logging.getLogger(__name__)
 
 
-def create_app(settings: Settings) -> web.Application:
+def create_app(
+    settings: Settings, config_path: Path | None = None, prepare: Prepare = as_is
+) -> web.Application:
+    """`config_path` is the file a reload re-reads; `prepare` re-applies the CLI's overrides."""
     metrics = Metrics()
     app = web.Application(
         client_max_size=settings.server.max_body_bytes,
@@ -43,10 +50,14 @@ def create_app(settings: Settings) -> web.Application:
             yield
 
     app.cleanup_ctx.append(backends)
+    app.cleanup_ctx.append(live_config(config_path, prepare))
     app.router.add_post("/v1/query", handle_query)
     app.router.add_post("/v1/chat/completions", handle_chat_completions)
     app.router.add_post("/v1/route", handle_route)
+    app.router.add_put("/v1/documents/{doc_id:.+}", handle_put_document)
+    app.router.add_delete("/v1/documents/{doc_id:.+}", handle_delete_document)
     app.router.add_get("/healthz", handle_healthz)
     app.router.add_get("/readyz", handle_readyz)
     app.router.add_get("/metrics", handle_metrics)
+    app.router.add_post("/admin/reload", handle_reload)
     return app

@@ -57,7 +57,7 @@ def grade(
     if not hits:
         return EvidenceGrade(False, 0.0, 0.0, "no_hits")
     wanted = content_words(query)
-    found = content_words(" ".join(f"{h.title} {h.text}" for h in hits[:_PASSAGES]))
+    found = content_words(" ".join(f"{h.title} {h.section} {h.text}" for h in hits[:_PASSAGES]))
     coverage = len(wanted & found) / len(wanted) if wanted else 1.0
     agreement = hits[0].score / best_possible if best_possible > 0 else 0.0
     if coverage < thresholds.min_coverage:

@@ -13,10 +13,18 @@ def client(gw: GatewayProcess) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{gw.url}/v1", api_key=KEYS["acme"], max_retries=0)
 
 
+def session() -> str:
+    """A conversation no earlier test had, so the cache cannot answer (the key includes it)."""
+    return f"session {uuid.uuid4().hex[:8]}"
+
+
 def test_chat_completion_routes_and_reports_in_an_extra_field(gateway: GatewayProcess) -> None:
-    question = f"How do I fix ERR-4471? ({uuid.uuid4().hex[:6]})"
     completion = client(gateway).chat.completions.create(
-        model="auto", messages=[{"role": "user", "content": question}]
+        model="auto",
+        messages=[
+            {"role": "assistant", "content": session()},
+            {"role": "user", "content": "How do I fix ERR-4471?"},
+        ],
     )
     assert completion.choices[0].message.content.startswith("FAKE ANSWER")
     assert completion.usage is not None and completion.usage.prompt_tokens > 0
@@ -26,12 +34,11 @@ def test_chat_completion_routes_and_reports_in_an_extra_field(gateway: GatewayPr
 
 
 def test_streamed_chat_completion_with_usage(gateway: GatewayProcess) -> None:
-    question = f"What does the Acme warranty exclude? ({uuid.uuid4().hex[:6]})"
     stream = client(gateway).chat.completions.create(
         model="lookup",
         messages=[
-            {"role": "system", "content": "Be brief."},
-            {"role": "user", "content": question},
+            {"role": "system", "content": f"Be brief. {session()}"},
+            {"role": "user", "content": "What does the Acme warranty exclude?"},
         ],
         stream=True,
         stream_options={"include_usage": True},

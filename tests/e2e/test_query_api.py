@@ -16,13 +16,13 @@ def query(gw: GatewayProcess, text: str, tenant: str = "acme", **body: object) -
     )
 
 
-def unique(text: str) -> str:
-    """A question no earlier test asked, so the cache cannot answer it."""
-    return f"{text} (run {uuid.uuid4().hex[:8]})"
+def fresh() -> list[dict[str, str]]:
+    """A conversation no earlier test had, so the cache cannot answer (the key includes it)."""
+    return [{"role": "assistant", "content": f"session {uuid.uuid4().hex[:8]}"}]
 
 
 def test_lookup_answers_with_citations_cost_and_timings(gateway: GatewayProcess) -> None:
-    resp = query(gateway, unique("How do I fix ERR-4471 on the Acme router?"))
+    resp = query(gateway, "How do I fix ERR-4471 on the Acme router?", history=fresh())
     assert resp.status_code == 200, resp.text
     body = resp.json()
     assert body["route"] == "lookup"
@@ -39,9 +39,9 @@ def test_lookup_answers_with_citations_cost_and_timings(gateway: GatewayProcess)
 def test_repeated_question_is_an_exact_cache_hit_that_costs_nothing(
     gateway: GatewayProcess,
 ) -> None:
-    text = unique("What does the Acme warranty cover?")
-    first = query(gateway, text).json()
-    second = query(gateway, "  " + text.upper() + " ").json()
+    text, history = "What does the Acme warranty cover?", fresh()
+    first = query(gateway, text, history=history).json()
+    second = query(gateway, "  " + text.upper() + " ", history=history).json()
     assert first["cache"] == "miss"
     assert second["cache"] == "exact"
     assert second["answer"] == first["answer"]
@@ -50,16 +50,16 @@ def test_repeated_question_is_an_exact_cache_hit_that_costs_nothing(
 
 
 def test_cached_answers_never_cross_tenants(gateway: GatewayProcess) -> None:
-    text = unique("What does the warranty cover?")
-    assert query(gateway, text, tenant="acme").json()["cache"] == "miss"
-    other = query(gateway, text, tenant="globex").json()
+    text, history = "What does the warranty cover?", fresh()
+    assert query(gateway, text, tenant="acme", history=history).json()["cache"] == "miss"
+    other = query(gateway, text, tenant="globex", history=history).json()
     assert other["cache"] == "miss"
     assert {c["doc_id"] for c in other["citations"]} <= {"globex-launch", "globex-warranty"}
 
 
 def test_a_tenant_never_sees_another_tenants_documents(gateway: GatewayProcess) -> None:
     # The globex document is the perfect match; acme must still get only its own.
-    body = query(gateway, unique("What is the Hammerfall launch code HF-99812?")).json()
+    body = query(gateway, "What is the Hammerfall launch code HF-99812?", history=fresh()).json()
     assert all(c["doc_id"] in {"errors.md", "warranty.txt"} for c in body["citations"]), body
     assert "HF-99812" not in json.dumps(body["citations"])
 
@@ -72,8 +72,8 @@ def test_greeting_goes_direct_without_retrieval(gateway: GatewayProcess) -> None
 
 
 def test_multihop_question_is_answered_by_lookup_and_says_so(gateway: GatewayProcess) -> None:
-    text = unique("Compare the Acme warranty with the ERR-5120 fix and which came first?")
-    body = query(gateway, text).json()
+    text = "What is the total population of the capitals of the five largest EU countries?"
+    body = query(gateway, text, history=fresh()).json()
     assert body["route"] == "lookup"
     assert "multihop route is not available" in body["route_reason"]
 
@@ -95,7 +95,11 @@ def test_route_endpoint_explains_without_answering(gateway: GatewayProcess) -> N
 def test_streamed_query_sends_deltas_then_the_full_body(gateway: GatewayProcess) -> None:
     resp = requests.post(
         f"{gateway.url}/v1/query",
-        json={"query": unique("How long does Acme take to ship a replacement?"), "stream": True},
+        json={
+            "query": "How long does Acme take to ship a replacement?",
+            "history": fresh(),
+            "stream": True,
+        },
         headers=gateway.headers(),
         stream=True,
         timeout=30,
@@ -112,14 +116,15 @@ def test_streamed_query_sends_deltas_then_the_full_body(gateway: GatewayProcess)
 
 
 def test_upstream_down_is_a_503_with_retry_after(gateway: GatewayProcess) -> None:
-    resp = query(gateway, unique('Acme warranty? [[fake:{"status": 500}]]'))
+    # Forced direct: straight to the model, so the scripted failure is what the gateway meets.
+    resp = query(gateway, 'Hello [[fake:{"status": 500}]]', route="direct", history=fresh())
     assert resp.status_code == 503
     assert int(resp.headers["Retry-After"]) > 0
     assert resp.json()["error"]["type"] == "unavailable"
 
 
 def test_metrics_expose_the_documented_families(gateway: GatewayProcess) -> None:
-    query(gateway, unique("Acme warranty length?"))
+    query(gateway, "Acme warranty length?", history=fresh())
     text = requests.get(f"{gateway.url}/metrics", timeout=5).text
     for family in (
         "querygate_requests_total",
@@ -146,7 +151,7 @@ def test_health_and_readiness(gateway: GatewayProcess) -> None:
 
 
 def test_without_a_model_lookup_is_extractive_and_cited(extractive: GatewayProcess) -> None:
-    body = query(extractive, unique("How do I fix ERR-4471?")).json()
+    body = query(extractive, "How do I fix ERR-4471?", history=fresh()).json()
     assert body["extractive"] is True
     assert body["citations"][0]["doc_id"] == "errors.md"
     assert "certificate" in body["answer"]

@@ -30,7 +30,7 @@ def test_sigterm_finishes_in_flight_requests_and_refuses_new_ones(
     def slow_request() -> None:
         results["slow"] = requests.post(
             f"{gw.url}/v1/query",
-            json={"query": 'Acme warranty? [[fake:{"delay_ms": 2500}]]', "route": "lookup"},
+            json={"query": 'Hello [[fake:{"delay_ms": 2500}]]', "route": "direct"},
             headers=gw.headers(),
             timeout=30,
         )
