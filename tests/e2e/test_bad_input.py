@@ -83,7 +83,9 @@ def test_missing_or_unknown_key_is_401(gateway: GatewayProcess, authorization: s
 
 
 def test_forcing_a_route_without_permission_is_403(gateway: GatewayProcess) -> None:
-    resp = post(gateway, "/v1/query", '{"query": "q", "route": "direct"}', gateway.headers("globex"))
+    resp = post(
+        gateway, "/v1/query", '{"query": "q", "route": "direct"}', gateway.headers("globex")
+    )
     assert_error(resp, 403, "forbidden")
 
 

@@ -2,7 +2,7 @@ import pytest
 from pydantic import ValidationError
 
 from routers.policy import PolicyConfig, RouteNotAllowed, decide
-from routers.rules import Rule, RouterConfig
+from routers.rules import RouterConfig, Rule
 from routers.types import Classification, Route
 
 
