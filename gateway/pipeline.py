@@ -169,8 +169,15 @@ class Pipeline:
         rewritten = replace(request, query=completion.text, original_query=request.query)
         return rewritten, {completion.tier: completion.usage}
 
-    async def _key(self, request: QueryRequest) -> str:
-        generation = await self._s.retriever.generation(request.tenant.id)
+    async def _key(self, request: QueryRequest) -> str | None:
+        try:
+            generation = await self._s.retriever.generation(request.tenant.id)
+        except BackendError as exc:
+            # Without the generation no key is safe; serve uncached (routes that need no
+            # retrieval still answer), never a possibly stale answer.
+            log.warning("index generation unavailable, cache bypassed", extra={"error": str(exc)})
+            self._s.metrics.cache_lookups.labels("error").inc()
+            return None
         scope = CacheScope(
             tenant=request.tenant.id,
             requested_route=request.route,
