@@ -85,15 +85,12 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
     from gateway.app import create_app
     from gateway.runtime import DEMO_TENANT
 
-    settings = with_demo_key(settings)
-    server = settings.server.model_copy(
-        update={k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
-    )
-    settings = settings.model_copy(update={"server": server})
+    settings = _serve_settings(settings, args)
+    server = settings.server
     if args.sample_corpus:
         asyncio.run(_ingest_async(settings, DEMO_TENANT, [], sample=True))
     web.run_app(
-        create_app(settings),
+        create_app(settings, args.config, lambda fresh: _serve_settings(fresh, args)),
         host=server.host,
         port=server.port,
         shutdown_timeout=server.shutdown_grace_s,
@@ -101,6 +98,15 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
         print=lambda msg: log.info(msg),
     )
     return 0
+
+
+def _serve_settings(settings: Settings, args: argparse.Namespace) -> Settings:
+    """The demo key and --host/--port on top of the file; a reload applies them again."""
+    settings = with_demo_key(settings)
+    server = settings.server.model_copy(
+        update={k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    )
+    return settings.model_copy(update={"server": server})
 
 
 def _ingest(settings: Settings, args: argparse.Namespace) -> int:

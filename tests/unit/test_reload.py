@@ -1,0 +1,84 @@
+"""Which configuration changes a reload may apply, and which need a restart."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.reload import RESTART_ONLY, fingerprint, restart_only_changes
+from gateway.settings import Settings, hash_api_key
+
+BASE: dict[str, Any] = {
+    "tenants": [{"id": "acme", "api_key_sha256": hash_api_key("key-a")}],
+    "retrieval": {"k": 6},
+}
+
+# One change per RESTART_ONLY entry, each a fragment merged into BASE.
+RESTART_CASES: dict[str, dict[str, Any]] = {
+    "server.host": {"server": {"host": "0.0.0.0"}},
+    "server.port": {"server": {"port": 9001}},
+    "server.max_body_bytes": {"server": {"max_body_bytes": 4096}},
+    "server.shutdown_grace_s": {"server": {"shutdown_grace_s": 1}},
+    "server.reload_poll_s": {"server": {"reload_poll_s": 0}},
+    "data_dir": {"data_dir": "/srv/elsewhere"},
+    "embeddings": {"embeddings": {"batch_size": 8}},
+    "retrieval.backend": {"retrieval": {"backend": "opensearch"}},
+    "retrieval.opensearch": {"retrieval": {"opensearch": {"hosts": ["http://search:9200"]}}},
+    "cache.backend": {"cache": {"backend": "off"}},
+    "cache.max_entries": {"cache": {"max_entries": 10}},
+    "models": {"models": {"small": {"model": "openai/gpt-4o-mini"}}},
+}
+
+LIVE_CASES: dict[str, dict[str, Any]] = {
+    "retrieval.k": {"retrieval": {"k": 3}},
+    "fusion weights": {"retrieval": {"lexical_weight": 0.5, "dense_weight": 2.0}},
+    "cache ttl": {"cache": {"ttl_s": 60}},
+    "request deadline": {"server": {"request_timeout_s": 5}},
+    "tenants": {"tenants": [{"id": "initech", "api_key_sha256": hash_api_key("key-i")}]},
+    "admin key": {"admin_api_key_sha256": hash_api_key("admin")},
+}
+
+
+def settings_with(fragment: dict[str, Any]) -> Settings:
+    data = dict(BASE)
+    for section, value in fragment.items():
+        merged = {**data[section], **value} if isinstance(data.get(section), dict) else value
+        data[section] = merged
+    return Settings(**data)
+
+
+def test_every_restart_only_entry_has_a_case() -> None:
+    assert set(RESTART_CASES) == set(RESTART_ONLY)
+
+
+@pytest.mark.parametrize("name", sorted(RESTART_CASES))
+def test_a_restart_only_change_is_named(name: str) -> None:
+    assert restart_only_changes(settings_with({}), settings_with(RESTART_CASES[name])) == [name]
+
+
+@pytest.mark.parametrize("name", sorted(LIVE_CASES))
+def test_a_live_change_needs_no_restart(name: str) -> None:
+    assert restart_only_changes(settings_with({}), settings_with(LIVE_CASES[name])) == []
+
+
+def test_only_the_restart_only_part_of_a_mixed_change_is_named() -> None:
+    new = settings_with({"server": {"port": 9001, "request_timeout_s": 5}, "retrieval": {"k": 3}})
+    assert restart_only_changes(settings_with({}), new) == ["server.port"]
+
+
+def test_identical_configurations_differ_nowhere() -> None:
+    assert restart_only_changes(settings_with({}), settings_with({})) == []
+
+
+def test_fingerprint_sees_a_same_size_rewrite(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("retrieval: {k: 5}\n")
+    before = fingerprint(path)
+    path.write_text("retrieval: {k: 4}\n")
+    assert fingerprint(path) != before
+
+
+def test_fingerprint_of_a_missing_file_is_none(tmp_path: Path) -> None:
+    assert fingerprint(tmp_path / "absent.yaml") is None
