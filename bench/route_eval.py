@@ -127,7 +127,7 @@ def _multihop_recall(y: I64, pred: I64) -> float:
     return float((pred[rows] == multihop).mean()) if rows.any() else float("nan")
 
 
-def _print_table(
+def print_table(
     examples: Sequence[Example], y: I64, preds: dict[str, I64], costs: dict[Route, RouteCost]
 ) -> None:
     # Direct lines are each their own group: they are independent hand-written examples.
@@ -185,9 +185,18 @@ def dev_test_report(args: argparse.Namespace, embedder: MiniLMEmbedder) -> None:
     parents = len({e.group for e in examples if e.route is not Route.DIRECT})
     print(f"held-out test part of FanOutQA dev: {parents} parents, {counts}")
     print("(the direct class is synthetic: hand-written lines, routers/data/direct_examples.txt)\n")
+    preds, overheads = baseline_predictions(texts, vectors, y, embedder.model_id)
+    print_table(examples, y, preds, route_costs(args))
+    _print_overhead(overheads)
+
+
+def baseline_predictions(
+    texts: Sequence[str], vectors: Vector, y: I64, embedding_model_id: str
+) -> tuple[dict[str, I64], dict[str, list[float]]]:
+    """Each policy's predicted class indices (oracle last), and the classifiers' overheads."""
     classifiers: dict[str, Classifier] = {
         "heuristic": HeuristicClassifier(),
-        "learned": LearnedClassifier.load(embedding_model_id=embedder.model_id),
+        "learned": LearnedClassifier.load(embedding_model_id=embedding_model_id),
     }
     preds = {
         "always-lookup": np.full(len(y), CLASSES.index(Route.LOOKUP), dtype=np.int64),
@@ -197,8 +206,7 @@ def dev_test_report(args: argparse.Namespace, embedder: MiniLMEmbedder) -> None:
     for name, classifier in classifiers.items():
         preds[name], overheads[name] = predictions(classifier, texts, vectors)
     preds["oracle"] = y
-    _print_table(examples, y, preds, route_costs(args))
-    _print_overhead(overheads)
+    return preds, overheads
 
 
 def final_test_report(embedder: MiniLMEmbedder) -> None:
