@@ -122,7 +122,6 @@ async def _ingest_async(
     settings: Settings, tenant: str, paths: list[Path], sample: bool
 ) -> dict[str, int]:
     from backends.embeddings.config import build_embedder
-
     from gateway.ingest.pipeline import ingest_documents
     from gateway.ingest.readers import read_paths
     from gateway.ingest.wiki_sample import load_wiki_sample
@@ -147,7 +146,6 @@ def _progress(done: int, total: int) -> None:
 
 def _route(settings: Settings, args: argparse.Namespace) -> int:
     from backends.embeddings.config import build_embedder
-
     from gateway.pipeline import policy_for
     from gateway.runtime import build_classifier
     from gateway.wire import decision_body

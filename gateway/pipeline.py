@@ -1,4 +1,5 @@
-"""The request pipeline: embed once → cache → classify → policy → plan → generate → store.
+"""The request pipeline: rewrite → exact cache → embed once → classify → policy → plan →
+generate → store.
 
 Data flows one way. `prepare` does everything up to the model call, so the same prepared
 request can be answered whole (`complete`) or streamed (`stream`) by the HTTP layer.
@@ -129,15 +130,16 @@ class Pipeline:
     async def prepare(self, request: QueryRequest) -> Prepared:
         timer = StageTimer(self._s.metrics)
         request, usage_before = await self._rewrite(request, timer)
-        with timer.stage("embed"):
-            vector = (await self._s.embedder.embed([request.query]))[0]
         key = await self._key(request) if self._cache.enabled else None
         if key is not None:
+            # An exact hit needs no embedding: answer before paying for one.
             with timer.stage("cache_lookup"):
                 cached = await self._cache.get(key)
             if cached is not None:
                 answer, reason = answer_from_cache(cached)
                 return Prepared(request, timer, answer, reason, "exact", None, usage_before)
+        with timer.stage("embed"):
+            vector = (await self._s.embedder.embed([request.query]))[0]
         corpus = await self._whole_corpus(request, vector, timer)
         decision = self._decide(request, vector, timer, corpus_fits=corpus is not None)
         ctx = RouteContext(request.tenant.id, request.query, vector, request.history, decision)

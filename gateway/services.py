@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
-from backends.embeddings.config import build_embedder
-from backends.retrieval.embedded import EmbeddedRetriever
-
 from backends.cache.base import CacheStore
 from backends.cache.memory import MemoryCacheStore
+from backends.embeddings.coalescing import CoalescingEmbedder
+from backends.embeddings.config import build_embedder
 from backends.llm.litellm_tiers import LiteLLMTiers
 from backends.retrieval.base import Retriever
+from backends.retrieval.embedded import EmbeddedRetriever
 from backends.retrieval.opensearch import OpenSearchRetriever
 from gateway.metrics import Metrics
 from gateway.pipeline import Services
@@ -40,7 +40,7 @@ def build_cache_store(settings: Settings) -> CacheStore | None:
 @asynccontextmanager
 async def open_services(settings: Settings, metrics: Metrics) -> AsyncIterator[Services]:
     async with AsyncExitStack() as stack:
-        embedder = build_embedder(settings.embeddings)
+        embedder = CoalescingEmbedder(build_embedder(settings.embeddings))
         stack.push_async_callback(embedder.aclose)
         retriever = build_retriever(settings, embedder.dimension)
         stack.push_async_callback(retriever.aclose)

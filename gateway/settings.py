@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from backends.embeddings.config import EmbeddingsConfig
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from backends.embeddings.config import EmbeddingsConfig
 from backends.llm.base import TierConfig
 from backends.retrieval.opensearch import OpenSearchConfig
 from routers.rules import RouterConfig

@@ -163,7 +163,9 @@ class EmbeddedRetriever:
 
     name = BACKEND
 
-    def __init__(self, path: Path, *, max_query_chars: int = 1000, max_query_terms: int = 32):
+    def __init__(
+        self, path: Path, *, max_query_chars: int = 1000, max_query_terms: int = 32
+    ) -> None:
         self._path = path
         self._max_query_chars = max_query_chars
         self._max_query_terms = max_query_terms
