@@ -36,9 +36,19 @@ async def test_concurrent_callers_share_batches_and_get_their_own_rows() -> None
     texts = [["a" * i] for i in range(1, 21)]
     results = await asyncio.gather(*(embedder.embed(t) for t in texts))
     assert [int(r[0, 0]) for r in results] == list(range(1, 21))
-    # The first caller runs alone; everyone who arrived meanwhile goes in the next batch.
-    assert len(inner.batches) == 2
-    assert sum(len(b) for b in inner.batches) == 20
+    # The batch starts on the next loop turn, by which time all twenty callers have queued.
+    assert [len(b) for b in inner.batches] == [20]
+
+
+async def test_callers_arriving_during_a_batch_go_in_the_next_one() -> None:
+    inner = SlowCountingEmbedder()
+    embedder = CoalescingEmbedder(inner)
+    first = asyncio.ensure_future(embedder.embed(["first"]))
+    await asyncio.sleep(0.001)  # the first batch is now running
+    later = await asyncio.gather(*(embedder.embed([f"t{i}"]) for i in range(5)))
+    await first
+    assert [len(b) for b in inner.batches] == [1, 5]
+    assert all(int(r[0, 1]) == 2 for r in later)
 
 
 async def test_batches_respect_the_size_limit() -> None:
