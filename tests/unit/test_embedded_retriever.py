@@ -174,6 +174,13 @@ async def test_fts_syntax_in_a_query_never_raises(
 def test_query_is_an_or_of_quoted_unique_terms_capped() -> None:
     assert fts_query('Reset "ERR-4471" NEAR(x) reset') == '"reset" OR "err-4471" OR "near" OR "x"'
     assert fts_query("?!... ---") == ""
+
+
+def test_query_drops_stopwords_unless_nothing_else_is_left() -> None:
+    assert fts_query("Who composed the Brandenburg Concertos?") == (
+        '"composed" OR "brandenburg" OR "concertos"'
+    )
+    assert fts_query("The Who") == '"the" OR "who"'
     assert fts_query(" ".join(f"w{i}" for i in range(100))).count(" OR ") == 31
 
 
