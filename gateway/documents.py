@@ -9,13 +9,14 @@ from __future__ import annotations
 import re
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.appkeys import RUNTIME, SERVICES
 from gateway.errors import NotFound, Unprocessable
 from gateway.handlers import parse_body
 from gateway.ingest.pipeline import ingest_documents
 from gateway.ingest.readers import RawDocument
+from gateway.schemas import NonBlankStr
 
 _DOC_ID = re.compile(r"^[^\x00-\x1f]{1,512}$")
 MAX_DOCUMENT_CHARS = 500_000
@@ -25,14 +26,8 @@ class DocumentBody(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
     title: str = Field(default="", max_length=1000)
-    text: str = Field(max_length=MAX_DOCUMENT_CHARS)
-
-    @field_validator("text")
-    @classmethod
-    def _not_blank(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError("must not be empty (DELETE removes a document)")
-        return value
+    # Blank text is refused: DELETE is how a document is removed.
+    text: NonBlankStr = Field(max_length=MAX_DOCUMENT_CHARS)
 
 
 def _doc_id(request: web.Request) -> str:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 RequestedRoute = Literal["auto", "direct", "lookup", "multihop"]
 
@@ -16,18 +16,20 @@ class HistoryMessage(BaseModel):
     content: str
 
 
+def _not_blank(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must not be empty")
+    return value
+
+
+NonBlankStr = Annotated[str, AfterValidator(_not_blank)]
+
+
 class RouteBody(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
-    query: str
+    query: NonBlankStr
     route: RequestedRoute = "auto"
-
-    @field_validator("query")
-    @classmethod
-    def _not_blank(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError("must not be empty")
-        return value
 
 
 class QueryBody(RouteBody):

@@ -7,12 +7,11 @@ import json
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Literal
 
 import aiohttp
-import numpy as np
 import pytest
 from aiohttp import web
 from pydantic import ValidationError
@@ -20,14 +19,14 @@ from pydantic import ValidationError
 from backends.errors import BackendUnavailable
 from backends.retrieval.base import (
     RRF_K,
-    Chunk,
     Document,
-    Hit,
     RetrievalMode,
     SearchRequest,
     Vector,
 )
 from backends.retrieval.opensearch import OpenSearchConfig, OpenSearchRetriever, normalise_query
+from tests.fixtures.documents import chunk_ids, make_doc
+from tests.fixtures.embeddings import unit_vector as fixture_unit_vector
 from tests.fixtures.opensearch import TEST_DIMENSION, RetrieverFactory, opensearch_request
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
@@ -36,23 +35,16 @@ MODES: tuple[RetrievalMode, ...] = ("bm25", "dense", "hybrid")
 
 
 def unit_vector(seed: int) -> Vector:
-    """A deterministic random unit vector: distinct seeds are nearly orthogonal in 16 dims."""
-    v = np.random.default_rng(seed).standard_normal(TEST_DIMENSION).astype(np.float32)
-    return v / np.linalg.norm(v)
+    return fixture_unit_vector(seed, TEST_DIMENSION)
 
 
 def doc(
     doc_id: str, texts: list[str], seeds: list[int], title: str = "", rev: str = "1"
 ) -> Document:
-    chunks = tuple(
-        Chunk(f"{doc_id}#{i}", text, f"section {i}", unit_vector(seed))
-        for i, (text, seed) in enumerate(zip(texts, seeds, strict=True))
-    )
-    return Document(doc_id, title or doc_id, f"{doc_id}-{rev}", chunks)
+    return make_doc(doc_id, texts, seeds, title, rev, dimension=TEST_DIMENSION)
 
 
-def ids(hits: Sequence[Hit]) -> list[str]:
-    return [h.chunk_id for h in hits]
+ids = chunk_ids
 
 
 async def test_config_rejects_unknown_keys_and_query_syntax_in_fields() -> None:

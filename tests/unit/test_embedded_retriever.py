@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import closing
 from pathlib import Path
 
@@ -16,28 +16,18 @@ from backends.retrieval.base import (
     RRF_K,
     Chunk,
     Document,
-    Hit,
     RetrievalMode,
     SearchRequest,
 )
 from backends.retrieval.embedded import EmbeddedRetriever, fts_query
+from tests.fixtures.documents import chunk_ids, make_doc
 from tests.fixtures.embeddings import unit_vector
 
 MODES: tuple[RetrievalMode, ...] = ("bm25", "dense", "hybrid")
 
 
-def doc(
-    doc_id: str, texts: Sequence[str], seeds: Sequence[int], title: str = "", rev: str = "1"
-) -> Document:
-    chunks = tuple(
-        Chunk(f"{doc_id}#{i}", text, f"section {i}", unit_vector(seed))
-        for i, (text, seed) in enumerate(zip(texts, seeds, strict=True))
-    )
-    return Document(doc_id, title or doc_id, f"{doc_id}-{rev}", chunks)
-
-
-def ids(hits: Sequence[Hit]) -> list[str]:
-    return [h.chunk_id for h in hits]
+doc = make_doc
+ids = chunk_ids
 
 
 @pytest.fixture
