@@ -78,9 +78,9 @@ async def handle_query(request: web.Request) -> web.StreamResponse:
         route=body.route,
     )
     if body.stream:
-        return await stream_query(request, runtime, query)
+        return await stream_query(request, runtime, query, debug=body.debug)
     result = await answer(runtime, query)
-    return web.json_response(query_body(result))
+    return web.json_response(query_body(result, debug=body.debug))
 
 
 async def handle_route(request: web.Request) -> web.Response:

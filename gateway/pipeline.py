@@ -66,6 +66,8 @@ class Prepared:
     key: str | None
     # Model calls made before the route's own (the follow-up rewrite).
     usage_before: dict[str, Usage] = field(default_factory=dict)
+    # None for a cache hit: nothing was decided.
+    decision: RouteDecision | None = None
 
 
 def policy_for(settings: Settings, tenant: str, allow_force_route: bool) -> PolicyConfig:
@@ -150,7 +152,9 @@ class Pipeline:
             self._s.metrics.retrieval_duration.labels(self._s.retriever.name, "hybrid").observe(
                 timer.stages_ms["retrieve"] / 1000
             )
-        return Prepared(request, timer, outcome, decision.explanation, "miss", key, usage_before)
+        return Prepared(
+            request, timer, outcome, decision.explanation, "miss", key, usage_before, decision
+        )
 
     async def _rewrite(
         self, request: QueryRequest, timer: StageTimer
@@ -283,6 +287,7 @@ class Pipeline:
             query=prepared.request.query,
             original_query=prepared.request.original_query,
             route_reason=reason,
+            decision=prepared.decision,
             cache=prepared.cache,
             timings_ms=prepared.timer.report(),
             config_version=self.config_version,

@@ -42,6 +42,9 @@ def sse(data: Any, event: str | None = None) -> bytes:
 class QueryStreamFormat:
     """`delta` events with text, then one `done` event with the full /v1/query body."""
 
+    def __init__(self, debug: bool = False) -> None:
+        self._debug = debug
+
     def opening(self) -> bytes:
         return b""
 
@@ -49,7 +52,7 @@ class QueryStreamFormat:
         return sse({"text": text}, event="delta")
 
     def done(self, result: QueryResult) -> bytes:
-        return sse(query_body(result), event="done")
+        return sse(query_body(result, debug=self._debug), event="done")
 
     def error(self, kind: str, message: str) -> bytes:
         return sse({"error": {"type": kind, "message": message}}, event="error")
@@ -84,6 +87,6 @@ async def stream_answer(
 
 
 async def stream_query(
-    request: web.Request, runtime: Runtime, query: QueryRequest
+    request: web.Request, runtime: Runtime, query: QueryRequest, debug: bool = False
 ) -> web.StreamResponse:
-    return await stream_answer(request, runtime, query, QueryStreamFormat())
+    return await stream_answer(request, runtime, query, QueryStreamFormat(debug))

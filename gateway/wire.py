@@ -18,6 +18,7 @@ class QueryResult:
     query: str
     original_query: str | None
     route_reason: str
+    decision: RouteDecision | None
     cache: str  # miss | exact
     timings_ms: dict[str, float]
     config_version: str
@@ -46,7 +47,16 @@ def answer_from_cache(payload: dict[str, Any]) -> tuple[Answer, str]:
     return answer, payload["route_reason"]
 
 
-def query_body(result: QueryResult) -> dict[str, Any]:
+def query_body(result: QueryResult, debug: bool = False) -> dict[str, Any]:
+    """The /v1/query answer; `debug` adds the routing decision in full (classifier scores,
+    weights), absent on a cache hit since nothing was decided."""
+    body = _answer_body(result)
+    if debug and result.decision is not None:
+        body["debug"] = {"decision": decision_body(result.decision)}
+    return body
+
+
+def _answer_body(result: QueryResult) -> dict[str, Any]:
     answer = result.answer
     total = usage_total(answer)
     return {

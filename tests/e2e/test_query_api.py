@@ -156,3 +156,16 @@ def test_without_a_model_lookup_is_extractive_and_cited(extractive: GatewayProce
     assert body["citations"][0]["doc_id"] == "errors.md"
     assert "certificate" in body["answer"]
     assert body["usage"]["cost_usd"] == 0
+
+
+def test_debug_adds_the_full_decision_only_when_asked(gateway: GatewayProcess) -> None:
+    history = fresh()
+    plain = query(gateway, "What does the Acme warranty exclude?", history=history).json()
+    assert "debug" not in plain
+    fresh_history = fresh()
+    body = query(
+        gateway, "What does the Acme warranty exclude?", history=fresh_history, debug=True
+    ).json()
+    decision = body["debug"]["decision"]
+    assert decision["route"] == body["route"]
+    assert set(decision["classifier"]["scores"]) == {"direct", "lookup", "multihop"}
