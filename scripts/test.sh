@@ -9,9 +9,14 @@ set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
 
+# Ports are overridable so a second checkout can test beside a running development node.
+export OPENSEARCH_PORT="${OPENSEARCH_PORT:-9200}"
+RRF_PORT="${OPENSEARCH_RRF_PORT:-9201}"
+export OPENSEARCH_URL="http://127.0.0.1:$OPENSEARCH_PORT"
+
 scripts/setup.sh --test
 scripts/opensearch.sh start
-OPENSEARCH_VERSION=2.19.1 OPENSEARCH_PORT=9201 scripts/opensearch.sh start
+OPENSEARCH_VERSION=2.19.1 OPENSEARCH_PORT="$RRF_PORT" scripts/opensearch.sh start
 
 .venv/bin/ruff check .
 .venv/bin/mypy
@@ -26,5 +31,5 @@ run_pytest() {
   return "$status"
 }
 
-OPENSEARCH_URL=http://127.0.0.1:9201 run_pytest tests/integration/test_opensearch_retriever.py
+OPENSEARCH_URL="http://127.0.0.1:$RRF_PORT" run_pytest tests/integration/test_opensearch_retriever.py
 run_pytest "$@"
