@@ -1,0 +1,71 @@
+"""The CLI's contract: bad configuration exits non-zero naming the field; the demo tenant's key
+is generated once, stored, and not printed again."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+from tests.fixtures.gateway import REPO_ROOT, free_port, run_cli
+
+
+def test_an_invalid_config_exits_2_naming_the_field(tmp_path: Path) -> None:
+    config = tmp_path / "bad.yaml"
+    config.write_text("retrieval:\n  k: 0\nrouter:\n  rules:\n    - {name: x, then: {route: up}}\n")
+    done = run_cli(config, "route", "hello")
+    assert done.returncode == 2
+    assert "retrieval.k" in done.stderr
+    assert "router.rules.0.then.route" in done.stderr
+
+
+def test_demo_key_is_generated_once_and_kept(tmp_path: Path) -> None:
+    env = {"QUERYGATE_DATA_DIR": str(tmp_path / "data"), "PATH": "/usr/bin:/bin"}
+    first = _serve_briefly(env)
+    key_file = tmp_path / "data" / "demo_api_key"
+    key = key_file.read_text().strip()
+    assert key in first
+    assert key_file.stat().st_mode & 0o077 == 0
+    second = _serve_briefly(env)
+    assert key not in second
+    assert "stored in" in second
+
+
+def _serve_briefly(env: dict[str, str]) -> str:
+    """Start `querygate serve` with no config, check the demo key works, stop it; its stderr."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "serve", "--port", str(port)],
+        cwd=REPO_ROOT,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait_ready(port)
+        key = (Path(env["QUERYGATE_DATA_DIR"]) / "demo_api_key").read_text().strip()
+        ok = requests.post(
+            f"http://127.0.0.1:{port}/v1/route",
+            json={"query": "hello"},
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=10,
+        )
+        assert ok.status_code == 200, ok.text
+    finally:
+        proc.terminate()
+        _, stderr = proc.communicate(timeout=30)
+    return stderr
+
+
+def _wait_ready(port: int) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(f"http://127.0.0.1:{port}/healthz", timeout=1).ok:
+                return
+        except requests.ConnectionError:
+            time.sleep(0.2)
+    raise AssertionError("querygate serve did not start")
