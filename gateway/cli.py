@@ -132,16 +132,24 @@ async def _ingest_async(
     try:
         docs = list(load_wiki_sample()) if sample else []
         docs += list(read_paths(paths))
-        report = await ingest_documents(tenant, docs, embedder, retriever, progress=_progress)
+        report = await ingest_documents(tenant, docs, embedder, retriever, progress=_ProgressLog())
     finally:
         await retriever.aclose()
         await embedder.aclose()
     return report.as_dict()
 
 
-def _progress(done: int, total: int) -> None:
-    if done == total or done % 500 == 0:
-        log.info("ingest progress", extra={"done": done, "total": total})
+class _ProgressLog:
+    """Logs ingest progress every `step` documents, not on every callback."""
+
+    def __init__(self, step: int = 500) -> None:
+        self._step = step
+        self._next = step
+
+    def __call__(self, done: int, total: int) -> None:
+        if done >= self._next or done == total:
+            log.info("ingest progress", extra={"done": done, "total": total})
+            self._next = done + self._step
 
 
 def _route(settings: Settings, args: argparse.Namespace) -> int:
