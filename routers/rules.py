@@ -59,7 +59,10 @@ class Rule(BaseModel):
 class EscalationConfig(BaseModel):
     model_config = _FROZEN
 
-    enabled: bool = True
+    # Off by default because it measured worse: on held-out FanOutQA dev, learned classifier +
+    # escalation routes 65.5% correctly against 94.9% for the classifier alone, at 3x the cost
+    # (bench/escalation_eval.py). A lookup with no hits at all still says so, grading or not.
+    enabled: bool = False
     # From bench/escalation_eval.py (2026-11-30): on the val part of the FanOutQA dev split, over
     # the 10,033-page Wikipedia sample in the embedded index, the grid point that escalates the
     # most multihop questions (34%) while escalating at most 10% of answerable lookups (7.7%);

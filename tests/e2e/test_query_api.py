@@ -170,3 +170,14 @@ def test_debug_adds_the_full_decision_only_when_asked(gateway: GatewayProcess) -
     decision = body["debug"]["decision"]
     assert decision["route"] == body["route"]
     assert set(decision["classifier"]["scores"]) == {"direct", "lookup", "multihop"}
+
+
+def test_thin_evidence_escalates_visibly_and_is_counted(gateway: GatewayProcess) -> None:
+    text = "Which Nobel laureate in chemistry was born in the same city as the Acme designer?"
+    body = query(gateway, text, route="lookup", history=fresh()).json()
+    assert body["escalated"] is True
+    assert "escalated: evidence" in body["route_reason"]
+    assert body["answer"].startswith("Not enough evidence")
+    assert body["citations"]  # the best it found, for the reader to judge
+    metrics = requests.get(f"{gateway.url}/metrics", timeout=5).text
+    assert 'querygate_escalations_total{from_route="lookup"' in metrics
