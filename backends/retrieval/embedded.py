@@ -9,6 +9,10 @@ Layout: `documents` (one row per document: title, content hash), `chunks` (metad
 float32 embedding blob; its rowid is the chunk's key everywhere), `chunks_fts` (FTS5 over
 title, section and text, plus an opaque per-tenant token that every MATCH requires) and
 `tenants` (the generation counter).
+
+One FTS5 table serves every tenant, so BM25's document frequencies are counted over all of
+them: a tenant never receives another's rows, but its scores shift slightly with the others'
+vocabulary (as in a shared OpenSearch index).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import numpy as np
 
 from backends.errors import BackendUnavailable
 from backends.retrieval.base import Document, Hit, SearchRequest, Vector, rrf_fuse
+from backends.retrieval.stopwords import without_stopwords
 
 BACKEND = "embedded"
 T = TypeVar("T")
@@ -39,14 +44,6 @@ _BM25 = f"bm25(chunks_fts, {', '.join(str(w) for w in _WEIGHTS.values())})"
 # '-' and '_' are part of a token so identifiers (ERR-4471, SKU_123) index and match whole.
 _TOKENIZER = "unicode61 remove_diacritics 2 tokenchars '-_'"
 _QUERY_TOKEN = re.compile(r"[\w-]+")
-# Words in nearly every English chunk: BM25 gives them almost no weight, yet FTS5 must score
-# every row they match (measured on the 10k Wikipedia sample: 31 ms with "who ... the", 1 ms
-# without). Dropped from a query unless nothing else is left ("The Who").
-_STOPWORDS = frozenset(
-    "a an and are as at be been by did do does for from had has have how i in is it its of on"
-    " or that the their there these this those to was were what when where which who whom"
-    " why will with".split()
-)
 
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS tenants (
@@ -84,7 +81,7 @@ def fts_query(text: str, max_chars: int = 1000, max_terms: int = 32) -> str:
     text = unicodedata.normalize("NFKC", text)[:max_chars]
     terms = [t.lower() for t in _QUERY_TOKEN.findall(text) if any(ch.isalnum() for ch in t)]
     unique = list(dict.fromkeys(terms))
-    content = [t for t in unique if t not in _STOPWORDS] or unique
+    content = without_stopwords(unique)
     return " OR ".join(f'"{t}"' for t in content[:max_terms])
 
 
