@@ -7,6 +7,7 @@ together, because the embedder is far faster per text in batches.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
@@ -99,7 +100,9 @@ async def _prepare(
     if digest == stored:
         report.unchanged += 1
         return None
-    chunks = chunk_document(raw.doc_id, raw.title, raw.text, chunking)
+    # Pure-Python work that grows with the text (a 500k-char document: ~150 ms): off the loop,
+    # so a large PUT does not stall every other request.
+    chunks = await asyncio.to_thread(chunk_document, raw.doc_id, raw.title, raw.text, chunking)
     return _Pending(raw, digest, stored is None, chunks)
 
 
