@@ -95,10 +95,12 @@ class _TenantVectors:
 
     Rows live in a growable buffer; removed rows are tombstoned and the buffer compacted when
     they exceed half of it, so a single-document write costs O(its chunks), not O(tenant).
+    `generation` is the tenant's generation these rows reflect.
     """
 
-    def __init__(self, dimension: int) -> None:
+    def __init__(self, dimension: int, generation: int) -> None:
         self.dimension = dimension
+        self.generation = generation
         self._matrix = np.zeros((0, dimension), dtype=np.float32)
         self._ids = np.zeros(0, dtype=np.int64)  # chunk row id per row, -1 when removed
         self._size = 0
@@ -257,21 +259,32 @@ class EmbeddedRetriever:
         return _Ranked([i for i, _ in top], dict(top))
 
     def _tenant_vectors(self, db: sqlite3.Connection, tenant: str) -> _TenantVectors | None:
-        """The tenant's vectors, read from disk on first use; None when it has no chunks."""
-        if tenant not in self._vectors:
-            rows = db.execute("SELECT id, embedding FROM chunks WHERE tenant = ?", (tenant,))
-            ids: list[int] = []
-            blobs: list[bytes] = []
-            for chunk, blob in rows:
-                ids.append(chunk)
-                blobs.append(blob)
-            if not ids:
-                return None
-            matrix = np.frombuffer(b"".join(blobs), dtype=np.float32).reshape(len(ids), -1)
-            vectors = _TenantVectors(matrix.shape[1])
-            vectors.add(ids, matrix)
-            self._vectors[tenant] = vectors
-        return self._vectors[tenant]
+        """The tenant's current vectors; None when it has no chunks.
+
+        Read from disk on first use, and again when the stored generation moved past the one
+        in memory: another process wrote to the file (`querygate ingest` beside a running
+        `querygate serve`). This process's own writes keep them current without a reload.
+        """
+        current = _generation(db, tenant)
+        vectors = self._vectors.get(tenant)
+        if vectors is not None and vectors.generation == current:
+            return vectors
+        # The generation is read before the rows: a write landing in between makes the rows
+        # newer than the recorded generation, so the next search reloads; never the reverse.
+        rows = db.execute("SELECT id, embedding FROM chunks WHERE tenant = ?", (tenant,))
+        ids: list[int] = []
+        blobs: list[bytes] = []
+        for chunk, blob in rows:
+            ids.append(chunk)
+            blobs.append(blob)
+        if not ids:
+            self._vectors.pop(tenant, None)
+            return None
+        matrix = np.frombuffer(b"".join(blobs), dtype=np.float32).reshape(len(ids), -1)
+        vectors = _TenantVectors(matrix.shape[1], current)
+        vectors.add(ids, matrix)
+        self._vectors[tenant] = vectors
+        return vectors
 
     def _hits(
         self,
@@ -346,9 +359,9 @@ class EmbeddedRetriever:
                 (tenant, document.doc_id, document.title, document.content_hash),
             )
             added = _insert_chunks(db, tenant, document)
-            _bump_generation(db, tenant)
+            generation = _bump_generation(db, tenant)
         # Only after the commit: a failed transaction leaves memory as it was, like the file.
-        self._apply(tenant, removed, added, document)
+        self._apply(tenant, generation, removed, added, document)
         return True
 
     async def delete_document(self, tenant: str, doc_id: str) -> bool:
@@ -362,20 +375,30 @@ class EmbeddedRetriever:
             if not gone:
                 return False
             removed = _delete_chunks(db, tenant, doc_id)
-            _bump_generation(db, tenant)
-        self._apply(tenant, removed, [], None)
+            generation = _bump_generation(db, tenant)
+        self._apply(tenant, generation, removed, [], None)
         return True
 
     def _apply(
-        self, tenant: str, removed: list[int], added: list[int], document: Document | None
+        self,
+        tenant: str,
+        generation: int,
+        removed: list[int],
+        added: list[int],
+        document: Document | None,
     ) -> None:
         """Mirror a committed write in the tenant's vectors, if they are loaded."""
         vectors = self._vectors.get(tenant)
         if vectors is None:
             return  # loaded from disk, with this write, on the tenant's next search
+        if vectors.generation != generation - 1:
+            # Another process wrote since they were loaded: this write is not the only change.
+            del self._vectors[tenant]
+            return
         vectors.remove(removed)
         if document is not None and added:
             vectors.add(added, _matrix(document))
+        vectors.generation = generation
 
     async def aclose(self) -> None:
         def close() -> None:
@@ -494,9 +517,10 @@ def _generation(db: sqlite3.Connection, tenant: str) -> int:
     return 0 if row is None else int(row[0])
 
 
-def _bump_generation(db: sqlite3.Connection, tenant: str) -> None:
-    db.execute(
+def _bump_generation(db: sqlite3.Connection, tenant: str) -> int:
+    (generation,) = db.execute(
         "INSERT INTO tenants (tenant, generation) VALUES (?, 1)"
-        " ON CONFLICT (tenant) DO UPDATE SET generation = generation + 1",
+        " ON CONFLICT (tenant) DO UPDATE SET generation = generation + 1 RETURNING generation",
         (tenant,),
-    )
+    ).fetchone()
+    return int(generation)

@@ -193,6 +193,19 @@ async def test_index_persists_across_reopen(tmp_path: Path) -> None:
         assert await second.content_hash("t", "d") == "d-1"
 
 
+async def test_writes_by_another_process_reach_the_dense_arm(tmp_path: Path) -> None:
+    path = tmp_path / "index.sqlite3"
+    async with EmbeddedRetriever(path) as server, EmbeddedRetriever(path) as ingest:
+        await server.upsert_document("t", doc("old", ["old words"], [1]))
+        await server.search(SearchRequest("t", "", unit_vector(1), mode="dense"))  # loaded
+        await ingest.upsert_document("t", doc("new", ["new words"], [2]))
+        await ingest.delete_document("t", "old")
+        await server.upsert_document("t", doc("own", ["own words"], [3]))
+        hits = await server.search(SearchRequest("t", "", unit_vector(2), k=10, mode="dense"))
+        assert sorted(ids(hits)) == ["new#0", "own#0"]
+        assert ids(hits)[0] == "new#0"
+
+
 async def test_database_is_in_wal_mode(tmp_path: Path) -> None:
     path = tmp_path / "index.sqlite3"
     async with EmbeddedRetriever(path) as index:
