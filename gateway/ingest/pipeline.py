@@ -119,7 +119,9 @@ async def _flush(
     for item in pending:
         chunks = tuple(Chunk(c.chunk_id, c.text, c.section, next(vectors)) for c in item.chunks)
         document = Document(item.raw.doc_id, item.raw.title, item.content_hash, chunks)
-        await retriever.upsert_document(tenant, document)
+        if not await retriever.upsert_document(tenant, document):
+            report.unchanged += 1  # an identical version landed first (a concurrent PUT)
+            continue
         if item.is_new:
             report.added += 1
         else:

@@ -174,3 +174,16 @@ async def test_minilm_ingest_finds_a_paraphrase_and_an_identifier(
     assert "certificate expired" in dense[0].section
     exact = await index.search(SearchRequest("acme", "ERR-5120", vector, k=1, mode="bm25"))
     assert exact[0].section.startswith("ERR-5120")
+
+
+async def test_a_version_that_landed_first_counts_as_unchanged(tmp_path: Path) -> None:
+    class RacingIndex(EmbeddedRetriever):
+        """Reports no stored hash, as if the identical version arrived after the check."""
+
+        async def content_hash(self, tenant: str, doc_id: str) -> str | None:
+            return None
+
+    async with RacingIndex(tmp_path / "index.sqlite3") as index:
+        await ingest_documents("t", docs(2), FakeEmbedder(), index)
+        report = await ingest_documents("t", docs(2), FakeEmbedder(), index)
+    assert (report.unchanged, report.added, report.chunks) == (2, 0, 0)
