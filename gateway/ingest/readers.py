@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from gateway.ingest.chunker import HEADING
+
 SUFFIXES = (".md", ".txt", ".jsonl")
-_HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.+?)\s*#*\s*$", re.MULTILINE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,8 +49,10 @@ def read_file(path: Path, root: Path) -> Iterator[RawDocument]:
 
 def title_of(text: str, fallback: str) -> str:
     """The first markdown heading, else the fallback (the file's stem)."""
-    match = _HEADING.search(text)
-    return match.group(1) if match else fallback
+    for line in text.splitlines():
+        if match := HEADING.match(line):
+            return match.group(2)
+    return fallback
 
 
 def _jsonl_documents(path: Path, text: str) -> Iterator[RawDocument]:
