@@ -13,17 +13,9 @@ import re
 from dataclasses import dataclass
 
 from backends.retrieval.base import RRF_K, Hit
+from backends.retrieval.stopwords import STOPWORDS
 
 _WORD = re.compile(r"[\w-]+")
-_STOPWORDS = frozenset(
-    (
-        "a an and are as at be been but by can could did do does for from had has have how i if "
-        "in into is it its of on or that the their them then there these they this to was were "
-        "what when where which who whom whose why will with would you your about after before "
-        "than same both each all any many much more most other some such only own so too very "
-        "just also "
-    ).split()
-)
 _PASSAGES = 3
 
 
@@ -44,7 +36,7 @@ class EvidenceGrade:
 
 
 def content_words(text: str) -> set[str]:
-    return {w for w in _WORD.findall(text.casefold()) if len(w) > 1 and w not in _STOPWORDS}
+    return {w for w in _WORD.findall(text.casefold()) if len(w) > 1 and w not in STOPWORDS}
 
 
 def best_possible_score(lexical_weight: float, dense_weight: float) -> float:

@@ -34,6 +34,7 @@ from tenacity import (
 
 from backends.errors import BackendUnavailable, UpstreamError
 from backends.retrieval.base import RRF_K, Document, Hit, SearchRequest, Vector, rrf_fuse
+from backends.retrieval.stopwords import without_stopwords
 
 BACKEND = "opensearch"
 Json = dict[str, Any]
@@ -107,7 +108,7 @@ def normalise_query(text: str, max_chars: int, max_terms: int) -> str:
     text = unicodedata.normalize("NFKC", text)[:max_chars]
     words = _CONTROL_OR_SPACE.sub(" ", text).split(" ")
     kept = [w for w in dict.fromkeys(words) if any(ch.isalnum() for ch in w)]
-    return " ".join(kept[:max_terms])
+    return " ".join(without_stopwords(kept)[:max_terms])
 
 
 def chunk_key(tenant: str, doc_id: str, chunk_id: str) -> str:
@@ -255,7 +256,13 @@ class OpenSearchRetriever:
                     body={"actions": [{"add": {"index": first, "alias": cfg.alias}}]},
                     request_timeout=cfg.write_timeout_s,
                 )
-            await self._create_index(cfg.meta_index, {"mappings": _META_MAPPINGS})
+            meta_settings = {
+                "number_of_shards": 1,
+                "number_of_replicas": cfg.number_of_replicas,
+            }
+            await self._create_index(
+                cfg.meta_index, {"settings": {"index": meta_settings}, "mappings": _META_MAPPINGS}
+            )
             if await self._use_server_rrf():
                 await self._client.transport.perform_request(
                     "PUT",

@@ -55,7 +55,8 @@ async def test_config_rejects_unknown_keys_and_query_syntax_in_fields() -> None:
 
 
 async def test_query_normalisation_caps_size_and_drops_wordless_input() -> None:
-    assert normalise_query('title:(foo OR "bar', 2000, 64) == 'title:(foo OR "bar'
+    # Syntax stays plain words; "OR" goes as a stopword, not as an operator.
+    assert normalise_query('title:(foo OR "bar', 2000, 64) == 'title:(foo "bar'
     assert normalise_query("?!... --- 🙂", 2000, 64) == ""
     assert normalise_query("a " * 5000, 2000, 64) == "a"
     assert len(normalise_query(" ".join(f"w{i}" for i in range(500)), 2000, 64).split()) == 64
