@@ -9,7 +9,9 @@
 #   OPENSEARCH_HEAP     JVM heap options (default "-Xms512m -Xmx1g")
 #   OPENSEARCH_START_TIMEOUT  seconds to wait for health (default 180)
 #
-# Downloads are cached under $REPO/.cache/opensearch (git-ignored). Why each step exists, and what
+# Downloads are cached per machine under ~/.cache/querygate/opensearch (QUERYGATE_DOWNLOAD_CACHE
+# overrides); the unpacked node lives under $REPO/.cache/opensearch (git-ignored). Why each step
+# exists, and what
 # the upstream recipe got wrong, is in docs/opensearch.md.
 set -euo pipefail
 
@@ -22,7 +24,10 @@ START_TIMEOUT="${OPENSEARCH_START_TIMEOUT:-180}"
 SERVICE_USER="${OPENSEARCH_USER:-osnode}"
 
 CACHE="$REPO/.cache/opensearch"
-DL="$CACHE/dl"
+# Downloads outlive a checkout (CI clones afresh each run): keep them per machine.
+DOWNLOADS="${QUERYGATE_DOWNLOAD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/querygate/opensearch}"
+DL="$DOWNLOADS/dl"
+M2="$DOWNLOADS/m2"
 # Where the unpacked node and its data live: see resolve_node_dirs.
 SHARED_NODE_BASE="/var/tmp/querygate-opensearch"
 INSTALL="" RUN="" PIDFILE=""
@@ -64,7 +69,7 @@ mvn_copy() {
   [ -e "$file.missing" ] && return 1
   mkdir -p "$DL"
   log "downloading $coord"
-  if mvn -B -q -Dmaven.repo.local="$CACHE/m2" "$DEP_PLUGIN:copy" \
+  if mvn -B -q -Dmaven.repo.local="$M2" "$DEP_PLUGIN:copy" \
     -Dartifact="$coord" -DoutputDirectory="$DL" >"$DL/mvn.log" 2>&1; then
     return 0
   fi
@@ -123,7 +128,7 @@ assemble_module() {
 <dependencies><dependency><groupId>org.opensearch.plugin</groupId><artifactId>$artifact</artifactId>
 <version>$OS_VER</version></dependency></dependencies></project>
 EOF
-  mvn -B -q -Dmaven.repo.local="$CACHE/m2" -f "$work/pom.xml" "$DEP_PLUGIN:copy-dependencies" \
+  mvn -B -q -Dmaven.repo.local="$M2" -f "$work/pom.xml" "$DEP_PLUGIN:copy-dependencies" \
     -DincludeScope=runtime -DoutputDirectory="$work/jars" >"$work/mvn.log" 2>&1 ||
     {
       cat "$work/mvn.log" >&2
