@@ -11,8 +11,7 @@
 #
 # Downloads are cached per machine under ~/.cache/querygate/opensearch (QUERYGATE_DOWNLOAD_CACHE
 # overrides); the unpacked node lives under $REPO/.cache/opensearch (git-ignored). Why each step
-# exists, and what
-# the upstream recipe got wrong, is in docs/opensearch.md.
+# exists, and what the upstream recipe got wrong, is in docs/opensearch.md.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
