@@ -344,7 +344,7 @@ class LiteLLMTiers:
         retrying = AsyncRetrying(
             stop=stop_after_attempt(deployment.config.retries + 1),
             wait=wait_exponential_jitter(
-                initial=self._backoff_initial_s,
+                multiplier=self._backoff_initial_s,
                 max=self._backoff_max_s,
                 jitter=self._backoff_initial_s,
             ),
