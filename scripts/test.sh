@@ -19,6 +19,7 @@ scripts/opensearch.sh start
 OPENSEARCH_VERSION=2.19.1 OPENSEARCH_PORT="$RRF_PORT" scripts/opensearch.sh start
 
 .venv/bin/ruff check .
+.venv/bin/ruff format --check .
 .venv/bin/mypy
 
 run_pytest() {
