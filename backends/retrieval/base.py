@@ -13,6 +13,7 @@ Contract shared by every implementation:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -89,12 +90,21 @@ class Retriever(Protocol):
         """Store or replace a document; False when its content hash was already stored."""
         ...
 
+    async def upsert_documents(self, tenant: str, documents: Sequence[Document]) -> list[bool]:
+        """`upsert_document` for many at once, in as few round trips as the engine allows;
+        one result per document, in order. Bulk ingest goes through here."""
+        ...
+
     async def delete_document(self, tenant: str, doc_id: str) -> bool:
         """Remove every chunk of a document; False when it did not exist."""
         ...
 
     async def content_hash(self, tenant: str, doc_id: str) -> str | None:
         """The stored content hash of a document, for idempotent ingest."""
+        ...
+
+    async def content_hashes(self, tenant: str, doc_ids: Sequence[str]) -> dict[str, str]:
+        """Stored content hashes of those documents that exist, in one lookup."""
         ...
 
     async def generation(self, tenant: str) -> int:

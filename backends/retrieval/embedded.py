@@ -319,6 +319,23 @@ class EmbeddedRetriever:
 
         return await self._run("content_hash", read)
 
+    async def content_hashes(self, tenant: str, doc_ids: Sequence[str]) -> dict[str, str]:
+        def read(db: sqlite3.Connection) -> dict[str, str]:
+            found: dict[str, str] = {}
+            # SQLite caps bound parameters per statement (32,766 since 3.32); stay well under.
+            for start in range(0, len(doc_ids), 500):
+                part = list(doc_ids[start : start + 500])
+                marks = ",".join("?" * len(part))
+                rows = db.execute(
+                    f"SELECT doc_id, content_hash FROM documents"
+                    f" WHERE tenant = ? AND doc_id IN ({marks})",
+                    (tenant, *part),
+                )
+                found.update({str(doc_id): str(digest) for doc_id, digest in rows})
+            return found
+
+        return await self._run("content_hashes", read)
+
     async def generation(self, tenant: str) -> int:
         return await self._run("generation", lambda db: _generation(db, tenant))
 
@@ -342,6 +359,11 @@ class EmbeddedRetriever:
     async def upsert_document(self, tenant: str, document: Document) -> bool:
         _check_chunks(document)
         return await self._run("upsert", lambda db: self._upsert(db, tenant, document))
+
+    async def upsert_documents(self, tenant: str, documents: Sequence[Document]) -> list[bool]:
+        # One transaction per document, as for a single upsert: an interrupted batch leaves
+        # whole documents only. SQLite is local, so the per-document cost is no round trip.
+        return [await self.upsert_document(tenant, document) for document in documents]
 
     def _upsert(self, db: sqlite3.Connection, tenant: str, document: Document) -> bool:
         with _transaction(db):

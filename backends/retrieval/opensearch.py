@@ -17,8 +17,9 @@ import asyncio
 import hashlib
 import re
 import unicodedata
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from opensearchpy import AsyncOpenSearch
@@ -46,6 +47,9 @@ _FIELD_SPEC = re.compile(r"^[A-Za-z_][\w.]*(\^\d+(\.\d+)?)?$")
 _CONTROL_OR_SPACE = re.compile(r"[\s\x00-\x1f\x7f]+")
 # A document's chunks are listed in one search page when a new version replaces them.
 MAX_CHUNKS_PER_DOCUMENT = 10_000
+# Documents per stored-state lookup, and hits per page of it.
+_LOOKUP_DOCS = 500
+_LOOKUP_PAGE = 1000
 _META_MAPPINGS: Json = {"dynamic": "strict", "properties": {"generation": {"type": "long"}}}
 
 
@@ -207,6 +211,14 @@ class _RetryableBulk(Exception):
 
 class _Conflict(Exception):
     """A concurrent writer bumped the generation first; read again and retry."""
+
+
+@dataclass
+class _Stored:
+    """A stored document as a write needs it: its hash and the keys of its chunks."""
+
+    content_hash: str = ""
+    chunk_keys: list[str] = field(default_factory=list)
 
 
 class OpenSearchRetriever:
@@ -444,12 +456,11 @@ class OpenSearchRetriever:
         }
 
     async def content_hash(self, tenant: str, doc_id: str) -> str | None:
-        await self._ensure_ready()
-        body = {"size": 1, "_source": ["content_hash"], "query": _doc_filter(tenant, doc_id)}
-        with _translated("content_hash"):
-            response = await self._client.search(index=self.config.alias, body=body)
-        hits = response["hits"]["hits"]
-        return str(hits[0]["_source"]["content_hash"]) if hits else None
+        return (await self.content_hashes(tenant, [doc_id])).get(doc_id)
+
+    async def content_hashes(self, tenant: str, doc_ids: Sequence[str]) -> dict[str, str]:
+        stored = await self._stored(tenant, doc_ids)
+        return {doc_id: entry.content_hash for doc_id, entry in stored.items()}
 
     async def generation(self, tenant: str) -> int:
         await self._ensure_ready()
@@ -490,15 +501,40 @@ class OpenSearchRetriever:
     # -- writes ------------------------------------------------------------------------------
 
     async def upsert_document(self, tenant: str, document: Document) -> bool:
+        return (await self.upsert_documents(tenant, [document]))[0]
+
+    async def upsert_documents(self, tenant: str, documents: Sequence[Document]) -> list[bool]:
+        """Many documents in few requests: one lookup of what is stored, shared `_bulk`
+        batches, one generation bump."""
+        for document in documents:
+            self._check_document(document)
+        stored = await self._stored(tenant, [d.doc_id for d in documents])
+        old = [stored.get(d.doc_id, _Stored()) for d in documents]
+        changed = [o.content_hash != d.content_hash for o, d in zip(old, documents, strict=True)]
+        if not any(changed):
+            return changed
+        # Informational stamp on the chunks: the generation this change is expected to produce.
+        generation = await self.generation(tenant) + 1
+        ops: list[Json] = []
+        for document, previous, change in zip(documents, old, changed, strict=True):
+            if change:
+                ops += self._document_ops(tenant, document, generation, previous.chunk_keys)
+        await self._bulk(ops)
+        # Bump only once the change is visible: an answer computed from the old content can then
+        # never be cached under the new generation.
+        await self._bump_generation(tenant)
+        return changed
+
+    def _check_document(self, document: Document) -> None:
         if len(document.chunks) > MAX_CHUNKS_PER_DOCUMENT:
             raise ValueError(f"{document.doc_id}: more than {MAX_CHUNKS_PER_DOCUMENT} chunks")
         for chunk in document.chunks:
             self._check_vector(chunk.embedding)
-        if await self.content_hash(tenant, document.doc_id) == document.content_hash:
-            return False
-        # Informational stamp on the chunks: the generation this change is expected to produce.
-        generation = await self.generation(tenant) + 1
-        stale = set(await self._chunk_ids(tenant, document.doc_id))
+
+    def _document_ops(
+        self, tenant: str, document: Document, generation: int, old_keys: list[str]
+    ) -> list[Json]:
+        stale = set(old_keys)
         ops: list[Json] = []
         for chunk in document.chunks:
             key = chunk_key(tenant, document.doc_id, chunk.chunk_id)
@@ -519,12 +555,41 @@ class OpenSearchRetriever:
             ]
         # New chunks and the removal of chunks the new version no longer has go in the same
         # requests, so readers see old and new side by side for at most one refresh.
-        ops += _delete_ops(self.config.alias, sorted(stale))
-        await self._bulk(ops)
-        # Bump only once the change is visible: an answer computed from the old content can then
-        # never be cached under the new generation.
-        await self._bump_generation(tenant)
-        return True
+        return ops + _delete_ops(self.config.alias, sorted(stale))
+
+    async def _stored(self, tenant: str, doc_ids: Sequence[str]) -> dict[str, _Stored]:
+        """What is stored of these documents: content hash and chunk keys, by doc id."""
+        await self._ensure_ready()
+        found: dict[str, _Stored] = {}
+        for start in range(0, len(doc_ids), _LOOKUP_DOCS):
+            part = list(dict.fromkeys(doc_ids[start : start + _LOOKUP_DOCS]))
+            async for hit in self._hits_of(tenant, part):
+                source = hit["_source"]
+                entry = found.setdefault(source["doc_id"], _Stored(source["content_hash"]))
+                entry.chunk_keys.append(str(hit["_id"]))
+        return found
+
+    async def _hits_of(self, tenant: str, doc_ids: list[str]) -> AsyncIterator[Json]:
+        """Every chunk of the documents, paged with search_after (no result-window limit)."""
+        body: Json = {
+            "size": _LOOKUP_PAGE,
+            "_source": ["doc_id", "content_hash"],
+            "query": {
+                "bool": {"filter": [{"term": {"tenant": tenant}}, {"terms": {"doc_id": doc_ids}}]}
+            },
+            "sort": [{"doc_id": "asc"}, {"chunk_id": "asc"}],
+        }
+        while True:
+            with _translated("stored"):
+                response = await self._client.search(
+                    index=self.config.alias, body=body, request_timeout=self.config.write_timeout_s
+                )
+            hits = response["hits"]["hits"]
+            for hit in hits:
+                yield hit
+            if len(hits) < _LOOKUP_PAGE:
+                return
+            body["search_after"] = hits[-1]["sort"]
 
     async def delete_document(self, tenant: str, doc_id: str) -> bool:
         await self._ensure_ready()

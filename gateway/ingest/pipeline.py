@@ -20,6 +20,7 @@ from gateway.ingest.readers import RawDocument
 Progress = Callable[[int, int], None]  # (documents done, documents in total)
 
 EMBED_BATCH = 256  # chunks per embedder call: enough to batch well, small enough to report
+LOOKUP_BATCH = 500  # documents per lookup of stored content hashes
 
 
 @dataclass(slots=True)
@@ -66,8 +67,13 @@ async def ingest_documents(
     report = IngestReport()
     pending: list[_Pending] = []
     done = 0
-    for raw in docs:
-        item = await _prepare(tenant, raw, retriever, report, chunking)
+    stored: dict[str, str] = {}
+    for i, raw in enumerate(docs):
+        if i % LOOKUP_BATCH == 0:
+            # One lookup of stored hashes per slice, not one round trip per document.
+            ids = [d.doc_id for d in docs[i : i + LOOKUP_BATCH]]
+            stored = await retriever.content_hashes(tenant, ids)
+        item = await _prepare(tenant, raw, stored.get(raw.doc_id), retriever, report, chunking)
         if item is None:
             done += 1
         else:
@@ -86,12 +92,12 @@ def _size(pending: list[_Pending]) -> int:
 async def _prepare(
     tenant: str,
     raw: RawDocument,
+    stored: str | None,
     retriever: Retriever,
     report: IngestReport,
     chunking: ChunkingConfig,
 ) -> _Pending | None:
-    """What to write for this document; None when it needs nothing (counted as done)."""
-    stored = await retriever.content_hash(tenant, raw.doc_id)
+    """What to write for this document, given its stored hash; None when it needs nothing."""
     if not raw.text.strip():
         if stored is not None and await retriever.delete_document(tenant, raw.doc_id):
             report.deleted += 1
@@ -116,17 +122,25 @@ async def _flush(
     """Embed every pending chunk in one call, write each document; returns documents written."""
     texts = [chunk.embedding_text for item in pending for chunk in item.chunks]
     vectors = iter(await embedder.embed(texts))
-    for item in pending:
-        chunks = tuple(Chunk(c.chunk_id, c.text, c.section, next(vectors)) for c in item.chunks)
-        document = Document(item.raw.doc_id, item.raw.title, item.content_hash, chunks)
-        if not await retriever.upsert_document(tenant, document):
+    documents = [
+        Document(
+            item.raw.doc_id,
+            item.raw.title,
+            item.content_hash,
+            tuple(Chunk(c.chunk_id, c.text, c.section, next(vectors)) for c in item.chunks),
+        )
+        for item in pending
+    ]
+    stored_flags = await retriever.upsert_documents(tenant, documents)
+    for item, document, stored in zip(pending, documents, stored_flags, strict=True):
+        if not stored:
             report.unchanged += 1  # an identical version landed first (a concurrent PUT)
             continue
         if item.is_new:
             report.added += 1
         else:
             report.updated += 1
-        report.chunks += len(chunks)
+        report.chunks += len(document.chunks)
     written = len(pending)
     pending.clear()
     return written

@@ -530,3 +530,39 @@ async def test_bulk_retries_are_bounded_and_end_in_backend_unavailable(
 
         assert calls == ["rejected", "rejected"]
         assert await retriever.generation("t") == 0
+
+
+async def test_a_batch_upsert_writes_only_what_changed_and_bumps_once(
+    opensearch_retriever: OpenSearchRetriever,
+) -> None:
+    tenant = f"batch-{uuid.uuid4().hex[:6]}"
+    await opensearch_retriever.upsert_documents(
+        tenant,
+        [doc("keep", ["kept text"], [61]), doc("grow", ["one", "two", "three"], [62, 63, 64])],
+    )
+    before = await opensearch_retriever.generation(tenant)
+    results = await opensearch_retriever.upsert_documents(
+        tenant,
+        [
+            doc("keep", ["kept text"], [61]),  # same hash: untouched
+            doc("grow", ["only one now"], [65], rev="2"),  # shrinks: stale chunks removed
+            doc("new", ["brand new"], [66]),
+        ],
+    )
+    assert results == [False, True, True]
+    assert await opensearch_retriever.generation(tenant) == before + 1
+    hashes = await opensearch_retriever.content_hashes(tenant, ["keep", "grow", "new", "absent"])
+    assert hashes == {"keep": "keep-1", "grow": "grow-2", "new": "new-1"}
+    assert await opensearch_retriever.stats(tenant) == (3, 3)
+
+
+async def test_stored_state_of_a_large_document_is_read_past_one_page(
+    opensearch_retriever: OpenSearchRetriever,
+) -> None:
+    tenant = f"large-{uuid.uuid4().hex[:6]}"
+    n = 1500  # more chunks than one lookup page holds
+    big = doc("big", [f"chunk {i}" for i in range(n)], list(range(1000, 1000 + n)))
+    await opensearch_retriever.upsert_document(tenant, big)
+    smaller = doc("big", ["the only chunk left"], [7], rev="2")
+    assert await opensearch_retriever.upsert_document(tenant, smaller)
+    assert await opensearch_retriever.stats(tenant) == (1, 1)

@@ -180,8 +180,8 @@ async def test_a_version_that_landed_first_counts_as_unchanged(tmp_path: Path) -
     class RacingIndex(EmbeddedRetriever):
         """Reports no stored hash, as if the identical version arrived after the check."""
 
-        async def content_hash(self, tenant: str, doc_id: str) -> str | None:
-            return None
+        async def content_hashes(self, tenant: str, doc_ids: Sequence[str]) -> dict[str, str]:
+            return {}
 
     async with RacingIndex(tmp_path / "index.sqlite3") as index:
         await ingest_documents("t", docs(2), FakeEmbedder(), index)
