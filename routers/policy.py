@@ -93,12 +93,18 @@ def decide(
     return RouteDecision(
         route=draft.route,
         reason=draft.reason,
-        explanation=f"{draft.reason}: " + "; ".join(draft.notes),
+        explanation=_explanation(draft),
         classification=classification,
         lexical_weight=lexical,
         dense_weight=draft.dense if draft.dense is not None else config.dense_weight,
         wanted=wanted,
     )
+
+
+def _explanation(draft: _Draft) -> str:
+    notes = "; ".join(draft.notes)
+    # The classifier's own note already says so; any other deciding step is named first.
+    return notes if draft.reason == "classifier" else f"{draft.reason}: {notes}"
 
 
 def _describe(classification: Classification) -> str:
