@@ -61,7 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def with_demo_key(settings: Settings) -> Settings:
+def with_demo_key(settings: Settings, announce: bool = True) -> Settings:
     """With no tenants configured, the demo tenant's key comes from the environment or is
     generated once and kept in the data directory."""
     if settings.tenants or settings.demo_api_key is not None:
@@ -69,7 +69,8 @@ def with_demo_key(settings: Settings) -> Settings:
     path = settings.data_dir / DEMO_KEY_FILE
     if path.exists():
         key = path.read_text(encoding="utf-8").strip()
-        print(f"demo tenant API key: stored in {path}", file=sys.stderr)
+        if announce:
+            print(f"demo tenant API key: stored in {path}", file=sys.stderr)
     else:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         key = "qg-demo-" + secrets.token_urlsafe(24)
@@ -90,7 +91,7 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
     if args.sample_corpus:
         asyncio.run(_ingest_async(settings, DEMO_TENANT, [], sample=True))
     web.run_app(
-        create_app(settings, args.config, lambda fresh: _serve_settings(fresh, args)),
+        create_app(settings, args.config, lambda fresh: _serve_settings(fresh, args, False)),
         host=server.host,
         port=server.port,
         shutdown_timeout=server.shutdown_grace_s,
@@ -100,9 +101,11 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve_settings(settings: Settings, args: argparse.Namespace) -> Settings:
+def _serve_settings(
+    settings: Settings, args: argparse.Namespace, announce: bool = True
+) -> Settings:
     """The demo key and --host/--port on top of the file; a reload applies them again."""
-    settings = with_demo_key(settings)
+    settings = with_demo_key(settings, announce)
     server = settings.server.model_copy(
         update={k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     )
