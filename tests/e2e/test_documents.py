@@ -83,6 +83,7 @@ def test_a_tenant_cannot_touch_another_tenants_document(gw: GatewayProcess) -> N
     url = f"{gw.url}/v1/documents/{doc_id}"
     assert requests.delete(url, headers=gw.headers("acme"), timeout=30).status_code == 404
     body = ask(gw, "What does Globex keep in its private Acme cable notes?")
+    assert cited(body), body  # else the isolation check would pass vacuously
     assert doc_id not in cited(body)
 
 
