@@ -15,6 +15,9 @@ _CAPITALISED = re.compile(r"(?<![.!?]\s)(?<!^)\b[A-Z][a-zA-Z0-9'-]+")
 _IDENTIFIER = re.compile(
     r"\b(?:[A-Z]{2,}[-_]?\d+[\w-]*|\d+[-_][A-Z0-9]+[\w-]*|[A-Za-z]+_[A-Za-z0-9_]+|0x[0-9a-f]+)\b"
 )
+# Wider than _IDENTIFIER, which is frozen with the trained router's artifact (changing a feature
+# means retraining): any hyphen- or underscore-joined token with a digit in it (ZX-F92A8D, A1_B2).
+_CODE = re.compile(r"\b(?=[\w-]*\d)[A-Za-z0-9]+(?:[-_][A-Za-z0-9]+)+\b")
 _QUOTED = re.compile(r"\"[^\"]{2,}\"|'[^']{3,}'")
 _GREETING = re.compile(
     r"^\s*(hi|hello|hey|yo|good (morning|afternoon|evening)|thanks|thank you|thx|cheers|bye|"
@@ -86,4 +89,5 @@ def lexical_features(text: str) -> dict[str, float]:
 
 def identifiers_in(text: str) -> list[str]:
     """Identifier-like tokens (error codes, SKUs, snake_case names): lexical search wins here."""
-    return _IDENTIFIER.findall(text)
+    found = _IDENTIFIER.findall(text) + _CODE.findall(text)
+    return list(dict.fromkeys(found))

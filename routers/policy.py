@@ -2,7 +2,7 @@
 
 Order, each step able to override the one before:
 1. the classifier;
-2. per-route confidence thresholds;
+2. per-route confidence thresholds, and no direct answer for a question naming an identifier;
 3. the first matching configured rule;
 4. full context, for a tenant whose whole corpus fits the budget;
 5. a route forced by the request (when the tenant may force);
@@ -68,6 +68,10 @@ def decide(
     identifiers = identifiers_in(query)
     draft = _Draft(classification.route, "classifier", [_describe(classification)])
     _apply_threshold(draft, classification, config.router)
+    if identifiers and draft.route is Route.DIRECT:
+        # An error code or SKU is a question about the documents, however chatty it sounds.
+        draft.route, draft.reason = Route.LOOKUP, "identifier"
+        draft.notes.append("a question naming an identifier is never answered without documents")
     rule = _first_rule(config, classification, query, identifiers)
     if rule is not None:
         _apply_rule(draft, rule)

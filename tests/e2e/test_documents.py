@@ -40,7 +40,7 @@ def cited(body: dict[str, object]) -> set[str]:
 
 
 def test_a_new_document_is_found_by_the_next_query(gw: GatewayProcess) -> None:
-    code = f"ZX-{uuid.uuid4().hex[:6].upper()}"
+    code = f"ZX-{uuid.uuid4().int % 10**8:08d}"  # digits: always an identifier
     doc_id = f"note-{code}"
     resp = put(gw, doc_id, f"Error {code} means the Acme fan is blocked. Clean the fan grille.")
     assert resp.status_code == 201, resp.text
@@ -67,7 +67,7 @@ def test_a_change_retires_the_tenants_cached_answers(gw: GatewayProcess) -> None
 
 
 def test_a_deleted_document_is_gone_and_a_second_delete_is_404(gw: GatewayProcess) -> None:
-    code = f"QQ-{uuid.uuid4().hex[:6].upper()}"
+    code = f"QQ-{uuid.uuid4().int % 10**8:08d}"
     doc_id = f"gone-{code}"
     put(gw, doc_id, f"Error {code} means the Acme lid is open. Close the lid.")
     url = f"{gw.url}/v1/documents/{doc_id}"

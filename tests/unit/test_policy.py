@@ -110,3 +110,17 @@ def test_rule_names_must_be_unique() -> None:
 
 def test_rule_type_is_exported() -> None:
     assert Rule.model_validate({"name": "ok", "then": {}}).when.tenants == ()
+
+
+def test_a_question_naming_an_identifier_never_goes_direct() -> None:
+    # Seen in CI: the learned classifier called "What does error ZX-F92A8D mean for the Acme
+    # fan?" direct (p=0.77), which would answer a document question without the documents.
+    text = "What does error ZX-F92A8D mean for the Acme fan?"
+    decision = decide(classified(Route.DIRECT, 0.77), "auto", text, policy())
+    assert (decision.route, decision.reason) == (Route.LOOKUP, "identifier")
+    assert "ZX-F92A8D" in decision.explanation
+
+
+def test_a_forced_direct_route_still_wins_over_the_identifier_guard() -> None:
+    decision = decide(classified(Route.DIRECT, 0.77), "direct", "thanks for ERR-4471", policy())
+    assert decision.route is Route.DIRECT
