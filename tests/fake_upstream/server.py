@@ -37,6 +37,9 @@ stripped from the text before the default answer echoes it. Keys, all optional:
                          ``arguments`` is sent verbatim (so invalid JSON can be scripted).
 ``usage``          obj   ``{"prompt_tokens", "completion_tokens"}`` (default: word counts).
 ``no_usage``       bool  omit ``usage`` from the body, or the usage chunk even when asked for.
+``turns``          list  per-turn directives for a tool-calling loop: turn N is the request with
+                         N assistant messages after the last user message; an entry overrides
+                         the directive key by key, and turns past the list use its last entry.
 """
 
 from __future__ import annotations
@@ -102,6 +105,16 @@ def _parse_directive(header: str | None, text: str) -> dict[str, Any]:
     for match in DIRECTIVE_RE.finditer(text):
         directive.update(json.loads(match.group(1)))
     return directive
+
+
+def _for_turn(directive: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """The directive of this turn of an agent loop (see ``turns``)."""
+    turns = directive.get("turns")
+    if not turns:
+        return directive
+    last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
+    turn = sum(1 for m in messages[last_user + 1 :] if m.get("role") == "assistant")
+    return {**directive, **turns[min(turn, len(turns) - 1)]}
 
 
 def _strip_directive(text: str) -> str:
@@ -307,7 +320,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         "",
     )
     try:
-        directive = _parse_directive(request.headers.get("x-fake"), last_user)
+        directive = _for_turn(_parse_directive(request.headers.get("x-fake"), last_user), messages)
     except json.JSONDecodeError as exc:
         return _error(400, f"bad fake directive: {exc}")
     model = str(body.get("model", ""))

@@ -147,6 +147,34 @@ async def test_tool_calls_come_back_in_the_message(
     assert json.loads(call["function"]["arguments"]) == {"q": "paris"}
 
 
+async def test_turns_script_a_tool_loop_by_the_assistant_messages_after_the_question(
+    fake_upstream: str, http: aiohttp.ClientSession
+) -> None:
+    directive = {
+        "turns": [
+            {"tool_calls": [{"name": "search", "arguments": {"query": "a"}, "id": "t0"}]},
+            {"answer": "done [1]"},
+        ]
+    }
+    first = _chat("q", directive)
+    _, body = await _post(http, f"{fake_upstream}/chat/completions", first)
+    assert body["choices"][0]["message"]["tool_calls"][0]["id"] == "t0"
+    call = body["choices"][0]["message"]
+    second = {
+        **first,
+        "messages": [
+            {"role": "assistant", "content": "earlier history does not count"},
+            *first["messages"],
+            call,
+            {"role": "tool", "tool_call_id": "t0", "content": "result"},
+        ],
+    }
+    for _ in range(2):  # past the list: the last entry again
+        _, body = await _post(http, f"{fake_upstream}/chat/completions", second)
+        assert body["choices"][0]["message"]["content"] == "done [1]"
+        second["messages"] = [*second["messages"], {"role": "assistant", "content": "x"}]
+
+
 async def test_stream_sends_chunks_then_usage_chunk_then_done(
     fake_upstream: str, http: aiohttp.ClientSession
 ) -> None:
