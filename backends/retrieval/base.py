@@ -5,6 +5,8 @@ Contract shared by every implementation:
   lexical and the dense query, never after them: a tenant can never receive another's chunk.
 - `search(mode="hybrid")` fuses the BM25 and k-NN rankings with reciprocal rank fusion,
   score = sum over arms of weight / (rrf_k + rank), rank starting at 1, ties broken by chunk id.
+- `document_chunks` reads one document back in reading order: by the n of its chunk ids
+  `<doc_id>#<n>` as a number (#10 follows #9), ids whose n is not a number last, then by id.
 - Writes are per document: `upsert_document` replaces all of a document's chunks atomically as
   seen by readers and is a no-op when the content hash is unchanged; every change bumps the
   tenant's generation, which cached answers are keyed on.
@@ -24,6 +26,8 @@ RetrievalMode = Literal["hybrid", "bm25", "dense"]
 Vector = npt.NDArray[np.float32]
 
 RRF_K = 60
+# Most chunks one `document_chunks` call returns: enough to read on, small enough for a prompt.
+MAX_DOCUMENT_CHUNKS = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +90,15 @@ class Retriever(Protocol):
         """Top `request.k` hits for the tenant, best first."""
         ...
 
+    async def document_chunks(self, tenant: str, doc_id: str, limit: int = 50) -> list[Hit]:
+        """The document's chunks in reading order (first `limit`, clamped to
+        1..MAX_DOCUMENT_CHUNKS), empty when the tenant has no such document: another tenant's
+        document of the same id is never read.
+
+        Hits carry score 0.0 and no ranks: they were read, not ranked.
+        """
+        ...
+
     async def upsert_document(self, tenant: str, document: Document) -> bool:
         """Store or replace a document; False when its content hash was already stored."""
         ...
@@ -120,6 +133,11 @@ class Retriever(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+def document_chunk_limit(limit: int) -> int:
+    """`limit` of `Retriever.document_chunks` clamped to 1..MAX_DOCUMENT_CHUNKS."""
+    return max(1, min(limit, MAX_DOCUMENT_CHUNKS))
 
 
 def rrf_fuse(

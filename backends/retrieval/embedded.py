@@ -32,7 +32,14 @@ from typing import TypeVar
 import numpy as np
 
 from backends.errors import BackendUnavailable
-from backends.retrieval.base import Document, Hit, SearchRequest, Vector, rrf_fuse
+from backends.retrieval.base import (
+    Document,
+    Hit,
+    SearchRequest,
+    Vector,
+    document_chunk_limit,
+    rrf_fuse,
+)
 from backends.retrieval.stopwords import without_stopwords
 
 BACKEND = "embedded"
@@ -44,6 +51,13 @@ _BM25 = f"bm25(chunks_fts, {', '.join(str(w) for w in _WEIGHTS.values())})"
 # '-' and '_' are part of a token so identifiers (ERR-4471, SKU_123) index and match whole.
 _TOKENIZER = "unicode61 remove_diacritics 2 tokenchars '-_'"
 _QUERY_TOKEN = re.compile(r"[\w-]+")
+# The seam's reading order: n of `<doc_id>#<n>` as a number (ids whose n has a non-digit
+# last), then the id.
+_POSITION = "substr(chunks.chunk_id, length(chunks.doc_id) + 2)"
+_READING_ORDER = (
+    f"{_POSITION} = '' OR {_POSITION} GLOB '*[^0-9]*', CAST({_POSITION} AS INTEGER),"
+    " chunks.chunk_id"
+)
 
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS tenants (
@@ -308,6 +322,23 @@ class EmbeddedRetriever:
         ranks = {name: {i: n for n, i in enumerate(r.ids, start=1)} for name, r in arms.items()}
         hits = [_hit(by_id[i], score, ranks, arms) for i, score in fused if i in by_id]
         return sorted(hits, key=lambda h: (-h.score, h.chunk_id, h.doc_id))
+
+    async def document_chunks(self, tenant: str, doc_id: str, limit: int = 50) -> list[Hit]:
+        def read(db: sqlite3.Connection) -> list[Hit]:
+            rows = db.execute(
+                "SELECT chunks.chunk_id, documents.title, chunks.section, chunks_fts.text"
+                " FROM chunks"
+                " JOIN documents USING (tenant, doc_id)"
+                " JOIN chunks_fts ON chunks_fts.rowid = chunks.id"
+                f" WHERE chunks.tenant = ? AND chunks.doc_id = ? ORDER BY {_READING_ORDER} LIMIT ?",
+                (tenant, doc_id, document_chunk_limit(limit)),
+            )
+            return [
+                Hit(doc_id, chunk, title, section, text, 0.0)
+                for chunk, title, section, text in rows
+            ]
+
+        return await self._run("document_chunks", read)
 
     async def content_hash(self, tenant: str, doc_id: str) -> str | None:
         def read(db: sqlite3.Connection) -> str | None:

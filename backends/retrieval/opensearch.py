@@ -34,7 +34,15 @@ from tenacity import (
 )
 
 from backends.errors import BackendUnavailable, UpstreamError
-from backends.retrieval.base import RRF_K, Document, Hit, SearchRequest, Vector, rrf_fuse
+from backends.retrieval.base import (
+    RRF_K,
+    Document,
+    Hit,
+    SearchRequest,
+    Vector,
+    document_chunk_limit,
+    rrf_fuse,
+)
 from backends.retrieval.stopwords import without_stopwords
 
 BACKEND = "opensearch"
@@ -50,6 +58,25 @@ MAX_CHUNKS_PER_DOCUMENT = 10_000
 # Documents per stored-state lookup, and hits per page of it.
 _LOOKUP_DOCS = 500
 _LOOKUP_PAGE = 1000
+# The seam's reading order. `chunk_id` is a keyword, which sorts #10 before #9; a script sort
+# needs no mapping change, and it only runs over the one document's chunks.
+_READING_ORDER: list[Json] = [
+    {
+        "_script": {
+            "type": "number",
+            "script": {
+                "lang": "painless",
+                "source": (
+                    "String id = doc['chunk_id'].value;"
+                    " String n = id.substring(id.lastIndexOf('#') + 1);"
+                    " try { return Long.parseLong(n); }"
+                    " catch (NumberFormatException e) { return Long.MAX_VALUE; }"
+                ),
+            },
+        }
+    },
+    {"chunk_id": "asc"},
+]
 _META_MAPPINGS: Json = {"dynamic": "strict", "properties": {"generation": {"type": "long"}}}
 
 
@@ -455,6 +482,18 @@ class OpenSearchRetriever:
             },
         }
 
+    async def document_chunks(self, tenant: str, doc_id: str, limit: int = 50) -> list[Hit]:
+        await self._ensure_ready()
+        body = {
+            "size": document_chunk_limit(limit),
+            "_source": {"excludes": ["embedding"]},
+            "query": _doc_filter(tenant, doc_id),
+            "sort": _READING_ORDER,
+        }
+        with _translated("document_chunks"):
+            response = await self._client.search(index=self.config.alias, body=body)
+        return [_read_hit(h["_source"]) for h in response["hits"]["hits"]]
+
     async def content_hash(self, tenant: str, doc_id: str) -> str | None:
         return (await self.content_hashes(tenant, [doc_id])).get(doc_id)
 
@@ -789,6 +828,18 @@ def _to_hits(fused: Sequence[tuple[str, float]], arms: Mapping[str, list[Json]])
             )
         )
     return out
+
+
+def _read_hit(source: Json) -> Hit:
+    """A chunk read back by `document_chunks`: no arm ranked it."""
+    return Hit(
+        doc_id=source["doc_id"],
+        chunk_id=source["chunk_id"],
+        title=source["title"],
+        section=source["section"],
+        text=source["text"],
+        score=0.0,
+    )
 
 
 def _best_first(hits: list[Hit]) -> list[Hit]:

@@ -9,6 +9,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Literal
 
 import aiohttp
@@ -18,8 +19,11 @@ from pydantic import ValidationError
 
 from backends.errors import BackendUnavailable
 from backends.retrieval.base import (
+    MAX_DOCUMENT_CHUNKS,
     RRF_K,
+    Chunk,
     Document,
+    Hit,
     RetrievalMode,
     SearchRequest,
     Vector,
@@ -358,6 +362,80 @@ async def test_only_punctuation_sends_no_bm25_arm(
     assert [(h.bm25_rank, h.dense_rank) for h in hybrid] == [(None, 1)]
 
 
+def long_doc(doc_id: str, chunks: int, word: str = "part") -> Document:
+    """A document of `chunks` chunks, sent last chunk first so indexing order is no help."""
+    document = doc(doc_id, [f"{word} {n}" for n in range(chunks)], list(range(chunks)))
+    return replace(document, chunks=document.chunks[::-1])
+
+
+async def test_document_chunks_come_in_numeric_reading_order(
+    opensearch_retriever: OpenSearchRetriever,
+) -> None:
+    await opensearch_retriever.upsert_document("read-order", long_doc("d", 12))
+
+    hits = await opensearch_retriever.document_chunks("read-order", "d")
+
+    assert ids(hits) == [f"d#{n}" for n in range(12)]
+
+
+async def test_document_chunks_without_a_number_come_last(
+    opensearch_retriever: OpenSearchRetriever,
+) -> None:
+    chunks = tuple(Chunk(i, i, "", unit_vector(n)) for n, i in enumerate(["d#x", "d#10", "d#2"]))
+    await opensearch_retriever.upsert_document("read-named", Document("d", "d", "h", chunks))
+
+    hits = await opensearch_retriever.document_chunks("read-named", "d")
+
+    assert ids(hits) == ["d#2", "d#10", "d#x"]
+
+
+async def test_document_chunks_are_read_not_ranked(
+    opensearch_retriever: OpenSearchRetriever,
+) -> None:
+    await opensearch_retriever.upsert_document(
+        "read-fields", doc("d", ["the body text"], [1], title="The Title")
+    )
+
+    hits = await opensearch_retriever.document_chunks("read-fields", "d")
+
+    assert hits == [Hit("d", "d#0", "The Title", "section 0", "the body text", 0.0)]
+
+
+@pytest.mark.parametrize(
+    ("limit", "expected"), [(5, 5), (0, 1), (-3, 1), (10_000, MAX_DOCUMENT_CHUNKS)]
+)
+async def test_document_chunks_stop_at_the_clamped_limit(
+    opensearch_retriever: OpenSearchRetriever, limit: int, expected: int
+) -> None:
+    await opensearch_retriever.upsert_document("read-limit", long_doc("d", MAX_DOCUMENT_CHUNKS + 5))
+
+    hits = await opensearch_retriever.document_chunks("read-limit", "d", limit=limit)
+
+    assert ids(hits) == [f"d#{n}" for n in range(expected)]
+
+
+async def test_document_chunks_of_an_unknown_document_are_empty(
+    opensearch_retriever: OpenSearchRetriever,
+) -> None:
+    await opensearch_retriever.upsert_document("read-unknown", doc("d", ["words"], [1]))
+
+    assert await opensearch_retriever.document_chunks("read-unknown", "missing") == []
+
+
+async def test_document_chunks_never_cross_tenants(
+    opensearch_retriever: OpenSearchRetriever,
+) -> None:
+    await opensearch_retriever.upsert_document("read-a", long_doc("shared", 3, "alpha"))
+    await opensearch_retriever.upsert_document("read-b", long_doc("shared", 2, "beta"))
+
+    read_a = await opensearch_retriever.document_chunks("read-a", "shared")
+    read_b = await opensearch_retriever.document_chunks("read-b", "shared")
+
+    assert [h.text for h in read_a] == ["alpha 0", "alpha 1", "alpha 2"]
+    assert [h.text for h in read_b] == ["beta 0", "beta 1"]
+    assert await opensearch_retriever.document_chunks("read-c", "shared") == []
+
+
 def closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -375,6 +453,7 @@ async def test_node_down_raises_backend_unavailable_fast() -> None:
     async with OpenSearchRetriever(config) as retriever:
         for call in (
             retriever.search(SearchRequest("t", "hello", unit_vector(1))),
+            retriever.document_chunks("t", "x"),
             retriever.ping(),
             retriever.upsert_document("t", doc("x", ["x"], [1])),
         ):
@@ -412,10 +491,14 @@ async def test_hung_node_times_out_within_the_bound(silent_server: int) -> None:
         use_server_side_rrf="off",
     )
     async with OpenSearchRetriever(config) as retriever:
-        started = time.monotonic()
-        with pytest.raises(BackendUnavailable):
-            await retriever.search(SearchRequest("t", "hello", unit_vector(1)))
-        assert time.monotonic() - started < timeout + 1.0
+        for call in (
+            retriever.search(SearchRequest("t", "hello", unit_vector(1))),
+            retriever.document_chunks("t", "x"),
+        ):
+            started = time.monotonic()
+            with pytest.raises(BackendUnavailable):
+                await call
+            assert time.monotonic() - started < timeout + 1.0
 
 
 async def test_server_side_fusion_keeps_tenants_apart(

@@ -6,6 +6,7 @@ import asyncio
 import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import closing
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -13,9 +14,11 @@ import pytest
 
 from backends.errors import BackendUnavailable
 from backends.retrieval.base import (
+    MAX_DOCUMENT_CHUNKS,
     RRF_K,
     Chunk,
     Document,
+    Hit,
     RetrievalMode,
     SearchRequest,
 )
@@ -149,6 +152,57 @@ async def test_generation_bumps_on_every_change_and_only_for_that_tenant(
     assert await index.generation("other") == 0
 
 
+def long_doc(doc_id: str, chunks: int, word: str = "part") -> Document:
+    """A document of `chunks` chunks, stored last chunk first so storage order is no help."""
+    texts = [f"{word} {n}" for n in range(chunks)]
+    document = doc(doc_id, texts, list(range(chunks)))
+    return replace(document, chunks=document.chunks[::-1])
+
+
+async def test_document_chunks_come_in_numeric_reading_order(index: EmbeddedRetriever) -> None:
+    await index.upsert_document("t", long_doc("d", 12))
+    assert ids(await index.document_chunks("t", "d")) == [f"d#{n}" for n in range(12)]
+
+
+async def test_document_chunks_without_a_number_come_last(index: EmbeddedRetriever) -> None:
+    chunks = tuple(Chunk(i, i, "", unit_vector(n)) for n, i in enumerate(["d#x", "d#10", "d#2"]))
+    await index.upsert_document("t", Document("d", "d", "h", chunks))
+    assert ids(await index.document_chunks("t", "d")) == ["d#2", "d#10", "d#x"]
+
+
+async def test_document_chunks_are_read_not_ranked(index: EmbeddedRetriever) -> None:
+    await index.upsert_document("t", doc("d", ["the body text"], [1], title="The Title"))
+    assert await index.document_chunks("t", "d") == [
+        Hit("d", "d#0", "The Title", "section 0", "the body text", 0.0)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("limit", "expected"), [(5, 5), (0, 1), (-3, 1), (10_000, MAX_DOCUMENT_CHUNKS)]
+)
+async def test_document_chunks_stop_at_the_clamped_limit(
+    index: EmbeddedRetriever, limit: int, expected: int
+) -> None:
+    await index.upsert_document("t", long_doc("d", MAX_DOCUMENT_CHUNKS + 5))
+    hits = await index.document_chunks("t", "d", limit=limit)
+    assert ids(hits) == [f"d#{n}" for n in range(expected)]
+
+
+async def test_document_chunks_of_an_unknown_document_are_empty(index: EmbeddedRetriever) -> None:
+    await index.upsert_document("t", doc("d", ["words"], [1]))
+    assert await index.document_chunks("t", "missing") == []
+
+
+async def test_document_chunks_never_cross_tenants(index: EmbeddedRetriever) -> None:
+    await index.upsert_document("tenant-a", long_doc("shared", 3, "alpha"))
+    await index.upsert_document("tenant-b", long_doc("shared", 2, "beta"))
+    texts_a = [h.text for h in await index.document_chunks("tenant-a", "shared")]
+    texts_b = [h.text for h in await index.document_chunks("tenant-b", "shared")]
+    assert texts_a == ["alpha 0", "alpha 1", "alpha 2"]
+    assert texts_b == ["beta 0", "beta 1"]
+    assert await index.document_chunks("tenant-c", "shared") == []
+
+
 @pytest.mark.parametrize(
     "text",
     ['"', "*", "NEAR(a b)", "title:secret", "(", ")", "a AND", "OR", "^x", "-", '"unclosed', ""],
@@ -233,6 +287,8 @@ async def test_closed_index_is_backend_unavailable(tmp_path: Path) -> None:
     await index.aclose()
     with pytest.raises(BackendUnavailable):
         await index.ping()
+    with pytest.raises(BackendUnavailable):
+        await index.document_chunks("t", "d")
 
 
 async def test_concurrent_writes_and_searches_stay_consistent(index: EmbeddedRetriever) -> None:
