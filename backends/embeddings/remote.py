@@ -24,6 +24,13 @@ if TYPE_CHECKING:
 _KEYLESS_PLACEHOLDER = "unused"
 _BACKEND = "embeddings"
 
+# No retries inside the SDK: the caller answers 503 with Retry-After rather than holding the
+# request through the SDK's backoff. litellm 1.110's OpenAI embedding path reads
+# `max_retries or litellm.DEFAULT_MAX_RETRIES`, so an explicit 0 still meant 2 retries (3 requests
+# per call against a 503, measured); its Azure path falls back to the same default. It is read
+# only on those embedding paths, so setting it changes nothing for chat completions.
+litellm.DEFAULT_MAX_RETRIES = 0  # type: ignore[attr-defined]  # not re-exported
+
 
 class LiteLLMEmbedder:
     """The `Embedder` for any model litellm can call; vectors are re-normalised here.
@@ -53,6 +60,7 @@ class LiteLLMEmbedder:
                 api_base=self._config.api_base,
                 api_key=self._api_key,
                 timeout=self._config.timeout_s,
+                max_retries=0,  # honoured by other providers; see DEFAULT_MAX_RETRIES above
             )
         except (openai.APIError, TimeoutError, ConnectionError) as exc:
             raise BackendUnavailable(_BACKEND, f"{self.model_id}: {type(exc).__name__}") from exc

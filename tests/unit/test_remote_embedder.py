@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import uuid
+
 import numpy as np
 import pytest
 from pydantic import ValidationError
@@ -10,6 +13,7 @@ from backends.embeddings.config import EmbeddingsConfig, build_embedder
 from backends.embeddings.minilm import MiniLMEmbedder
 from backends.embeddings.remote import LiteLLMEmbedder
 from backends.errors import BackendUnavailable, UpstreamError
+from tests.fixtures.upstream import calls_for
 
 
 def remote_config(api_base: str, **overrides: object) -> EmbeddingsConfig:
@@ -39,6 +43,18 @@ async def test_rejected_request_is_backend_unavailable(fake_upstream: str) -> No
     embedder = build_embedder(remote_config(fake_upstream))
     with pytest.raises(BackendUnavailable):
         await embedder.embed(['x [[fake:{"status": 400}]]'])
+
+
+async def test_an_unavailable_upstream_gets_one_request_per_embed_call(fake_upstream: str) -> None:
+    # the SDK inside litellm retries 5xx twice unless told otherwise, and litellm 1.110 turned an
+    # explicit max_retries=0 back into 2 on this path
+    key = uuid.uuid4().hex
+    text = f"x [[fake:{json.dumps({'status': 503, 'key': key})}]]"
+    embedder = build_embedder(remote_config(fake_upstream))
+    for _ in range(2):
+        with pytest.raises(BackendUnavailable):
+            await embedder.embed([text])
+    assert await calls_for(fake_upstream, key) == 2
 
 
 async def test_wrong_dimension_is_refused(fake_upstream: str) -> None:
