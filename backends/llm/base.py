@@ -32,6 +32,17 @@ class TierConfig(BaseModel):
     max_tokens: int = Field(default=512, gt=0)
     temperature: float = Field(default=0.0, ge=0, le=2)
     retries: int = Field(default=2, ge=0, le=5)
+    cooldown_after: int = Field(
+        default=3,
+        ge=0,
+        description="consecutive failed calls (each after its retries) that make this model be "
+        "skipped for cooldown_s; 0 never skips it",
+    )
+    cooldown_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="how long a failing model is skipped before one request may probe it",
+    )
     fallbacks: tuple[TierConfig, ...] = ()
 
 
@@ -48,6 +59,9 @@ class ToolCall:
     id: str
     name: str
     arguments: dict[str, Any]
+    # Why the model's arguments could not be parsed (then `arguments` is empty): the caller
+    # tells the model, rather than failing the whole call.
+    error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +86,7 @@ class Completion:
     usage: Usage
     tool_calls: tuple[ToolCall, ...] = ()
     finish_reason: str = "stop"
+    usage_estimated: bool = False  # the upstream reported no usage; tokens were counted here
 
 
 @dataclass(frozen=True, slots=True)

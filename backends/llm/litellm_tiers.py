@@ -8,6 +8,15 @@ fallback, which may be another provider or deployment. When every model failed,
 `BackendUnavailable` is raised if any of them failed transiently (trying later may help), else
 `UpstreamError`.
 
+Each model of a chain has a circuit breaker: after `cooldown_after` consecutive failed calls
+(transient or malformed, each counted once its retries are spent) the model is skipped for
+`cooldown_s`, so a dead primary stops costing every request its retries and backoff. Then one
+request probes it, without retries: success puts it back, failure skips it for another
+`cooldown_s`. A refused request (4xx other than 429) is the request's fault and tells the breaker
+nothing. When every model of a tier is skipped, `BackendUnavailable` is raised without calling
+anyone, `retry_after_s` being the time until the first may be probed. Breakers live in this
+object, so each worker process keeps its own.
+
 Cost is ours, not litellm's: `response_cost` is None for unregistered models, so cost is the
 tier's per-token prices times the usage the upstream reported. On streams a usage chunk is
 requested; when the upstream sends none, usage is estimated with `litellm.token_counter` and the
@@ -26,7 +35,10 @@ from backends.llm import offline  # noqa: F401  (must run before litellm is impo
 import asyncio
 import json
 import logging
+import math
 import os
+import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from enum import Enum
@@ -69,12 +81,73 @@ class _Failure(Enum):
     REJECTED = "rejected"  # the upstream refused the request: try the next model
 
 
+class Admission(Enum):
+    """How a breaker let a call through."""
+
+    CALL = "call"
+    PROBE = "probe"  # the one call let through to a cooling model
+
+
+class CircuitBreaker:
+    """One model's cooldown: closed, open (skipped), half-open (one probe at a time).
+
+    `threshold` consecutive failures open it (0: never). After `cooldown_s` it admits one probe;
+    the probe's success closes it, its failure opens it again. A verdict of None (a refused or
+    cancelled call) changes nothing but frees the probe slot. Any call's success closes it, and
+    any call's failure while it is open restarts the cooldown: late answers are evidence too.
+    """
+
+    def __init__(self, threshold: int, cooldown_s: float, clock: Callable[[], float]) -> None:
+        self._threshold = threshold
+        self._cooldown_s = cooldown_s
+        self._clock = clock
+        self._failures = 0
+        self._open_until: float | None = None  # None while closed
+        self._probing = False
+
+    @property
+    def is_open(self) -> bool:
+        """Not closed: open or half-open."""
+        return self._open_until is not None
+
+    def seconds_left(self) -> float:
+        """Until a probe may go: 0 when closed or half-open."""
+        if self._open_until is None:
+            return 0.0
+        return max(0.0, self._open_until - self._clock())
+
+    def admit(self) -> Admission | None:
+        """Whether a call may go now (None: skip this model), and whether it is the probe."""
+        if self._open_until is None:
+            return Admission.CALL
+        if self._probing or self._clock() < self._open_until:
+            return None
+        self._probing = True
+        return Admission.PROBE
+
+    def record(self, admitted: Admission, verdict: bool | None) -> bool:
+        """Take a call's outcome (True ok, False failed, None no verdict); True if it flipped."""
+        was_open = self.is_open
+        if admitted is Admission.PROBE:
+            self._probing = False
+        if verdict is True:
+            self._failures = 0
+            self._open_until = None
+        elif verdict is False:
+            self._failures += 1
+            if was_open or 0 < self._threshold <= self._failures:
+                self._open_until = self._clock() + self._cooldown_s
+        return self.is_open is not was_open
+
+
 @dataclass(frozen=True, slots=True)
 class _Deployment:
-    """One model of a tier's chain with its API key resolved."""
+    """One model of a tier's chain with its API key resolved and its breaker."""
 
     config: TierConfig
     api_key: str
+    name: str  # the model, plus "#position" if the chain lists it twice (two api_bases)
+    breaker: CircuitBreaker
 
     @property
     def model(self) -> str:
@@ -86,6 +159,24 @@ class _Deployment:
             + completion_tokens * self.config.output_cost_per_token
         )
         return Usage(prompt_tokens, completion_tokens, cost)
+
+
+@dataclass(slots=True)
+class _Lease:
+    """An admitted call to one deployment: its verdict reaches the breaker exactly once."""
+
+    tier: Tier
+    deployment: _Deployment
+    admitted: Admission
+    on_flip: Callable[[Tier, _Deployment], None]
+    settled: bool = False
+
+    def settle(self, verdict: bool | None) -> None:
+        if self.settled:
+            return
+        self.settled = True
+        if self.deployment.breaker.record(self.admitted, verdict):
+            self.on_flip(self.tier, self.deployment)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,11 +198,20 @@ def _resolve_key(config: TierConfig) -> str:
     return key
 
 
-def _chain(config: TierConfig | None) -> tuple[_Deployment, ...]:
+def _chain(config: TierConfig | None, clock: Callable[[], float]) -> tuple[_Deployment, ...]:
     if config is None:
         return ()
     configs = (config, *config.fallbacks)
-    return tuple(_Deployment(c, _resolve_key(c)) for c in configs)
+    listed = Counter(c.model for c in configs)
+    return tuple(
+        _Deployment(
+            c,
+            _resolve_key(c),
+            c.model if listed[c.model] == 1 else f"{c.model}#{i}",
+            CircuitBreaker(c.cooldown_after, c.cooldown_s, clock),
+        )
+        for i, c in enumerate(configs)
+    )
 
 
 def _exception_chain(exc: BaseException) -> list[BaseException]:
@@ -146,6 +246,16 @@ def _classify(exc: BaseException) -> _Failure:
 
 def _is_transient(exc: BaseException) -> bool:
     return _classify(exc) is _Failure.TRANSIENT
+
+
+def _verdict(exc: BaseException) -> bool | None:
+    """A failed call's verdict on the model: none when the request itself was refused."""
+    return None if _classify(exc) is _Failure.REJECTED else False
+
+
+def _retry_after(cooling: list[_Deployment]) -> int:
+    # Retry-After is whole seconds; a half-open model (0 s left) is busy with its probe
+    return max(1, math.ceil(min(d.breaker.seconds_left() for d in cooling)))
 
 
 # What a failed attempt may raise; anything else is a bug and propagates untouched.
@@ -204,16 +314,29 @@ class LiteLLMTiers:
         *,
         backoff_initial_s: float = 0.25,
         backoff_max_s: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+        on_cooldown: Callable[[str, str, bool], None] | None = None,
     ) -> None:
+        """`on_cooldown(tier, model, is_open)` hears every breaker opening and closing."""
         self._chains: dict[Tier, tuple[_Deployment, ...]] = {
-            "small": _chain(small),
-            "large": _chain(large),
+            "small": _chain(small, clock),
+            "large": _chain(large, clock),
         }
         self._backoff_initial_s = backoff_initial_s
         self._backoff_max_s = backoff_max_s
+        self._on_cooldown = on_cooldown
 
     def has_tier(self, tier: Tier) -> bool:
         return bool(self._chains[tier])
+
+    def cooldowns(self) -> dict[tuple[str, str], float]:
+        """Models being skipped or probed, by (tier, model): seconds until a probe may go."""
+        return {
+            (tier, d.name): d.breaker.seconds_left()
+            for tier, chain in self._chains.items()
+            for d in chain
+            if d.breaker.is_open
+        }
 
     async def warm_up(self) -> None:
         """Run litellm's lazy imports and setup now rather than on the first real request.
@@ -261,7 +384,9 @@ class LiteLLMTiers:
                 raise UpstreamError("llm", f"{deployment.model}: unexpected {type(response)}")
             return self._to_completion(tier, deployment, wire, response)
 
-        return await self._first_that_answers(tier, attempt)
+        lease, completion = await self._first_that_answers(tier, attempt)
+        lease.settle(True)
+        return completion
 
     async def stream(
         self,
@@ -293,11 +418,18 @@ class LiteLLMTiers:
                 raise UpstreamError("llm", f"{deployment.model}: empty stream")
             return _OpenStream(deployment, chunks, first)
 
-        opened = await self._first_that_answers(tier, attempt)
+        lease, opened = await self._first_that_answers(tier, attempt)
         try:
             async for delta in self._relay(opened, wire):
+                if delta.done:
+                    # now, not on exit: a consumer that never closes us must not hold a probe slot
+                    lease.settle(True)
                 yield delta
+        except _CALL_ERRORS as exc:
+            lease.settle(_verdict(exc))  # a stream cut after its first chunk counts too
+            raise
         finally:
+            lease.settle(None)  # stopped early or cancelled: no verdict (no-op once settled)
             # releases the connection when the consumer stops early
             await opened.chunks.aclose()
 
@@ -325,24 +457,53 @@ class LiteLLMTiers:
 
     async def _first_that_answers(
         self, tier: Tier, attempt: Callable[[_Deployment], Awaitable[T]]
-    ) -> T:
+    ) -> tuple[_Lease, T]:
+        """The first answer along the chain, skipping cooling models; the caller settles the lease
+        once the answer is used up (a stream can still fail after its first chunk)."""
         chain = self._chains[tier]
         if not chain:
             raise BackendUnavailable("llm", f"no model configured for tier {tier!r}")
         failures: list[tuple[str, BaseException]] = []
+        cooling: list[_Deployment] = []
         for deployment in chain:
+            admitted = deployment.breaker.admit()
+            if admitted is None:
+                cooling.append(deployment)
+                continue
+            lease = _Lease(tier, deployment, admitted, self._flipped)
             try:
-                return await self._retrying(deployment, attempt)
+                # a probe is not retried: it only has to tell whether the model is back, and the
+                # request it rides on should reach a fallback without the backoff
+                attempts = 1 if admitted is Admission.PROBE else deployment.config.retries + 1
+                return lease, await self._retrying(deployment, attempt, attempts)
             except _CALL_ERRORS as exc:
-                log.warning("llm %s failed (%s): %s", deployment.model, _classify(exc).value, exc)
-                failures.append((deployment.model, exc))
-        raise self._exhausted(tier, failures)
+                log.warning("llm %s failed (%s): %s", deployment.name, _classify(exc).value, exc)
+                failures.append((deployment.name, exc))
+                lease.settle(_verdict(exc))
+            except BaseException:
+                lease.settle(None)  # cancelled: no verdict, but free a probe slot
+                raise
+        raise self._exhausted(tier, failures, cooling)
+
+    def _flipped(self, tier: Tier, deployment: _Deployment) -> None:
+        is_open = deployment.breaker.is_open
+        if is_open:
+            log.warning(
+                "llm %s cooling down for %.1f s", deployment.name, deployment.config.cooldown_s
+            )
+        else:
+            log.info("llm %s answers again", deployment.name)
+        if self._on_cooldown is not None:
+            self._on_cooldown(tier, deployment.name, is_open)
 
     async def _retrying(
-        self, deployment: _Deployment, attempt: Callable[[_Deployment], Awaitable[T]]
+        self,
+        deployment: _Deployment,
+        attempt: Callable[[_Deployment], Awaitable[T]],
+        attempts: int,
     ) -> T:
         retrying = AsyncRetrying(
-            stop=stop_after_attempt(deployment.config.retries + 1),
+            stop=stop_after_attempt(attempts),
             wait=wait_exponential_jitter(
                 multiplier=self._backoff_initial_s,
                 max=self._backoff_max_s,
@@ -354,10 +515,21 @@ class LiteLLMTiers:
         return await retrying(attempt, deployment)
 
     @staticmethod
-    def _exhausted(tier: Tier, failures: list[tuple[str, BaseException]]) -> Exception:
+    def _exhausted(
+        tier: Tier, failures: list[tuple[str, BaseException]], cooling: list[_Deployment]
+    ) -> Exception:
+        if not failures:
+            return BackendUnavailable(
+                "llm",
+                f"tier {tier!r} is cooling down: all its models failed recently",
+                retry_after_s=_retry_after(cooling),
+            )
         detail = f"tier {tier!r}: " + "; ".join(
-            f"{model}: {_classify(exc).value}" for model, exc in failures
+            [f"{name}: {_classify(exc).value}" for name, exc in failures]
+            + [f"{d.name}: cooling down" for d in cooling]
         )
+        if cooling:
+            return BackendUnavailable("llm", detail, retry_after_s=_retry_after(cooling))
         if any(_is_transient(exc) for _, exc in failures):
             return BackendUnavailable("llm", detail)
         return UpstreamError("llm", detail)
@@ -372,7 +544,8 @@ class LiteLLMTiers:
         message = choice.message
         text = message.content or ""
         tokens = (response.usage.prompt_tokens, response.usage.completion_tokens)
-        if tokens[0] == 0:
+        estimated = tokens[0] == 0
+        if estimated:
             # litellm reports zeros when the upstream sent no usage; a real prompt is never
             # free, so estimate rather than book the call at no cost
             log.warning("llm %s sent no usage; estimating tokens", deployment.model)
@@ -384,6 +557,7 @@ class LiteLLMTiers:
             usage=deployment.cost(*tokens),
             tool_calls=tuple(_parse_tool_call(c) for c in message.tool_calls or ()),
             finish_reason=choice.finish_reason or "stop",
+            usage_estimated=estimated,
         )
 
     @staticmethod

@@ -53,9 +53,9 @@ def _tier(base_url: str, model: str = "openai/fake-small", **overrides: Any) -> 
     return TierConfig(**(settings | overrides))
 
 
-def _llm(small: TierConfig | None, large: TierConfig | None = None) -> LiteLLMTiers:
+def _llm(small: TierConfig | None, large: TierConfig | None = None, **options: Any) -> LiteLLMTiers:
     # tiny backoff: these tests count attempts, they do not measure waiting
-    return LiteLLMTiers(small, large, backoff_initial_s=0.01, backoff_max_s=0.05)
+    return LiteLLMTiers(small, large, backoff_initial_s=0.01, backoff_max_s=0.05, **options)
 
 
 def _ask(question: str, directive: dict[str, Any]) -> tuple[str, list[Message]]:
@@ -76,6 +76,7 @@ async def test_completion_has_text_usage_and_cost_from_tier_prices(fake_upstream
     assert (completion.tier, completion.model) == ("small", "openai/fake-small")
     assert (completion.usage.prompt_tokens, completion.usage.completion_tokens) == (100, 50)
     assert completion.usage.cost_usd == pytest.approx(100 * IN_PRICE + 50 * OUT_PRICE)
+    assert completion.usage_estimated is False
 
 
 async def test_stream_yields_deltas_then_a_final_delta_with_usage_and_cost(
@@ -107,6 +108,7 @@ async def test_completion_without_upstream_usage_is_estimated_not_free(fake_upst
     completion = await _llm(_tier(fake_upstream)).complete("small", messages)
     assert completion.usage.prompt_tokens > 0 and completion.usage.completion_tokens > 0
     assert completion.usage.cost_usd > 0
+    assert completion.usage_estimated is True
 
 
 async def test_tool_calls_are_parsed_with_decoded_arguments(fake_upstream: str) -> None:
@@ -281,3 +283,156 @@ async def test_a_new_instance_works_after_another_was_closed(fake_upstream: str)
     await first.aclose()
     completion = await _llm(_tier(fake_upstream, retries=0)).complete("small", _ask("q", {})[1])
     assert completion.text.startswith("FAKE ANSWER")
+
+
+# --- cooldown: a model that keeps failing is skipped, then probed -------------------------------
+
+PRIMARY = "openai/fake-small"
+FALLBACK = "openai/fake-fallback"
+PRIMARY_DOWN = {"status": 503, "models": ["fake-small"]}
+COOLDOWN_S = 30.0
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Cooling:
+    """A tier whose primary (retried twice) opens after 2 failed calls, a fake clock, the events."""
+
+    def __init__(self, base_url: str, *, fallback: bool = True, **overrides: Any) -> None:
+        settings: dict[str, Any] = {
+            "retries": 2,
+            "cooldown_after": 2,
+            "cooldown_s": COOLDOWN_S,
+        } | overrides
+        fallbacks = (_tier(base_url, FALLBACK, **settings),) if fallback else ()
+        self.clock = FakeClock()
+        self.events: list[tuple[str, str, bool]] = []
+        self.llm = _llm(
+            _tier(base_url, PRIMARY, fallbacks=fallbacks, **settings),
+            clock=self.clock,
+            on_cooldown=lambda *event: self.events.append(event),
+        )
+
+    async def ask(self, base_url: str, directive: dict[str, Any]) -> tuple[str, int]:
+        """The model that answered and how many upstream requests it took."""
+        key, messages = _ask("q", directive)
+        completion = await self.llm.complete("small", messages)
+        return completion.model, await calls_for(base_url, key)
+
+    async def open_primary(self, base_url: str) -> None:
+        for _ in range(2):
+            await self.ask(base_url, PRIMARY_DOWN)
+        assert set(self.llm.cooldowns()) == {("small", PRIMARY)}
+
+
+async def test_a_dead_primary_is_skipped_after_cooldown_after_failed_calls(
+    fake_upstream: str,
+) -> None:
+    cooling = Cooling(fake_upstream)
+    answers = [await cooling.ask(fake_upstream, PRIMARY_DOWN) for _ in range(5)]
+    # 3 attempts on the primary, then the fallback; once open, the fallback alone
+    assert answers == [(FALLBACK, 4), (FALLBACK, 4), (FALLBACK, 1), (FALLBACK, 1), (FALLBACK, 1)]
+    assert cooling.llm.cooldowns() == {("small", PRIMARY): COOLDOWN_S}
+
+
+async def test_after_the_cooldown_one_probe_reaches_the_primary_and_closes_it(
+    fake_upstream: str,
+) -> None:
+    cooling = Cooling(fake_upstream)
+    await cooling.open_primary(fake_upstream)
+    cooling.clock.now += COOLDOWN_S
+    assert await cooling.ask(fake_upstream, {}) == (PRIMARY, 1)
+    assert cooling.llm.cooldowns() == {}
+    assert await cooling.ask(fake_upstream, {}) == (PRIMARY, 1)
+
+
+async def test_concurrent_requests_while_half_open_send_a_single_probe(fake_upstream: str) -> None:
+    cooling = Cooling(fake_upstream)
+    await cooling.open_primary(fake_upstream)
+    cooling.clock.now += COOLDOWN_S
+    key = uuid.uuid4().hex
+    # the primary is slow to answer the probe, so the others arrive while it is out
+    slow = {"key": key, "delay_ms": 300, "models": ["fake-small"]}
+    messages = [Message(role="user", content=f"q [[fake:{json.dumps(slow)}]]")]
+    async with asyncio.timeout(GUARD_S):
+        completions = await asyncio.gather(
+            *(cooling.llm.complete("small", messages) for _ in range(4))
+        )
+    assert sorted(c.model for c in completions) == [FALLBACK] * 3 + [PRIMARY]
+    assert await calls_for(fake_upstream, key) == 4  # one probe, three fallback answers
+    assert cooling.llm.cooldowns() == {}
+
+
+async def test_a_failed_probe_is_not_retried_and_skips_the_primary_for_another_cooldown(
+    fake_upstream: str,
+) -> None:
+    cooling = Cooling(fake_upstream)
+    await cooling.open_primary(fake_upstream)
+    cooling.clock.now += COOLDOWN_S + 10
+    assert await cooling.ask(fake_upstream, PRIMARY_DOWN) == (FALLBACK, 2)
+    assert cooling.llm.cooldowns() == {("small", PRIMARY): COOLDOWN_S}
+
+
+async def test_every_model_cooling_down_fails_at_once_with_retry_after(fake_upstream: str) -> None:
+    cooling = Cooling(fake_upstream, retries=0, cooldown_after=1)
+    with pytest.raises(BackendUnavailable):
+        await cooling.ask(fake_upstream, {"status": 503})
+    cooling.clock.now += 10.5
+    key, messages = _ask("q", {})
+    with pytest.raises(BackendUnavailable, match="cooling down") as raised:
+        await cooling.llm.complete("small", messages)
+    assert raised.value.retry_after_s == 20  # 19.5 s left, in whole seconds
+    assert await calls_for(fake_upstream, key) == 0
+
+
+async def test_a_rejected_request_does_not_open_the_breaker(fake_upstream: str) -> None:
+    cooling = Cooling(fake_upstream, fallback=False, cooldown_after=1)
+    for _ in range(3):
+        with pytest.raises(UpstreamError):
+            await cooling.ask(fake_upstream, {"status": 400})
+    assert cooling.llm.cooldowns() == {}
+    assert await cooling.ask(fake_upstream, {}) == (PRIMARY, 1)
+
+
+async def test_on_cooldown_hears_the_breaker_open_and_close(fake_upstream: str) -> None:
+    cooling = Cooling(fake_upstream)
+    await cooling.open_primary(fake_upstream)
+    assert cooling.events == [("small", PRIMARY, True)]
+    cooling.clock.now += COOLDOWN_S
+    await cooling.ask(fake_upstream, {})
+    assert cooling.events == [("small", PRIMARY, True), ("small", PRIMARY, False)]
+
+
+async def test_a_stream_that_fails_to_open_counts_towards_the_cooldown(fake_upstream: str) -> None:
+    cooling = Cooling(fake_upstream, retries=0, cooldown_after=2)
+    for expected_calls in (2, 2, 1):  # primary then fallback, twice; then the fallback alone
+        key, messages = _ask("q", PRIMARY_DOWN)
+        deltas = await _drain(cooling.llm.stream("small", messages))
+        assert {d.model for d in deltas} == {FALLBACK}
+        assert await calls_for(fake_upstream, key) == expected_calls
+
+
+async def test_a_stream_cut_after_its_first_chunk_counts_towards_the_cooldown(
+    fake_upstream: str,
+) -> None:
+    cooling = Cooling(fake_upstream, fallback=False, cooldown_after=1)
+    _, messages = _ask("one two three four five", {"truncate_after": 2})
+    async with asyncio.timeout(GUARD_S):
+        with pytest.raises(UpstreamError):
+            await _drain(cooling.llm.stream("small", messages))
+    assert cooling.events == [("small", PRIMARY, True)]
+
+
+async def test_a_stream_that_completes_closes_the_breaker(fake_upstream: str) -> None:
+    cooling = Cooling(fake_upstream)
+    await cooling.open_primary(fake_upstream)
+    cooling.clock.now += COOLDOWN_S
+    deltas = await _drain(cooling.llm.stream("small", _ask("q", {})[1]))
+    assert deltas[-1].done and deltas[-1].model == PRIMARY
+    assert cooling.llm.cooldowns() == {}
