@@ -1,28 +1,32 @@
-"""Escalation calibration: tune the lookup grade's thresholds on FanOutQA dev val, report on test.
+"""Escalation: does grading the lookup's evidence, and escalating what it finds thin, catch the
+multihop questions the classifier sends to lookup, without escalating answerable lookups?
 
     python bench/escalation_eval.py [route_eval's price and token options]
 
-The lookup route grades its evidence (`routers.grading.grade`: coverage of the question's content
-words in the best passages, and agreement of the two arms on the best passage) and escalates to
-multihop when either falls below its threshold. Here every question of the dev split made by
-`scripts/train_router.py` (val and test parts) runs the lookup path's real retrieval: the
-embedded index over the 10,033 Wikipedia lead sections built by `bench/retrieval_eval.py`,
-k and candidates from `RetrievalConfig`, arm weights from the route policy (identifiers raise
-the lexical weight).
+Every question of the dev split made by `scripts/train_router.py` (val and test parts) runs the
+lookup path's real retrieval: the embedded index over the 10,033 Wikipedia lead sections built by
+`bench/retrieval_eval.py`, k and candidates from `RetrievalConfig`, arm weights from the route
+policy (identifiers raise the lexical weight). Two grading methods (`routers.grading.assess`):
+- signals: coverage of the question's content words and agreement of the two arms, two
+  thresholds tuned here on val;
+- learned: `routers.sufficiency`'s model, trained on the train part with its threshold tuned on
+  val by `scripts/train_sufficiency.py` (read from its artifact).
 
 Populations:
 - lookup-in: leaf sub-questions whose evidence page is in the corpus: should NOT escalate;
 - lookup-out: leaf sub-questions whose page is not in the corpus (escalating them is defensible:
   the corpus cannot answer them), reported apart;
-- multihop: parent questions: SHOULD escalate when they reach the lookup route.
+- multihop: parent questions: SHOULD end on the multihop route.
 
 Criterion, fixed before looking at test: on val, maximise the multihop escalation rate subject to
-at most 10% lookup-in escalation; ties go to the lower lookup-in rate, then to lower thresholds.
-Test then reports the lookup-in escalation rate, the catch rate for multihop questions the learned
-classifier sent to lookup, and route accuracy and cost of "learned + escalation" beside the
-baselines of `bench/route_eval.py` (same table, same cost model: an escalated question costs a
-multihop answer; the retrieval before the grade is not priced). The FanOutQA test file is never
-read.
+at most 10% lookup-in escalation; ties go to the lower lookup-in rate, then to less escalation.
+Test (held out from both trainings and from tuning) compares (a) the learned classifier alone,
+(b) + signals escalation, (c) + learned escalation on multihop recall (a multihop question ends on
+the multihop route: classified multihop, or sent to lookup and escalated) and the share of
+lookup-in questions escalated, with 95% bootstrap intervals resampling parents (seeded), the gain
+of each over (a) paired on the same resamples, the AUC of each score, and route accuracy and cost
+beside `bench/route_eval.py`'s baselines (an escalated question costs a multihop answer; the
+retrieval before the grade is not priced). The FanOutQA test file is never read.
 """
 
 from __future__ import annotations
@@ -55,22 +59,27 @@ from bench.retrieval_eval import (  # noqa: E402
 )
 from bench.route_eval import (  # noqa: E402
     baseline_predictions,
+    bootstrap,
     parse_args,
     print_table,
     route_costs,
 )
 from gateway.ingest.wiki_sample import load_wiki_sample  # noqa: E402
 from gateway.settings import RetrievalConfig  # noqa: E402
-from routers.grading import GradeThresholds, best_possible_score, grade  # noqa: E402
+from routers.grading import GradeThresholds, assess, best_possible_score, grade  # noqa: E402
 from routers.learned import CLASSES, LearnedClassifier  # noqa: E402
 from routers.policy import PolicyConfig, decide  # noqa: E402
 from routers.rules import EscalationConfig  # noqa: E402
+from routers.sufficiency import SufficiencyModel, use_model  # noqa: E402
 from routers.types import Classification, Route  # noqa: E402
 from scripts.train_router import Example, fanoutqa_path, labels_of, load_examples  # noqa: E402
 
 MAX_LOOKUP_ESCALATION = 0.10
 GRID = tuple(round(x, 2) for x in np.arange(0.0, 1.0001, 0.05))
 I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
+Bools = npt.NDArray[np.bool_]
+BOOTSTRAP_NOTE = "95% bootstrap resampling parents (route_eval's seed), gains paired"
 LOOKUP, MULTIHOP = CLASSES.index(Route.LOOKUP), CLASSES.index(Route.MULTIHOP)
 
 
@@ -114,6 +123,7 @@ async def run_lookup(
         lexical_weight=config.lexical_weight,
         dense_weight=config.dense_weight,
         identifier_lexical_weight=config.identifier_lexical_weight,
+        executable=frozenset(Route),
     )
     decision = decide(Classification(Route.LOOKUP, 1.0), "auto", example.text, policy)
     request = SearchRequest(
@@ -165,11 +175,16 @@ def tune(val: Sequence[Graded]) -> tuple[GradeThresholds, list[tuple[float, floa
     return feasible[0][2], feasible
 
 
-def describe(items: Sequence[Graded], thresholds: GradeThresholds, label: str) -> str:
+def signal_escalations(items: Sequence[Graded], thresholds: GradeThresholds) -> Bools:
+    return np.array([escalates(i, thresholds) for i in items], dtype=bool)
+
+
+def describe(items: Sequence[Graded], escalated: Bools, label: str) -> str:
     parts = []
     for name in ("lookup-in", "lookup-out", "multihop", "direct"):
-        group = [i for i in items if i.population == name]
-        parts.append(f"{name} {rate(group, thresholds):.3f} (n={len(group)})")
+        rows = np.array([i.population == name for i in items])
+        share = escalated[rows].mean() if rows.any() else float("nan")
+        parts.append(f"{name} {share:.3f} (n={rows.sum()})")
     return f"  {label:<40}" + "   ".join(parts)
 
 
@@ -208,10 +223,77 @@ def print_separability(items: Sequence[Graded]) -> None:
         )
 
 
-def with_escalation(pred: I64, graded: Sequence[Graded], t: GradeThresholds) -> I64:
+def with_escalation(pred: I64, escalated: Bools) -> I64:
     """A classifier's routes after the lookup path escalates what its grade finds thin."""
-    escalated = np.array([escalates(g, t) for g in graded])
     return np.where((pred == LOOKUP) & escalated, MULTIHOP, pred).astype(np.int64)
+
+
+def learned_grades(
+    items: Sequence[Graded], classifications: Sequence[Classification]
+) -> tuple[F64, Bools]:
+    """P(insufficient) and the escalation decision of `assess` with the learned method at the
+    artifact's threshold; a lookup without hits escalates whatever the method (P read as 1)."""
+    config = EscalationConfig(method="learned")
+    grades = [
+        assess(g.example.text, g.hits, c, g.best_possible, config)
+        for g, c in zip(items, classifications, strict=True)
+    ]
+    probability = np.array([1.0 if g.probability is None else g.probability for g in grades])
+    return probability, np.array([not g.sufficient for g in grades], dtype=bool)
+
+
+def _mean(_: I64, pred: I64) -> float:
+    return float(pred.mean())
+
+
+def _gain(base: I64, pred: I64) -> float:
+    return float((pred - base).mean())
+
+
+def _with_interval(
+    groups: Sequence[str], base: I64, pred: I64, statistic: Callable[[I64, I64], float]
+) -> str:
+    low, high = bootstrap(groups, base, pred, statistic)
+    return f"{statistic(base, pred):.3f} [{low:.3f},{high:.3f}]"
+
+
+def print_escalation_table(items: Sequence[Graded], policies: dict[str, I64]) -> None:
+    """Per policy: multihop recall, its gain over the first policy (paired: the same resampled
+    parents), and the share of lookup-in / lookup-out questions escalated."""
+    population = np.array([g.population for g in items])
+    groups = np.array([g.example.group for g in items])
+    base = next(iter(policies.values()))
+    print(
+        f"  {'policy':<30}{'multihop recall [95% CI]':>26}{'gain vs (a) [95% CI]':>26}"
+        f"{'lookup-in escalated':>26}{'lookup-out esc.':>17}"
+    )
+    for name, pred in policies.items():
+        on_multihop = (pred == MULTIHOP).astype(np.int64)
+        escalated = ((base == LOOKUP) & (pred == MULTIHOP)).astype(np.int64)
+        cells = []
+        for rows, before, after, statistic in (
+            (population == "multihop", on_multihop, on_multihop, _mean),
+            (population == "multihop", (base == MULTIHOP).astype(np.int64), on_multihop, _gain),
+            (population == "lookup-in", escalated, escalated, _mean),
+        ):
+            cells.append(_with_interval(list(groups[rows]), before[rows], after[rows], statistic))
+        out = escalated[population == "lookup-out"].mean()
+        print(f"  {name:<30}" + "".join(f"{c:>26}" for c in cells) + f"{out:>17.3f}")
+    counts = {p: int((population == p).sum()) for p in ("multihop", "lookup-in", "lookup-out")}
+    print(f"  n = {counts}; intervals: {BOOTSTRAP_NOTE}")
+    print(
+        "  a share of 0 has the degenerate interval [0,0]; its 95% upper bound is about 3/n "
+        f"(rule of three): {3 / counts['lookup-in']:.3f} for lookup-in"
+    )
+
+
+def print_auc(items: Sequence[Graded], scores: dict[str, F64]) -> None:
+    """Each score's AUC for flagging multihop against lookup-in (higher flags)."""
+    population = np.array([g.population for g in items])
+    positive, negative = population == "multihop", population == "lookup-in"
+    print("AUC, multihop against lookup-in (0.5 = chance):")
+    for name, score in scores.items():
+        print(f"  {name:<42}{auc(-score[positive], -score[negative]):.3f}")
 
 
 def print_test_report(
@@ -219,23 +301,41 @@ def print_test_report(
     test: Sequence[Graded],
     vectors: Vector,
     model_id: str,
-    chosen: dict[str, GradeThresholds],
+    signals_thresholds: GradeThresholds,
+    model: SufficiencyModel,
 ) -> None:
     examples = [g.example for g in test]
     y = labels_of(examples)
     preds, _ = baseline_predictions([e.text for e in examples], vectors, y, model_id)
-    learned = preds["learned"]
-    sent = [g for g, p in zip(test, learned, strict=True) if p == LOOKUP]
-    print("\nTEST part of the dev split: escalation rates by population")
-    for label, t in chosen.items():
-        print(describe(test, t, label))
-    print("\ncatch rate: multihop questions the learned classifier sent to lookup, escalated")
-    caught = [g for g in sent if g.population == "multihop"]
-    for label, t in chosen.items():
-        print(f"  {label:<40}{rate(caught, t):.3f} (n={len(caught)})")
+    classifier = LearnedClassifier.load(embedding_model_id=model_id)
+    classifications = [
+        classifier.classify(e.text, v) for e, v in zip(examples, vectors, strict=True)
+    ]
+    probability, learned_escalated = learned_grades(test, classifications)
+    signals_escalated = signal_escalations(test, signals_thresholds)
+    with_signals = with_escalation(preds["learned"], signals_escalated)
+    with_learned = with_escalation(preds["learned"], learned_escalated)
+    t = signals_thresholds
+    policies = {
+        "(a) classifier alone": preds["learned"],
+        f"(b) + signals {t.min_coverage:g}/{t.min_agreement:g}": with_signals,
+        f"(c) + learned p>{model.threshold:g}": with_learned,
+    }
+    print("\nTEST part of the dev split: the learned classifier, with and without escalation")
+    print_escalation_table(test, policies)
+    print("\nescalation rates by population if every question reached the lookup route:")
+    print(describe(test, signals_escalated, "signals"))
+    print(describe(test, learned_escalated, "learned"))
+    print()
+    print_auc(
+        test,
+        {
+            "learned P(insufficient)": probability,
+            **{name: -np.array([f(g) for g in test]) for name, f in SIGNALS.items()},
+        },
+    )
     oracle = preds.pop("oracle")
-    for t in chosen.values():
-        preds[f"lrn+esc {t.min_coverage:g}/{t.min_agreement:g}"] = with_escalation(learned, test, t)
+    preds["lrn+signals"], preds["lrn+learned"] = with_signals, with_learned
     preds["oracle"] = oracle
     costs = route_costs(args)
     print("\nall test questions (comparable with bench/route_eval.py):")
@@ -325,8 +425,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"{multihop_rate:.3f}, lookup-in {lookup_rate:.3f}"
         )
     for label, t in chosen.items():
-        print(describe(val, t, label))
-    print_test_report(args, test, vectors[test_rows], model_id, chosen)
+        print(describe(val, signal_escalations(val, t), label))
+    model = use_model(model_id)
+    print(f"learned: threshold {model.threshold:g} and its val figures, from its artifact:")
+    print(f"  {json.dumps(model.training['metrics'])}")
+    print_test_report(args, test, vectors[test_rows], model_id, best, model)
 
 
 if __name__ == "__main__":

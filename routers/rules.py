@@ -57,18 +57,38 @@ class Rule(BaseModel):
 
 
 class EscalationConfig(BaseModel):
+    """When the lookup route's evidence grade says "insufficient", escalate to multihop.
+
+    `routers.grading.assess` grades with the method chosen here; `enabled` decides whether an
+    insufficient grade escalates (a lookup with no hits at all says so, grading or not).
+    """
+
     model_config = _FROZEN
 
-    # Off by default because it measured worse: on held-out FanOutQA dev, learned classifier +
-    # escalation routes 65.5% correctly against 94.9% for the classifier alone, at 3x the cost
-    # (bench/escalation_eval.py). A lookup with no hits at all still says so, grading or not.
-    enabled: bool = False
-    # From bench/escalation_eval.py (2026-11-30): on the val part of the FanOutQA dev split, over
-    # the 10,033-page Wikipedia sample in the embedded index, the grid point that escalates the
-    # most multihop questions (34%) while escalating at most 10% of answerable lookups (7.7%);
-    # the old 0.5/0.5 escalated 11.5% of them. Held-out test: 9.5% of lookups, 42% of multihop.
-    # Agreement 0.95 asks that the best passage sit near the top of BOTH arms. Both signals are
-    # weak (AUC 0.76 / 0.79): see the benchmark before relying on escalation for recall.
+    # On by default: it measured better. `python bench/escalation_eval.py` (2026-11-30), held-out
+    # test part of the FanOutQA dev split (48 multihop, 95 answerable "lookup-in" questions),
+    # real retrieval over the 10,033-page Wikipedia sample, 95% bootstrap CIs by parent:
+    #   multihop recall: learned classifier alone 0.875 [0.771,0.958]; + signals escalation
+    #   0.875 (catches none of the 6 it misroutes); + learned escalation 0.979 [0.938,1.000],
+    #   paired gain +0.104 [0.021,0.188] (5 of 6 caught);
+    #   lookup-in escalated: + learned 0/95 (bootstrap [0,0]; rule-of-three bound 3.2%),
+    #   + signals 9.5% [2.9,16.7]. AUC vs lookup-in: learned 0.998, coverage 0.78, agreement 0.72.
+    # Price: 21.8% of questions whose page the corpus lacks escalate too (route_eval's assumed
+    # $/q on the whole test part 0.0072 -> 0.0135, 0.0126 -> 0.0140 without them). Length alone
+    # separates FanOutQA parents from sub-questions (AUC 0.995); real traffic has long one-hop
+    # questions, so watch querygate_escalations_total{reason="learned_insufficient"}.
+    enabled: bool = True
+    # learned: the sufficiency model (routers/sufficiency.py) over both arms, the query and the
+    # classifier; signals: the two thresholds below.
+    method: Literal["learned", "signals"] = "learned"
+    # learned: escalate when P(insufficient) exceeds this; None takes the artifact's threshold,
+    # tuned on val by scripts/train_sufficiency.py.
+    max_insufficiency: float | None = Field(default=None, ge=0, le=1)
+    # signals, from the same run: on val, the grid point that escalates the most multihop
+    # questions (31.7%) while escalating at most 10% of answerable lookups (7.7%); the old
+    # 0.5/0.5 escalated 11.5% of them. Held-out test, had every question reached lookup: 9.5% of
+    # lookups, 39.6% of multihop. Agreement 0.95 asks that the best passage sit near the top of
+    # BOTH arms.
     min_coverage: float = Field(default=0.4, ge=0, le=1)
     min_agreement: float = Field(default=0.95, ge=0, le=2)
 

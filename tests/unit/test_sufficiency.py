@@ -1,0 +1,126 @@
+"""The learned sufficiency model: its committed artifact, its refusal of a mismatched one, its
+reading of obvious cases, and the determinism of its training."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from backends.embeddings.minilm import MiniLMEmbedder
+from backends.retrieval.base import RRF_K, Hit
+from routers.grading import best_possible_score, learned_features
+from routers.learned import DEFAULT_MODEL_PATH as ROUTER_MODEL_PATH
+from routers.sufficiency import (
+    DEFAULT_MODEL_PATH,
+    SUFFICIENCY_FEATURES,
+    SufficiencyModel,
+    SufficiencyModelMismatch,
+    load_sufficiency_model,
+)
+from routers.types import Classification, Route
+from scripts.train_sufficiency import fit_sufficiency
+
+MODEL_ID = MiniLMEmbedder.model_id
+BEST = best_possible_score(1.0, 1.0)
+
+
+@pytest.fixture(scope="module")
+def model() -> SufficiencyModel:
+    return load_sufficiency_model(embedding_model_id=MODEL_ID)
+
+
+def _artifact_with(tmp_path: Path, **changes: object) -> Path:
+    raw = json.loads(DEFAULT_MODEL_PATH.read_text(encoding="utf-8"))
+    raw.update(changes)
+    path = tmp_path / "sufficiency_model.json"
+    path.write_text(json.dumps(raw), encoding="utf-8")
+    return path
+
+
+def _lookup(p_multihop: float) -> Classification:
+    scores = {"direct": 0.0, "lookup": 1.0 - p_multihop, "multihop": p_multihop}
+    return Classification(Route.LOOKUP, 1.0 - p_multihop, scores=scores)
+
+
+def _hit(
+    doc: str, text: str, bm25: tuple[int, float] | None, dense: tuple[int, float] | None
+) -> Hit:
+    score = sum(1 / (RRF_K + arm[0]) for arm in (bm25, dense) if arm is not None)
+    return Hit(
+        doc,
+        f"{doc}#0",
+        doc,
+        "",
+        text,
+        score,
+        bm25_rank=bm25[0] if bm25 else None,
+        dense_rank=dense[0] if dense else None,
+        bm25_score=bm25[1] if bm25 else None,
+        dense_score=dense[1] if dense else None,
+    )
+
+
+def test_committed_artifact_loads_with_the_current_feature_names(model: SufficiencyModel) -> None:
+    assert model.weights.shape == (len(SUFFICIENCY_FEATURES),)
+    assert 0.0 < model.threshold < 1.0
+
+
+def test_committed_artifact_was_trained_on_the_committed_router() -> None:
+    # The classifier's probabilities are features: a retrained router needs a retrained model.
+    raw = json.loads(DEFAULT_MODEL_PATH.read_text(encoding="utf-8"))
+    recorded = raw["training"]["data_sha256"]["routers/router_model.json"]
+    assert recorded == hashlib.sha256(ROUTER_MODEL_PATH.read_bytes()).hexdigest()
+
+
+def test_artifact_with_other_feature_names_is_refused(tmp_path: Path) -> None:
+    path = _artifact_with(tmp_path, feature_names=["coverage"])
+    with pytest.raises(SufficiencyModelMismatch, match="feature names"):
+        load_sufficiency_model(path, embedding_model_id=MODEL_ID)
+
+
+def test_artifact_for_another_embedding_model_is_refused() -> None:
+    with pytest.raises(SufficiencyModelMismatch, match=r"embedding model id.*retrain"):
+        load_sufficiency_model(embedding_model_id="another-model")
+
+
+def test_scattered_evidence_for_a_multi_hop_question_scores_above_agreeing_arms(
+    model: SufficiencyModel,
+) -> None:
+    single = "When was the Eiffel Tower built?"
+    agreeing = [
+        _hit("Eiffel Tower", "The Eiffel Tower was built from 1887 to 1889.", (1, 14.0), (1, 0.82)),
+        _hit("Paris", "Paris is the capital of France.", (2, 6.0), (3, 0.41)),
+        _hit("Gustave Eiffel", "Gustave Eiffel was an engineer.", (3, 5.5), (2, 0.45)),
+    ]
+    multi = (
+        "Which of the five tallest buildings in the world was completed first, and who were the "
+        "architects of each?"
+    )
+    scattered = [
+        _hit("Burj Khalifa", "The Burj Khalifa is a skyscraper in Dubai.", None, (1, 0.44)),
+        _hit("World", "The world is the Earth and all life on it.", (1, 4.1), None),
+        _hit("Architect", "An architect plans and designs buildings.", None, (2, 0.43)),
+        _hit("Merdeka 118", "Merdeka 118 is a megatall skyscraper.", (2, 3.9), None),
+    ]
+    p_single = model.probability(learned_features(single, agreeing, _lookup(0.05), BEST)[0])
+    p_multi = model.probability(learned_features(multi, scattered, _lookup(0.35), BEST)[0])
+    assert p_multi > p_single
+
+
+def _synthetic(rows: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    y = np.arange(rows) % 2
+    x = rng.normal(size=(rows, len(SUFFICIENCY_FEATURES))) + y[:, None] * 0.7
+    return x, y.astype(np.int64)
+
+
+def test_training_twice_on_the_same_data_writes_the_same_bytes() -> None:
+    x_train, y_train = _synthetic(60, 1)
+    x_val, y_val = _synthetic(30, 2)
+    first = json.dumps(fit_sufficiency(x_train, y_train, x_val, y_val))
+    second = json.dumps(fit_sufficiency(x_train.copy(), y_train.copy(), x_val, y_val))
+    assert first == second
