@@ -27,6 +27,10 @@ lookup-in questions escalated, with 95% bootstrap intervals resampling parents (
 of each over (a) paired on the same resamples, the AUC of each score, and route accuracy and cost
 beside `bench/route_eval.py`'s baselines (an escalated question costs a multihop answer; the
 retrieval before the grade is not priced). The FanOutQA test file is never read.
+
+Out of domain: the learned grade, at its threshold, over hand-written single-hop and two-document
+questions on the suite's support corpus (tests/data/acme, ingested into a fresh embedded index):
+a model that reads the corpus's scale, not the evidence, escalates the single-hop ones there.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import asyncio
 import itertools
 import json
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +53,9 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a file, the repo's packages are not on the path
     sys.path.insert(0, str(REPO))
 
+from backends.embeddings.minilm import MiniLMEmbedder  # noqa: E402
 from backends.retrieval.base import Hit, Retriever, SearchRequest, Vector  # noqa: E402
+from backends.retrieval.embedded import EmbeddedRetriever  # noqa: E402
 from bench.retrieval_eval import (  # noqa: E402
     TENANT,
     ensure_corpus,
@@ -64,9 +71,17 @@ from bench.route_eval import (  # noqa: E402
     print_table,
     route_costs,
 )
+from gateway.ingest.pipeline import ingest_documents  # noqa: E402
+from gateway.ingest.readers import read_paths  # noqa: E402
 from gateway.ingest.wiki_sample import load_wiki_sample  # noqa: E402
 from gateway.settings import RetrievalConfig  # noqa: E402
-from routers.grading import GradeThresholds, assess, best_possible_score, grade  # noqa: E402
+from routers.grading import (  # noqa: E402
+    EvidenceGrade,
+    GradeThresholds,
+    assess,
+    best_possible_score,
+    grade,
+)
 from routers.learned import CLASSES, LearnedClassifier  # noqa: E402
 from routers.policy import PolicyConfig, decide  # noqa: E402
 from routers.rules import EscalationConfig  # noqa: E402
@@ -81,6 +96,33 @@ F64 = npt.NDArray[np.float64]
 Bools = npt.NDArray[np.bool_]
 BOOTSTRAP_NOTE = "95% bootstrap resampling parents (route_eval's seed), gains paired"
 LOOKUP, MULTIHOP = CLASSES.index(Route.LOOKUP), CLASSES.index(Route.MULTIHOP)
+
+# Out of domain: the suite's support corpus, two short documents unlike Wikipedia leads, with
+# questions written by hand before any model was fitted to them. Each single-hop question is
+# answered by one passage; each multi-hop one needs a fact from errors.md AND one from
+# warranty.txt. Escalating a single-hop one sends an ordinary lookup to an agent costing 3-10x.
+ACME_DIR = REPO / "tests" / "data" / "acme"
+ACME_SINGLE_HOP = (
+    "How do I fix ERR-4471?",
+    "How do I fix ERR-4471 on the Acme router?",
+    "How long does Acme take to ship a replacement?",
+    "What does the Acme warranty exclude?",
+    "What causes ERR-5120?",
+    "What should I do about a configuration checksum mismatch on my router?",
+    "How long is the warranty on an Acme router?",
+    "Where is the serial number printed on an Acme router?",
+    "How soon does ERR-4471 clear after running acme-cli reload?",
+    "Does the Acme warranty cover hardware faults?",
+)
+ACME_MULTI_HOP = (
+    "My router shows ERR-4471 after a power surge; would the warranty cover a repair?",
+    "If I open the case to fix ERR-5120, is my Acme router still under warranty?",
+    "What command clears ERR-4471, and how many business days does a replacement unit take?",
+    "Which error code means a configuration checksum mismatch, and how many years of warranty "
+    "does the router that reports it carry?",
+    "ERR-5120 says a file does not match the manifest; what do I need to claim a warranty "
+    "replacement if restoring the backup fails?",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,6 +338,51 @@ def print_auc(items: Sequence[Graded], scores: dict[str, F64]) -> None:
         print(f"  {name:<42}{auc(-score[positive], -score[negative]):.3f}")
 
 
+async def acme_grades(
+    config: EscalationConfig, workdir: Path
+) -> dict[str, list[tuple[str, EvidenceGrade]]]:
+    """Every ACME question's grade under `config`, through the lookup route's real retrieval
+    over tests/data/acme ingested into a fresh embedded index in `workdir`, with the shipped
+    router's classification: the out-of-domain check of the bench and of the unit tests."""
+    embedder = MiniLMEmbedder()
+    retriever = EmbeddedRetriever(workdir / "acme.sqlite3")
+    try:
+        use_model(embedder.model_id)
+        await ingest_documents(TENANT, read_paths([ACME_DIR]), embedder, retriever)
+        classifier = LearnedClassifier.load(embedding_model_id=embedder.model_id)
+        out: dict[str, list[tuple[str, EvidenceGrade]]] = {}
+        for name, questions in (("single-hop", ACME_SINGLE_HOP), ("multi-hop", ACME_MULTI_HOP)):
+            vectors = await embedder.embed(questions)
+            out[name] = []
+            for question, vector in zip(questions, vectors, strict=True):
+                example = Example(question, Route.LOOKUP, "acme", "acme")
+                item = await run_lookup(retriever, example, vector, name)
+                verdict = classifier.classify(question, vector)
+                out[name].append(
+                    (question, assess(question, item.hits, verdict, item.best_possible, config))
+                )
+        return out
+    finally:
+        await retriever.aclose()
+        await embedder.aclose()
+
+
+def print_acme_report() -> None:
+    """Escalation rates of the learned grade on the out-of-domain ACME questions."""
+    with tempfile.TemporaryDirectory() as workdir:
+        grades = asyncio.run(acme_grades(EscalationConfig(method="learned"), Path(workdir)))
+    print(
+        "\nOUT OF DOMAIN: tests/data/acme, hand-written questions, learned grade at its threshold"
+    )
+    for name, rows in grades.items():
+        escalated = sum(not g.sufficient for _, g in rows)
+        print(f"  {name}: {escalated} of {len(rows)} escalated")
+        for question, g in rows:
+            mark = "ESCALATED" if not g.sufficient else "sufficient"
+            p = 1.0 if g.probability is None else g.probability  # no hits
+            print(f"    P={p:.3f} {mark:<10} {question}")
+
+
 def print_test_report(
     args: argparse.Namespace,
     test: Sequence[Graded],
@@ -430,6 +517,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"learned: threshold {model.threshold:g} and its val figures, from its artifact:")
     print(f"  {json.dumps(model.training['metrics'])}")
     print_test_report(args, test, vectors[test_rows], model_id, best, model)
+    print_acme_report()
 
 
 if __name__ == "__main__":

@@ -10,6 +10,15 @@ Labels: parent questions = insufficient (1); leaf sub-questions whose evidence p
 corpus ("lookup-in") = sufficient (0). Sub-questions whose page the corpus lacks are left out:
 their evidence is thin for a reason no feature of the question can know.
 
+Long single-hop questions, generated: FanOutQA's parents are long and its sub-questions short, so
+length alone separates the labels (AUC 0.995) and a model fitted on them escalates any long
+question. Every lookup-in sub-question of the TRAIN part gets one padded twin, also labelled
+sufficient (0): the question inside one of PADDING's neutral clauses (they add words, not facts,
+and name nothing a passage could hold), the clause picked by the SHA-256 of the question's text.
+The twin runs the same real retrieval; its classifier output comes from the router of its
+source's fold, and no twin fits a router. Val and the dev test part get no twins: L2 and the
+threshold are tuned, and the eval reports, on real questions only.
+
 Classifier features without leakage: the shipped router was fitted on train+val, so its
 probabilities there are in-sample and overconfident. Train rows get cross-fitted ones (5 folds by
 parent, a router refitted on the other folds with the shipped router's L2), val rows those of a
@@ -29,6 +38,7 @@ import hashlib
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +89,12 @@ L2_GRID = (1e-3, 1e-2, 1e-1, 1.0)
 NEWTON_MAX_STEPS = 50
 NEWTON_TOLERANCE = 1e-10
 POPULATIONS = ("multihop", "lookup-in")  # label 1, label 0
+PADDING = (
+    "I am writing a short report and want to check one detail before I hand it in: {}",
+    "{} I need it for a school project, so a short answer with its source is enough.",
+    "My friend and I were arguing about this over dinner last night, please settle it: {}",
+    "{} I read about this a while ago but cannot remember the details any more.",
+)
 
 
 # -- the fit: pure numpy, what the reproducibility test runs ---------------------------------
@@ -201,14 +217,19 @@ def _classification(weights: F64, row: F64) -> Classification:
     return Classification(CLASSES[best], float(probs[best]), scores=scores)
 
 
-def classifier_outputs(examples: Sequence[Example], vectors: Vector) -> list[Classification]:
-    """Out-of-sample router outputs for train (cross-fitted) and val (fitted on train) rows."""
+def classifier_outputs(
+    examples: Sequence[Example], vectors: Vector, generated: int
+) -> list[Classification]:
+    """Out-of-sample router outputs for train (cross-fitted) and val (fitted on train) rows.
+    The last `generated` examples are padded twins: predicted by their source's fold, never
+    fitted (the shipped router never saw them)."""
     l2 = float(json.loads(ROUTER_MODEL_PATH.read_text("utf-8"))["training"]["l2"])
     x, y = feature_matrix(examples, vectors), labels_of(examples)
     split = np.array([e.split for e in examples])
+    fits = (split == "train") & (np.arange(len(examples)) < len(examples) - generated)
     fold = np.array([_fold(e) if e.split == "train" else -1 for e in examples])
-    held_out = [(fold == f, (split == "train") & (fold != f)) for f in range(FOLDS)]
-    held_out.append((split == "val", split == "train"))
+    held_out = [(fold == f, fits & (fold != f)) for f in range(FOLDS)]
+    held_out.append((split == "val", fits))
     out: dict[int, Classification] = {}
     for predict_rows, fit_rows in held_out:
         weights = fit_router(x[fit_rows], y[fit_rows], l2)
@@ -225,11 +246,32 @@ def feature_rows(graded: Sequence[Graded], outputs: Sequence[Classification]) ->
     )
 
 
+def padded(example: Example) -> Example:
+    """The question inside a neutral clause, chosen by the hash of its text (see PADDING)."""
+    digest = hashlib.sha256(f"pad:{example.text}".encode()).hexdigest()
+    return replace(example, text=PADDING[int(digest[:8], 16) % len(PADDING)].format(example.text))
+
+
+def graded_with_twins(
+    examples: list[Example],
+) -> tuple[list[Example], list[Graded], Vector, str, int]:
+    """Every example through the lookup path, then the padded twins of the train part's
+    lookup-in ones (keeping their source's population: the same evidence page answers them)."""
+    vectors, model_id = asyncio.run(embed([e.text for e in examples]))
+    graded = asyncio.run(grade_all(examples, vectors))
+    sources = [g for g in graded if g.example.split == "train" and g.population == "lookup-in"]
+    twins = [padded(g.example) for g in sources]
+    twin_vectors, _ = asyncio.run(embed([t.text for t in twins]))
+    twin_graded = asyncio.run(grade_all(twins, twin_vectors))
+    graded += [replace(g, population="lookup-in") for g in twin_graded]
+    all_vectors = np.concatenate([vectors, twin_vectors])
+    return examples + twins, graded, all_vectors, model_id, len(twins)
+
+
 def train() -> dict[str, Any]:
     examples = [e for e in load_examples() if e.split in ("train", "val")]
-    vectors, model_id = asyncio.run(embed([e.text for e in examples]))
-    outputs = classifier_outputs(examples, vectors)
-    graded = asyncio.run(grade_all(examples, vectors))
+    examples, graded, vectors, model_id, generated = graded_with_twins(examples)
+    outputs = classifier_outputs(examples, vectors, generated)
     keep = [i for i, g in enumerate(graded) if g.population in POPULATIONS and g.hits]
     rows = feature_rows([graded[i] for i in keep], [outputs[i] for i in keep])
     y = np.array([int(graded[i].population == "multihop") for i in keep], dtype=np.int64)
@@ -260,8 +302,10 @@ def train() -> dict[str, Any]:
             "fitted_on": "train part of the dev split (scripts/train_router.py's split)",
             "l2": fit.pop("l2"),
             "metrics": fit.pop("metrics"),
+            "generated": {"padded lookup-in twins of train sub-questions": generated},
             "notes": [
                 "classifier features: cross-fitted on train, router fitted on train for val",
+                "padded twins: train part only, label 0, never fit a router (see the script)",
                 "threshold: max val multihop escalation s.t. val lookup-in escalation <= 10%",
                 "FanOutQA test file never used; the dev test part is held out for the eval",
             ],
