@@ -22,6 +22,7 @@ import concurrent.futures
 import hashlib
 import re
 import sqlite3
+import time
 import unicodedata
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -223,7 +224,7 @@ class EmbeddedRetriever:
     def _open(self) -> None:
         with _translated("open"):
             db = sqlite3.connect(self._path, isolation_level=None)
-            db.execute("PRAGMA journal_mode=WAL")
+            _enable_wal(db)
             # WAL + NORMAL: a crash may lose the last commits but never corrupts the file.
             db.execute("PRAGMA synchronous=NORMAL")
             db.executescript(_SCHEMA)
@@ -492,6 +493,19 @@ def _hit(
         bm25_score=bm25_score,
         dense_score=dense_score,
     )
+
+
+def _enable_wal(db: sqlite3.Connection, attempts: int = 100) -> None:
+    """Switch to WAL. Two processes opening a new file at once race for the exclusive lock the
+    switch needs, and SQLite answers "database is locked" without calling its busy handler."""
+    for attempt in range(attempts):
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or attempt == attempts - 1:
+                raise
+            time.sleep(0.02)
 
 
 @contextmanager
