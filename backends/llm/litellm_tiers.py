@@ -279,13 +279,16 @@ def _to_wire(message: Message) -> dict[str, Any]:
 
 
 def _parse_tool_call(raw: Any) -> ToolCall:
+    """A tool call; arguments that are not a JSON object are the model's mistake, not the
+    upstream's: the call comes back with `error` set so the caller can tell the model."""
+    name = str(raw.function.name or "")
     try:
         arguments = json.loads(raw.function.arguments or "{}")
-    except json.JSONDecodeError as exc:
-        raise UpstreamError("llm", f"tool call {raw.function.name!r}: bad JSON arguments") from exc
+    except json.JSONDecodeError:
+        return ToolCall(id=raw.id, name=name, arguments={}, error="invalid JSON")
     if not isinstance(arguments, dict):
-        raise UpstreamError("llm", f"tool call {raw.function.name!r}: arguments not an object")
-    return ToolCall(id=raw.id, name=raw.function.name, arguments=arguments)
+        return ToolCall(id=raw.id, name=name, arguments={}, error="not a JSON object")
+    return ToolCall(id=raw.id, name=name, arguments=arguments)
 
 
 def _estimate_usage(model: str, messages: list[dict[str, Any]], text: str) -> tuple[int, int]:

@@ -130,12 +130,16 @@ async def test_tool_call_results_can_be_sent_back(fake_upstream: str) -> None:
     assert completion.text.startswith("FAKE ANSWER: follow up")
 
 
-async def test_tool_call_with_invalid_json_arguments_is_an_upstream_error(
-    fake_upstream: str,
+@pytest.mark.parametrize(
+    ("arguments", "error"), [("{not json", "invalid JSON"), ("[1, 2]", "not a JSON object")]
+)
+async def test_tool_call_with_unusable_arguments_comes_back_flagged_not_failed(
+    fake_upstream: str, arguments: str, error: str
 ) -> None:
-    key, messages = _ask("q", {"tool_calls": [{"name": "search", "arguments": "{not json"}]})
-    with pytest.raises(UpstreamError):
-        await _llm(_tier(fake_upstream)).complete("small", messages, tools=[SEARCH_TOOL])
+    key, messages = _ask("q", {"tool_calls": [{"name": "search", "arguments": arguments}]})
+    completion = await _llm(_tier(fake_upstream)).complete("small", messages, tools=[SEARCH_TOOL])
+    assert completion.tool_calls == (ToolCall("call_0", "search", {}, error=error),)
+    # the model's mistake is not the upstream's: no retry, no fallback
     assert await calls_for(fake_upstream, key) == 1
 
 
