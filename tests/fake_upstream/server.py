@@ -40,6 +40,8 @@ stripped from the text before the default answer echoes it. Keys, all optional:
 ``turns``          list  per-turn directives for a tool-calling loop: turn N is the request with
                          N assistant messages after the last user message; an entry overrides
                          the directive key by key, and turns past the list use its last entry.
+``final``          obj   overrides the directive for a request that offers no ``tools`` (a loop's
+                         forced final answer), whatever its turn.
 """
 
 from __future__ import annotations
@@ -107,8 +109,13 @@ def _parse_directive(header: str | None, text: str) -> dict[str, Any]:
     return directive
 
 
-def _for_turn(directive: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any]:
-    """The directive of this turn of an agent loop (see ``turns``)."""
+def _for_turn(body: dict[str, Any], directive: dict[str, Any]) -> dict[str, Any]:
+    """The directive of this turn of an agent loop (see ``turns`` and ``final``)."""
+    if "final" in directive and not body.get("tools"):
+        # a request offering no tools gets none, whatever the rest of the script says
+        rest = {k: v for k, v in directive.items() if k not in ("turns", "tool_calls")}
+        return {**rest, **directive["final"]}
+    messages: list[dict[str, Any]] = body.get("messages") or []
     turns = directive.get("turns")
     if not turns:
         return directive
@@ -320,7 +327,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         "",
     )
     try:
-        directive = _for_turn(_parse_directive(request.headers.get("x-fake"), last_user), messages)
+        directive = _for_turn(body, _parse_directive(request.headers.get("x-fake"), last_user))
     except json.JSONDecodeError as exc:
         return _error(400, f"bad fake directive: {exc}")
     model = str(body.get("model", ""))

@@ -175,6 +175,17 @@ async def test_turns_script_a_tool_loop_by_the_assistant_messages_after_the_ques
         second["messages"] = [*second["messages"], {"role": "assistant", "content": "x"}]
 
 
+async def test_final_scripts_the_request_that_offers_no_tools(
+    fake_upstream: str, http: aiohttp.ClientSession
+) -> None:
+    directive = {"tool_calls": [{"name": "search", "arguments": {}}], "final": {"answer": "end"}}
+    offered = _chat("q", directive, tools=[{"type": "function", "function": {"name": "search"}}])
+    _, body = await _post(http, f"{fake_upstream}/chat/completions", offered)
+    assert body["choices"][0]["finish_reason"] == "tool_calls"
+    _, body = await _post(http, f"{fake_upstream}/chat/completions", _chat("q", directive))
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": "end"}
+
+
 async def test_stream_sends_chunks_then_usage_chunk_then_done(
     fake_upstream: str, http: aiohttp.ClientSession
 ) -> None:
