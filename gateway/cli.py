@@ -157,7 +157,7 @@ class _ProgressLog:
 
 def _route(settings: Settings, args: argparse.Namespace) -> int:
     from backends.embeddings.config import build_embedder
-    from gateway.pipeline import policy_for
+    from gateway.pipeline import configured_routes, policy_for
     from gateway.runtime import build_classifier
     from gateway.wire import decision_body
     from routers.policy import decide
@@ -169,7 +169,7 @@ def _route(settings: Settings, args: argparse.Namespace) -> int:
         finally:
             await embedder.aclose()
         classifier = build_classifier(settings, embedder.model_id)
-        policy = policy_for(settings, args.tenant, allow_force_route=True)
+        policy = policy_for(settings, args.tenant, configured_routes(settings))
         classification = classifier.classify(args.question, vector)
         return decision_body(decide(classification, "auto", args.question, policy))
 

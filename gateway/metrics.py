@@ -62,6 +62,24 @@ class Metrics:
             ["tier", "model", "route"],
             registry=r,
         )
+        self.agent_steps = Histogram(
+            "querygate_agent_steps",
+            "Model turns per agent loop (multihop).",
+            buckets=(1, 2, 3, 4, 5, 6, 8, 10, 15, 20),
+            registry=r,
+        )
+        self.agent_cap_hits = Counter(
+            "querygate_agent_cap_hits",
+            "Agent loops stopped by a cap, by cap.",
+            ["cap"],
+            registry=r,
+        )
+        self.llm_cooldown_open = Gauge(
+            "querygate_llm_cooldown_open",
+            "1 while a model is cooled down after repeated failures (skipped, then probed).",
+            ["tier", "model"],
+            registry=r,
+        )
         self.retrieval_duration = Histogram(
             "querygate_retrieval_duration_seconds",
             "Retrieval query time.",

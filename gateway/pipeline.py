@@ -1,19 +1,26 @@
-"""The request pipeline: rewrite → exact cache → embed once → classify → policy → plan →
-generate → store.
+"""The request pipeline: named stages over one per-request context, then one completion builder.
 
-Data flows one way. `prepare` does everything up to the model call, so the same prepared
-request can be answered whole (`complete`) or streamed (`stream`) by the HTTP layer.
+    rewrite → exact cache → embed → decide → corpus (full context only) → execute
+    → complete | stream → conclude (cache store, metrics, log)
+
+Each stage takes the `RequestContext` and either adds to it or returns the outcome, which ends
+the stages early (a cache hit). Routes are executors in a registry (`routers.executors`); the
+routes a deployment can execute are that registry's keys. A lookup that escalates is handed to
+the multihop executor here, so routes never call each other. `complete` and `stream` both end
+in `routers.generation.finish`, so an answer is built the same way whichever path wrote it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 
 from backends.cache.base import CacheStore
 from backends.embeddings.base import Embedder
-from backends.errors import BackendError
+from backends.errors import BackendError, BackendUnavailable
 from backends.llm.base import LLM, Completion, Message, StreamDelta, Usage
 from backends.retrieval.base import Hit, Retriever, Vector
 from gateway.metrics import Metrics
@@ -21,17 +28,19 @@ from gateway.response_cache import CacheScope, ResponseCache, cache_key
 from gateway.settings import Settings, TenantConfig
 from gateway.timing import StageTimer
 from gateway.wire import QueryResult, answer_from_cache, answer_to_cache, rewrite_fields
+from routers.agent import AgentDeps
 from routers.classifier import Classifier
-from routers.direct import plan_direct
-from routers.full_context import corpus_chunks, plan_full_context
+from routers.executors import RegistryConfig, build_registry, route_tiers
+from routers.full_context import corpus_chunks
 from routers.generation import finish, usage_total, with_usage
-from routers.grading import GradeThresholds
-from routers.lookup import LookupParams, plan_lookup
-from routers.policy import PolicyConfig, RouteDecision, decide
+from routers.lookup import LookupParams, not_enough
+from routers.policy import PolicyConfig, RouteDecision, decide, with_full_context
 from routers.rewrite import looks_like_followup, rewrite_followup
-from routers.types import Answer, Generation, Route, RouteContext
+from routers.types import Answer, Escalation, Generation, Route, RouteContext
 
 log = logging.getLogger(__name__)
+
+Outcome = Answer | Generation
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,29 +66,24 @@ class QueryRequest:
 
 
 @dataclass(slots=True)
-class Prepared:
+class RequestContext:
+    """One request as it flows through the stages; each stage adds what it learns."""
+
     request: QueryRequest
     timer: StageTimer
-    outcome: Answer | Generation
-    route_reason: str
-    cache: str
-    key: str | None
     # Model calls made before the route's own (the follow-up rewrite).
     usage_before: dict[str, Usage] = field(default_factory=dict)
+    key: str | None = None
+    cache: str = "miss"
+    vector: Vector | None = None
     # None for a cache hit: nothing was decided.
     decision: RouteDecision | None = None
+    corpus: tuple[Hit, ...] = ()
+    route_reason: str = ""
+    outcome: Outcome | None = None
 
 
-def policy_for(settings: Settings, tenant: str, allow_force_route: bool) -> PolicyConfig:
-    r = settings.retrieval
-    return PolicyConfig(
-        tenant=tenant,
-        allow_force_route=allow_force_route,
-        lexical_weight=r.lexical_weight,
-        dense_weight=r.dense_weight,
-        identifier_lexical_weight=r.identifier_lexical_weight,
-        router=settings.router,
-    )
+Stage = Callable[[RequestContext], Awaitable[Outcome | None]]
 
 
 class Pipeline:
@@ -92,88 +96,260 @@ class Pipeline:
             settings.cache.ttl_s,
             services.metrics,
         )
-        r, escalation = settings.retrieval, settings.router.escalation
-        self._lookup = LookupParams(
-            k=r.k,
-            candidates=r.candidates,
-            grading=GradeThresholds(escalation.min_coverage, escalation.min_agreement)
-            if escalation.enabled
-            else None,
+        self._registry = build_registry(
+            AgentDeps(
+                services.llm,
+                services.retriever,
+                services.embedder,
+                self._record_completion,
+                settings.retrieval.candidates,
+            ),
+            registry_config(settings),
+        )
+        self._stages: tuple[Stage, ...] = (
+            self._rewrite,
+            self._cached,
+            self._embed,
+            self._decide_route,
+            self._whole_corpus,
+            self._execute,
         )
 
     @property
     def config_version(self) -> str:
         return self.settings.version
 
+    @property
+    def routes(self) -> frozenset[Route]:
+        """The routes this deployment can execute."""
+        return frozenset(self._registry)
+
     async def decide(self, request: QueryRequest, timer: StageTimer) -> RouteDecision:
         """Classification and policy only: what /v1/route explains."""
-        with timer.stage("embed"):
-            vector = (await self._s.embedder.embed([request.query]))[0]
-        return self._decide(request, vector, timer)
+        ctx = RequestContext(request, timer)
+        await self._embed(ctx)
+        await self._decide_route(ctx)
+        assert ctx.decision is not None
+        self._count_decision(ctx.decision)
+        return ctx.decision
 
-    def _decide(
-        self, request: QueryRequest, vector: Vector, timer: StageTimer, corpus_fits: bool = False
-    ) -> RouteDecision:
-        with timer.stage("classify"):
-            classification = self._classifier.classify(request.query, vector)
-        with timer.stage("policy"):
-            decision = decide(
-                classification,
-                request.route,
-                request.query,
-                replace(
-                    policy_for(self.settings, request.tenant.id, request.tenant.allow_force_route),
-                    corpus_fits=corpus_fits,
-                ),
-            )
-        self._s.metrics.route_decisions.labels(decision.route.value, decision.reason).inc()
-        return decision
+    async def prepare(self, request: QueryRequest) -> RequestContext:
+        """Every stage up to the final model call; `complete` or `stream` finishes it."""
+        ctx = RequestContext(request, StageTimer(self._s.metrics))
+        for stage in self._stages:
+            if (outcome := await stage(ctx)) is not None:
+                ctx.outcome = outcome
+                break
+        return ctx
 
-    async def prepare(self, request: QueryRequest) -> Prepared:
-        timer = StageTimer(self._s.metrics)
-        request, usage_before = await self._rewrite(request, timer)
-        key = await self._key(request) if self._cache.enabled else None
-        if key is not None:
-            # An exact hit needs no embedding: answer before paying for one.
-            with timer.stage("cache_lookup"):
-                cached = await self._cache.get(key)
-            if cached is not None:
-                answer, reason = answer_from_cache(cached)
-                return Prepared(request, timer, answer, reason, "exact", None, usage_before)
-        with timer.stage("embed"):
-            vector = (await self._s.embedder.embed([request.query]))[0]
-        corpus = await self._whole_corpus(request, vector, timer)
-        decision = self._decide(request, vector, timer, corpus_fits=corpus is not None)
-        ctx = RouteContext(request.tenant.id, request.query, vector, request.history, decision)
-        retrieves = decision.route is Route.LOOKUP
-        with timer.stage("retrieve" if retrieves else "plan"):
-            outcome = await self._plan(ctx, corpus)
-        if retrieves:
-            self._s.metrics.retrieval_duration.labels(self._s.retriever.name, "hybrid").observe(
-                timer.stages_ms["retrieve"] / 1000
-            )
-        return Prepared(
-            request, timer, outcome, decision.explanation, "miss", key, usage_before, decision
-        )
+    # -- stages ---------------------------------------------------------------------------
 
-    async def _rewrite(
-        self, request: QueryRequest, timer: StageTimer
-    ) -> tuple[QueryRequest, dict[str, Usage]]:
+    async def _rewrite(self, ctx: RequestContext) -> None:
+        request = ctx.request
         wanted = self.settings.router.rewrite_followups and self._s.llm.has_tier("small")
         if not wanted or not looks_like_followup(request.query, request.history):
-            return request, {}
-        with timer.stage("rewrite"):
+            return
+        with ctx.timer.stage("rewrite"):
             try:
                 completion = await rewrite_followup(self._s.llm, request.query, request.history)
             except BackendError as exc:
                 # The rewrite only sharpens the question; without it the original still works.
                 log.warning("follow-up rewrite failed", extra={"error": str(exc)})
-                return request, {}
+                return
         if completion is None:
-            return request, {}
-        self._record_llm(completion.tier, completion.model, completion.usage, "rewrite")
-        rewritten = replace(request, query=completion.text, original_query=request.query)
-        return rewritten, {completion.tier: completion.usage}
+            return
+        self._record_completion(completion, "rewrite")
+        ctx.request = replace(request, query=completion.text, original_query=request.query)
+        ctx.usage_before = {completion.tier: completion.usage}
+
+    async def _cached(self, ctx: RequestContext) -> Answer | None:
+        """An exact hit needs no embedding: answer before paying for one."""
+        if not self._cache.enabled:
+            return None
+        ctx.key = await self._key(ctx.request)
+        if ctx.key is None:
+            return None
+        with ctx.timer.stage("cache_lookup"):
+            cached = await self._cache.get(ctx.key)
+        if cached is None:
+            return None
+        answer, ctx.route_reason = answer_from_cache(cached)
+        ctx.cache, ctx.key = "exact", None
+        return answer
+
+    async def _embed(self, ctx: RequestContext) -> None:
+        with ctx.timer.stage("embed"):
+            ctx.vector = (await self._s.embedder.embed([ctx.request.query]))[0]
+
+    async def _decide_route(self, ctx: RequestContext) -> None:
+        assert ctx.vector is not None
+        request = ctx.request
+        with ctx.timer.stage("classify"):
+            classification = self._classifier.classify(request.query, ctx.vector)
+        with ctx.timer.stage("policy"):
+            ctx.decision = decide(
+                classification, request.route, request.query, self._policy(request.tenant)
+            )
+
+    async def _whole_corpus(self, ctx: RequestContext) -> None:
+        """Read the tenant's every chunk only when the decision says full context may apply."""
+        assert ctx.decision is not None and ctx.vector is not None
+        if not ctx.decision.full_context_candidate:
+            return
+        with ctx.timer.stage("corpus"):
+            corpus = await corpus_chunks(
+                self._s.retriever,
+                ctx.request.tenant.id,
+                ctx.vector,
+                self.settings.router.full_context,
+            )
+        if corpus is not None:
+            ctx.corpus = tuple(corpus)
+            ctx.decision = with_full_context(ctx.decision)
+
+    async def _execute(self, ctx: RequestContext) -> Outcome:
+        decision, request = ctx.decision, ctx.request
+        assert decision is not None and ctx.vector is not None
+        self._count_decision(decision)
+        ctx.route_reason = decision.explanation
+        route_ctx = RouteContext(
+            request.tenant.id,
+            request.query,
+            ctx.vector,
+            request.history,
+            decision,
+            corpus=ctx.corpus,
+        )
+        outcome = await self._run(decision.route, route_ctx, ctx.timer)
+        if isinstance(outcome, Escalation):
+            return await self._escalate(route_ctx, outcome, ctx.timer)
+        return outcome
+
+    async def _run(
+        self, route: Route, route_ctx: RouteContext, timer: StageTimer
+    ) -> Outcome | Escalation:
+        stage = {Route.LOOKUP: "retrieve", Route.MULTIHOP: "agent"}.get(route, "plan")
+        with timer.stage(stage):
+            outcome = await self._registry[route](route_ctx)
+        if route is Route.LOOKUP:
+            self._s.metrics.retrieval_duration.labels(self._s.retriever.name, "hybrid").observe(
+                timer.stages_ms["retrieve"] / 1000
+            )
+        return outcome
+
+    async def _escalate(
+        self, route_ctx: RouteContext, escalation: Escalation, timer: StageTimer
+    ) -> Outcome:
+        """A lookup with thin evidence goes to multihop, or says honestly that it cannot."""
+        runs = Route.MULTIHOP in self._registry
+        to_route = Route.MULTIHOP.value if runs else "none"
+        self._s.metrics.escalations.labels(Route.LOOKUP.value, to_route, escalation.reason).inc()
+        if not runs:
+            return not_enough(escalation)
+        outcome = await self._run(Route.MULTIHOP, replace(route_ctx, escalation=escalation), timer)
+        if isinstance(outcome, Escalation):  # the agent never escalates; a registry mix-up
+            raise TypeError("the multihop executor returned an escalation")
+        return outcome
+
+    # -- finishing: one completion builder for both paths ---------------------------------
+
+    async def complete(self, ctx: RequestContext) -> QueryResult:
+        outcome = ctx.outcome
+        assert outcome is not None
+        if isinstance(outcome, Generation):
+            with ctx.timer.stage("generate"):
+                completion = await self._bounded(outcome, self._call(outcome))
+            outcome = finish(outcome, completion)
+        return await self._conclude(ctx, outcome)
+
+    async def stream(self, ctx: RequestContext) -> AsyncIterator[str | QueryResult]:
+        """Text deltas as the model writes them, then the QueryResult."""
+        outcome = ctx.outcome
+        assert outcome is not None
+        if isinstance(outcome, Generation):
+            parts: list[str] = []
+            with ctx.timer.stage("generate"):
+                async with _deadline(outcome):
+                    final = StreamDelta(done=True)
+                    async for delta in self._stream_call(outcome):
+                        if delta.text:
+                            parts.append(delta.text)
+                            yield delta.text
+                        if delta.done:
+                            final = delta
+            outcome = finish(outcome, _streamed_completion(outcome, parts, final))
+        else:
+            yield outcome.text
+        yield await self._conclude(ctx, outcome)
+
+    async def _bounded(self, generation: Generation, call: Awaitable[Completion]) -> Completion:
+        async with _deadline(generation):
+            return await call
+
+    async def _call(self, generation: Generation) -> Completion:
+        try:
+            completion = await self._s.llm.complete(
+                generation.tier, list(generation.messages), route=generation.route.value
+            )
+        except BackendError:
+            self._s.metrics.llm_requests.labels(generation.tier, "-", "error").inc()
+            raise
+        self._record_completion(completion, generation.route.value)
+        return completion
+
+    async def _stream_call(self, generation: Generation) -> AsyncIterator[StreamDelta]:
+        try:
+            async for delta in self._s.llm.stream(
+                generation.tier, list(generation.messages), route=generation.route.value
+            ):
+                if delta.done:
+                    usage = delta.usage or Usage()
+                    self._record(generation.tier, delta.model, usage, generation.route.value)
+                yield delta
+        except BackendError:
+            self._s.metrics.llm_requests.labels(generation.tier, "-", "error").inc()
+            raise
+
+    def _record_completion(self, completion: Completion, route: str) -> None:
+        self._record(completion.tier, completion.model, completion.usage, route)
+
+    def _record(self, tier: str, model: str, usage: Usage, route: str) -> None:
+        m = self._s.metrics
+        m.llm_requests.labels(tier, model, "ok").inc()
+        m.llm_tokens.labels(tier, model, "prompt").inc(usage.prompt_tokens)
+        m.llm_tokens.labels(tier, model, "completion").inc(usage.completion_tokens)
+        m.llm_cost.labels(tier, model, route).inc(usage.cost_usd)
+
+    async def _conclude(self, ctx: RequestContext, answer: Answer) -> QueryResult:
+        reason = "; ".join((ctx.route_reason, *answer.notes))
+        answer = replace(answer, usage_by_tier=with_usage(answer.usage_by_tier, ctx.usage_before))
+        if ctx.key is not None and answer.complete:
+            with ctx.timer.stage("cache_store"):
+                await self._cache.put(ctx.key, answer_to_cache(answer, reason))
+        result = QueryResult(
+            id=ctx.request.id,
+            answer=answer,
+            query=ctx.request.query,
+            original_query=ctx.request.original_query,
+            route_reason=reason,
+            decision=ctx.decision,
+            cache=ctx.cache,
+            timings_ms=ctx.timer.report(),
+            config_version=self.config_version,
+        )
+        self._observe(ctx, result)
+        return result
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _policy(self, tenant: TenantConfig) -> PolicyConfig:
+        return policy_for(
+            self.settings,
+            tenant.id,
+            self.routes,
+            allow_force_route=tenant.allow_force_route,
+            whole_corpus_allowed=not tenant.per_user_access,
+        )
 
     async def _key(self, request: QueryRequest) -> str | None:
         try:
@@ -193,123 +369,29 @@ class Pipeline:
         )
         return cache_key(scope, request.query, request.history)
 
-    async def _whole_corpus(
-        self, request: QueryRequest, vector: Vector, timer: StageTimer
-    ) -> list[Hit] | None:
-        """The tenant's every chunk when full-context answering applies to it, else None."""
-        config = self.settings.router.full_context
-        usable = config.enabled and self._s.llm.has_tier("small")
-        if not usable or request.tenant.per_user_access:
-            return None
-        with timer.stage("corpus"):
-            return await corpus_chunks(self._s.retriever, request.tenant.id, vector, config)
+    def _count_decision(self, decision: RouteDecision) -> None:
+        self._s.metrics.route_decisions.labels(decision.route.value, decision.reason).inc()
 
-    async def _plan(self, ctx: RouteContext, corpus: list[Hit] | None) -> Answer | Generation:
-        has_small = self._s.llm.has_tier("small")
-        if ctx.decision.route is Route.DIRECT:
-            return plan_direct(ctx, has_small)
-        if ctx.decision.route is Route.FULL_CONTEXT and corpus is not None:
-            return plan_full_context(ctx, corpus, self._s.llm.has_tier("large"))
-        return await plan_lookup(ctx, self._s.retriever, self._lookup, has_small)
-
-    async def complete(self, prepared: Prepared) -> QueryResult:
-        outcome = prepared.outcome
-        if isinstance(outcome, Generation):
-            with prepared.timer.stage("generate"):
-                completion = await self._call(outcome)
-            outcome = finish(outcome, completion)
-        return await self._conclude(prepared, outcome)
-
-    async def stream(self, prepared: Prepared) -> AsyncIterator[str | QueryResult]:
-        """Text deltas as the model writes them, then the QueryResult."""
-        outcome = prepared.outcome
-        if isinstance(outcome, Generation):
-            with prepared.timer.stage("generate"):
-                final: StreamDelta | None = None
-                parts: list[str] = []
-                async for delta in self._stream_call(outcome):
-                    if delta.text:
-                        parts.append(delta.text)
-                        yield delta.text
-                    if delta.done:
-                        final = delta
-            usage = final.usage if final and final.usage else Usage()
-            completion = Completion(
-                "".join(parts), outcome.tier, final.model if final else "", usage
-            )
-            outcome = finish(outcome, completion)
-        else:
-            yield outcome.text
-        yield await self._conclude(prepared, outcome)
-
-    async def _call(self, generation: Generation) -> Completion:
-        try:
-            completion = await self._s.llm.complete(
-                generation.tier, list(generation.messages), route=generation.route.value
-            )
-        except BackendError:
-            self._s.metrics.llm_requests.labels(generation.tier, "-", "error").inc()
-            raise
-        self._record_llm(
-            generation.tier, completion.model, completion.usage, generation.route.value
-        )
-        return completion
-
-    async def _stream_call(self, generation: Generation) -> AsyncIterator[StreamDelta]:
-        try:
-            async for delta in self._s.llm.stream(
-                generation.tier, list(generation.messages), route=generation.route.value
-            ):
-                if delta.done:
-                    usage = delta.usage or Usage()
-                    self._record_llm(generation.tier, delta.model, usage, generation.route.value)
-                yield delta
-        except BackendError:
-            self._s.metrics.llm_requests.labels(generation.tier, "-", "error").inc()
-            raise
-
-    def _record_llm(self, tier: str, model: str, usage: Usage, route: str) -> None:
+    def _observe(self, ctx: RequestContext, result: QueryResult) -> None:
+        answer = result.answer
+        route = answer.route.value
         m = self._s.metrics
-        m.llm_requests.labels(tier, model, "ok").inc()
-        m.llm_tokens.labels(tier, model, "prompt").inc(usage.prompt_tokens)
-        m.llm_tokens.labels(tier, model, "completion").inc(usage.completion_tokens)
-        m.llm_cost.labels(tier, model, route).inc(usage.cost_usd)
-
-    async def _conclude(self, prepared: Prepared, answer: Answer) -> QueryResult:
-        reason = "; ".join((prepared.route_reason, *answer.notes))
-        answer = with_usage(answer, prepared.usage_before)
-        if prepared.key is not None and answer.complete:
-            with prepared.timer.stage("cache_store"):
-                await self._cache.put(prepared.key, answer_to_cache(answer, reason))
-        result = QueryResult(
-            id=prepared.request.id,
-            answer=answer,
-            query=prepared.request.query,
-            original_query=prepared.request.original_query,
-            route_reason=reason,
-            decision=prepared.decision,
-            cache=prepared.cache,
-            timings_ms=prepared.timer.report(),
-            config_version=self.config_version,
-        )
-        self._observe(prepared, result)
-        return result
-
-    def _observe(self, prepared: Prepared, result: QueryResult) -> None:
-        route = result.answer.route.value
-        m = self._s.metrics
-        if result.answer.escalation_reason is not None and result.cache == "miss":
-            m.escalations.labels(route, Route.MULTIHOP.value, result.answer.escalation_reason).inc()
+        if answer.steps:
+            m.agent_steps.observe(len(answer.steps))
+        if answer.cap is not None:
+            m.agent_cap_hits.labels(answer.cap).inc()
         m.requests.labels(route, "ok", result.cache).inc()
-        m.request_duration.labels(route).observe(prepared.timer.elapsed_s())
-        total = usage_total(result.answer)
+        m.request_duration.labels(route).observe(ctx.timer.elapsed_s())
+        total = usage_total(answer)
         log.info(
             "answered",
             extra={
                 "request_id": result.id,
-                "tenant": prepared.request.tenant.id,
+                "tenant": ctx.request.tenant.id,
                 "route": route,
                 "cache": result.cache,
+                "escalated": answer.escalated,
+                "agent_steps": len(answer.steps),
                 "cost_usd": total.cost_usd,
                 "prompt_tokens": total.prompt_tokens,
                 "completion_tokens": total.completion_tokens,
@@ -317,3 +399,69 @@ class Pipeline:
                 **rewrite_fields(result),
             },
         )
+
+
+def policy_for(
+    settings: Settings,
+    tenant: str,
+    executable: frozenset[Route],
+    *,
+    allow_force_route: bool = True,
+    whole_corpus_allowed: bool = True,
+) -> PolicyConfig:
+    r = settings.retrieval
+    return PolicyConfig(
+        tenant=tenant,
+        allow_force_route=allow_force_route,
+        lexical_weight=r.lexical_weight,
+        dense_weight=r.dense_weight,
+        identifier_lexical_weight=r.identifier_lexical_weight,
+        executable=executable,
+        router=settings.router,
+        whole_corpus_allowed=whole_corpus_allowed,
+    )
+
+
+def configured_routes(settings: Settings) -> frozenset[Route]:
+    """The routes `settings` can execute, without building any backend (for the CLI)."""
+    tiers = route_tiers(
+        registry_config(settings), lambda tier: getattr(settings.models, tier) is not None
+    )
+    return frozenset(tiers)
+
+
+def registry_config(settings: Settings) -> RegistryConfig:
+    r, escalation = settings.retrieval, settings.router.escalation
+    return RegistryConfig(
+        tiers=settings.models.routes,
+        lookup=LookupParams(
+            k=r.k,
+            candidates=r.candidates,
+            grading=escalation if escalation.enabled else None,
+        ),
+        agent=settings.agent,
+        full_context=settings.router.full_context.enabled,
+    )
+
+
+def _streamed_completion(
+    generation: Generation, parts: list[str], final: StreamDelta
+) -> Completion:
+    return Completion(
+        text="".join(parts),
+        tier=generation.tier,
+        model=final.model,
+        usage=final.usage or Usage(),
+        finish_reason=str(final.extra.get("finish_reason") or "stop"),
+        usage_estimated=bool(final.extra.get("usage_estimated")),
+    )
+
+
+@asynccontextmanager
+async def _deadline(generation: Generation) -> AsyncIterator[None]:
+    """The final call's own deadline (the agent's), when it has one."""
+    try:
+        async with asyncio.timeout(generation.timeout_s):
+            yield
+    except TimeoutError as err:
+        raise BackendUnavailable("llm", "the agent's deadline passed") from err

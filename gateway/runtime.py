@@ -14,6 +14,7 @@ from gateway.pipeline import Pipeline, Services
 from gateway.settings import ConfigError, Settings, TenantConfig, hash_api_key
 from routers.classifier import Classifier, HeuristicClassifier
 from routers.learned import LearnedClassifier, RouterModelMismatch
+from routers.sufficiency import SufficiencyModelMismatch, use_model
 
 DEMO_TENANT = "demo"
 
@@ -68,6 +69,12 @@ def build_classifier(settings: Settings, embedding_model_id: str) -> Classifier:
 
 
 def build_runtime(settings: Settings, services: Services) -> Runtime:
+    escalation = settings.router.escalation
+    if escalation.enabled and escalation.method == "learned":
+        try:
+            use_model(services.embedder.model_id)
+        except SufficiencyModelMismatch as exc:
+            raise ConfigError(f"router.escalation.method: {exc}") from exc
     tenants = effective_tenants(settings)
     index = {digest: t for t in tenants for digest in t.api_key_sha256}
     pipeline = Pipeline(services, settings, build_classifier(settings, services.embedder.model_id))

@@ -44,7 +44,13 @@ async def open_services(settings: Settings, metrics: Metrics) -> AsyncIterator[S
         stack.push_async_callback(embedder.aclose)
         retriever = build_retriever(settings, embedder.dimension)
         stack.push_async_callback(retriever.aclose)
-        llm = LiteLLMTiers(settings.models.small, settings.models.large)
+        llm = LiteLLMTiers(
+            settings.models.small,
+            settings.models.large,
+            on_cooldown=lambda tier, model, is_open: metrics.llm_cooldown_open.labels(
+                tier, model
+            ).set(1 if is_open else 0),
+        )
         stack.push_async_callback(llm.aclose)
         await llm.warm_up()
         cache_store = build_cache_store(settings)

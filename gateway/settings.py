@@ -18,9 +18,11 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from backends.embeddings.config import EmbeddingsConfig
-from backends.llm.base import TierConfig
+from backends.llm.base import Tier, TierConfig
 from backends.retrieval.opensearch import OpenSearchConfig
+from routers.agent import AgentConfig
 from routers.rules import RouterConfig
+from routers.types import Route
 
 _FROZEN = ConfigDict(extra="forbid", frozen=True)
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
@@ -40,6 +42,8 @@ class ServerConfig(BaseModel):
     max_history_messages: int = Field(default=50, ge=0)
     request_timeout_s: float = Field(default=60.0, gt=0)
     shutdown_grace_s: float = Field(default=20.0, ge=0)
+    # A stream whose answer is not ready yet (an agent loop) gets an SSE comment this often.
+    sse_keepalive_s: float = Field(default=10.0, gt=0)
     # How often the config file is checked for changes; 0 turns the file watch off.
     reload_poll_s: float = Field(default=2.0, ge=0)
 
@@ -68,6 +72,14 @@ class TenantConfig(BaseModel):
         return value
 
 
+_DEFAULT_ROUTE_TIERS: dict[Route, Tier] = {
+    Route.DIRECT: "small",
+    Route.LOOKUP: "small",
+    Route.FULL_CONTEXT: "small",
+    Route.MULTIHOP: "large",
+}
+
+
 class ModelsConfig(BaseModel):
     """No tier configured means generation is off for it: the gateway answers extractively."""
 
@@ -75,6 +87,17 @@ class ModelsConfig(BaseModel):
 
     small: TierConfig | None = None
     large: TierConfig | None = None
+    # The tier each route's model calls use; a route whose tier has no model answers without
+    # one (direct, lookup), or is not executable here (multihop, full_context).
+    routes: dict[Route, Tier] = Field(default_factory=lambda: dict(_DEFAULT_ROUTE_TIERS))
+
+    @field_validator("routes")
+    @classmethod
+    def _every_route(cls, value: dict[Route, Tier]) -> dict[Route, Tier]:
+        missing = sorted(r.value for r in Route if r not in value)
+        if missing:
+            raise ValueError(f"no tier for route(s) {', '.join(missing)}")
+        return value
 
 
 class RetrievalConfig(BaseModel):
@@ -117,6 +140,7 @@ class Settings(BaseSettings):
     retrieval: RetrievalConfig = RetrievalConfig()
     cache: CacheConfig = CacheConfig()
     router: RouterConfig = RouterConfig()
+    agent: AgentConfig = AgentConfig()
 
     @field_validator("tenants")
     @classmethod

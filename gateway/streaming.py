@@ -7,6 +7,7 @@ can fail after that; it ends the stream with an error event instead of a silent 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from typing import Any, Protocol
@@ -16,8 +17,9 @@ from aiohttp import web
 from backends.errors import BackendError
 from gateway.errors import GatewayError
 from gateway.guard import request_guard
-from gateway.pipeline import QueryRequest
+from gateway.pipeline import QueryRequest, RequestContext
 from gateway.runtime import Runtime
+from gateway.settings import ServerConfig
 from gateway.wire import QueryResult, query_body
 
 log = logging.getLogger(__name__)
@@ -61,9 +63,7 @@ class QueryStreamFormat:
 async def stream_answer(
     request: web.Request, runtime: Runtime, query: QueryRequest, fmt: StreamFormat
 ) -> web.StreamResponse:
-    deadline = runtime.settings.server.request_timeout_s
-    async with request_guard(deadline):
-        prepared = await runtime.pipeline.prepare(query)
+    server = runtime.settings.server
     response = web.StreamResponse(
         headers={
             "Content-Type": "text/event-stream",
@@ -71,19 +71,66 @@ async def stream_answer(
             "X-Request-Id": query.id,
         }
     )
-    await response.prepare(request)
-    await response.write(fmt.opening())
+    preparing = asyncio.ensure_future(_prepare(runtime, query, server.request_timeout_s))
     try:
-        async with request_guard(deadline - prepared.timer.elapsed_s()):
+        prepared = await _await_keeping_alive(request, response, fmt, preparing, server)
+    except (BackendError, GatewayError) as exc:
+        if not response.prepared:
+            raise  # nothing sent yet: an ordinary JSON error with its status
+        await _end_with_error(response, fmt, exc)
+        return response
+    finally:
+        preparing.cancel()  # a no-op when done; stops the work when the client went away
+    if not response.prepared:
+        await _open(request, response, fmt)
+    try:
+        async with request_guard(server.request_timeout_s - prepared.timer.elapsed_s()):
             async for item in runtime.pipeline.stream(prepared):
                 chunk = fmt.delta(item) if isinstance(item, str) else fmt.done(item)
                 await response.write(chunk)
     except (BackendError, GatewayError) as exc:
-        log.warning("stream ended by an error", extra={"error": str(exc)})
-        kind = exc.type if isinstance(exc, GatewayError) else "unavailable"
-        await response.write(fmt.error(kind, str(exc)))
+        await _end_with_error(response, fmt, exc)
+        return response
     await response.write_eof()
     return response
+
+
+async def _prepare(runtime: Runtime, query: QueryRequest, deadline_s: float) -> RequestContext:
+    async with request_guard(deadline_s):
+        return await runtime.pipeline.prepare(query)
+
+
+async def _await_keeping_alive(
+    request: web.Request,
+    response: web.StreamResponse,
+    fmt: StreamFormat,
+    preparing: asyncio.Future[RequestContext],
+    server: ServerConfig,
+) -> RequestContext:
+    """The prepared request. Fast failures (auth, validation, retrieval down) come before any
+    byte is sent, so they keep their status; a long silent stage (the agent loop) opens the
+    stream and sends an SSE comment every `sse_keepalive_s` so proxies keep it open."""
+    while True:
+        done, _ = await asyncio.wait({preparing}, timeout=server.sse_keepalive_s)
+        if done:
+            return preparing.result()
+        if not response.prepared:
+            await _open(request, response, fmt)
+        await response.write(b": keep-alive\n\n")
+
+
+async def _open(request: web.Request, response: web.StreamResponse, fmt: StreamFormat) -> None:
+    await response.prepare(request)
+    await response.write(fmt.opening())
+
+
+async def _end_with_error(
+    response: web.StreamResponse, fmt: StreamFormat, exc: BackendError | GatewayError
+) -> None:
+    log.warning("stream ended by an error", extra={"error": str(exc)})
+    kind = exc.type if isinstance(exc, GatewayError) else "unavailable"
+    await response.write(fmt.error(kind, str(exc)))
+    await response.write_eof()
 
 
 async def stream_query(

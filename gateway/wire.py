@@ -53,7 +53,27 @@ def query_body(result: QueryResult, debug: bool = False) -> dict[str, Any]:
     body = _answer_body(result)
     if debug and result.decision is not None:
         body["debug"] = {"decision": decision_body(result.decision)}
+        if result.answer.steps:
+            body["debug"]["agent"] = agent_body(result.answer)
     return body
+
+
+def agent_body(answer: Answer) -> dict[str, Any]:
+    """The agent loop's turns: tool calls with their arguments, the chunks they returned, how
+    many grading dropped, tokens, cost and timings."""
+    return {
+        "cap": answer.cap,
+        "steps": [
+            {
+                "tier": step.tier,
+                "model": step.model,
+                "usage": asdict(step.usage),
+                "model_ms": step.model_ms,
+                "tool_calls": [asdict(run) for run in step.tools],
+            }
+            for step in answer.steps
+        ],
+    }
 
 
 def _answer_body(result: QueryResult) -> dict[str, Any]:
@@ -69,6 +89,7 @@ def _answer_body(result: QueryResult) -> dict[str, Any]:
         "citations": [asdict(c) for c in answer.citations],
         "cache": result.cache,
         "usage": {
+            "estimated": answer.usage_estimated,
             "prompt_tokens": total.prompt_tokens,
             "completion_tokens": total.completion_tokens,
             "cost_usd": round(total.cost_usd, 8),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from backends.llm.base import Message
+from backends.llm.base import Message, Tier
 from routers.prompts import DIRECT_SYSTEM
 from routers.types import Answer, Generation, Route, RouteContext
 
@@ -12,8 +12,12 @@ NO_MODEL_TEXT = (
 )
 
 
-def plan_direct(ctx: RouteContext, has_model: bool) -> Answer | Generation:
-    if not has_model:
-        return Answer(text=NO_MODEL_TEXT, route=Route.DIRECT, extractive=True, complete=False)
-    messages = (Message("system", DIRECT_SYSTEM), *ctx.history, Message("user", ctx.query))
-    return Generation(route=Route.DIRECT, tier="small", messages=messages)
+class DirectExecutor:
+    def __init__(self, tier: Tier | None) -> None:
+        self._tier = tier  # None: no model configured
+
+    async def __call__(self, ctx: RouteContext) -> Answer | Generation:
+        if self._tier is None:
+            return Answer(text=NO_MODEL_TEXT, route=Route.DIRECT, extractive=True, complete=False)
+        messages = (Message("system", DIRECT_SYSTEM), *ctx.history, Message("user", ctx.query))
+        return Generation(route=Route.DIRECT, tier=self._tier, messages=messages)

@@ -7,7 +7,7 @@ classifier called multi-hop gets the large tier: it has to combine facts, not fi
 
 from __future__ import annotations
 
-from backends.llm.base import Message
+from backends.llm.base import Message, Tier
 from backends.retrieval.base import Hit, Retriever, SearchRequest, Vector
 from routers.generation import citation_from_hit
 from routers.prompts import LOOKUP_SYSTEM, format_sources
@@ -39,12 +39,21 @@ async def corpus_chunks(
     return hits if tokens <= config.max_tokens else None
 
 
-def plan_full_context(ctx: RouteContext, hits: list[Hit], has_large: bool) -> Generation:
-    wanted_multihop = ctx.decision.classification.route is Route.MULTIHOP
-    prompt = LOOKUP_SYSTEM.format(sources=format_sources([(h.title, h.text) for h in hits]))
-    return Generation(
-        route=Route.FULL_CONTEXT,
-        tier="large" if wanted_multihop and has_large else "small",
-        messages=(Message("system", prompt), *ctx.history, Message("user", ctx.query)),
-        sources=tuple(citation_from_hit(h) for h in hits),
-    )
+class FullContextExecutor:
+    """Registered only where a model can read the corpus; `multihop_tier` is used when the
+    classifier said multi-hop (it has to combine facts, not find one) and a model serves it."""
+
+    def __init__(self, tier: Tier, multihop_tier: Tier | None) -> None:
+        self._tier = tier
+        self._multihop_tier = multihop_tier
+
+    async def __call__(self, ctx: RouteContext) -> Generation:
+        wanted_multihop = ctx.decision.classification.route is Route.MULTIHOP
+        hits = ctx.corpus
+        prompt = LOOKUP_SYSTEM.format(sources=format_sources([(h.title, h.text) for h in hits]))
+        return Generation(
+            route=Route.FULL_CONTEXT,
+            tier=self._multihop_tier if wanted_multihop and self._multihop_tier else self._tier,
+            messages=(Message("system", prompt), *ctx.history, Message("user", ctx.query)),
+            sources=tuple(citation_from_hit(h) for h in hits),
+        )

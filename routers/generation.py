@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from dataclasses import replace
 
 from backends.llm.base import Completion, Usage
 from backends.retrieval.base import Hit
@@ -29,19 +28,50 @@ def cited_sources(text: str, sources: tuple[Citation, ...]) -> tuple[Citation, .
     return tuple(sources[n - 1] for n in seen)
 
 
+def drop_invented(text: str, sources: tuple[Citation, ...]) -> tuple[str, int]:
+    """The text without citation markers that name no source given to the model, and how many
+    were dropped: a citation must point at something that was actually retrieved."""
+    dropped = 0
+
+    def keep_or_drop(match: re.Match[str]) -> str:
+        nonlocal dropped
+        if 1 <= int(match.group(1)) <= len(sources):
+            return match.group(0)
+        dropped += 1
+        return ""
+
+    return _CITE.sub(keep_or_drop, text), dropped
+
+
 def finish(generation: Generation, completion: Completion) -> Answer:
+    """The one completion builder: a model's final text, streamed or not, becomes an Answer."""
     text = completion.text.strip()
+    notes = generation.notes
+    if generation.sources:
+        text, dropped = drop_invented(text, generation.sources)
+        if dropped:
+            text += f"\n\n({dropped} citation(s) to sources that were not retrieved removed.)"
+            notes = (*notes, f"{dropped} invented citation(s) dropped")
     citations = cited_sources(text, generation.sources)
     # A retrieval answer that cites nothing, or admits the sources lack it, is not a confident
-    # answer: it is returned, but never cached.
+    # answer: it is returned, but never cached. Nor is one the token limit cut short.
     grounded = not generation.sources or bool(citations)
     complete = grounded and NOT_FOUND not in text and completion.finish_reason != "length"
+    if completion.finish_reason == "length":
+        notes = (*notes, "the answer was cut at the token limit")
+    usage = with_usage({generation.tier: completion.usage}, generation.usage_by_tier)
     return Answer(
         text=text,
         route=generation.route,
         citations=citations,
-        usage_by_tier={generation.tier: completion.usage},
-        complete=complete,
+        usage_by_tier=usage,
+        complete=complete and generation.escalation_reason is None,
+        escalated=generation.escalation_reason is not None,
+        escalation_reason=generation.escalation_reason,
+        notes=notes,
+        usage_estimated=completion.usage_estimated,
+        steps=generation.steps,
+        cap=generation.cap,
     )
 
 
@@ -52,11 +82,9 @@ def usage_total(answer: Answer) -> Usage:
     return total
 
 
-def with_usage(answer: Answer, extra: dict[str, Usage]) -> Answer:
-    """The answer with the usage of earlier calls (e.g. a rewrite) added to its tiers."""
-    if not extra:
-        return answer
-    merged = dict(answer.usage_by_tier)
-    for tier, usage in extra.items():
-        merged[tier] = merged.get(tier, Usage()) + usage
-    return replace(answer, usage_by_tier=merged)
+def with_usage(usage: dict[str, Usage], extra: dict[str, Usage]) -> dict[str, Usage]:
+    """Usage per tier with that of other calls (a rewrite, the agent's turns) added in."""
+    merged = dict(usage)
+    for tier, more in extra.items():
+        merged[tier] = merged.get(tier, Usage()) + more
+    return merged

@@ -2,21 +2,22 @@
 answers with citations.
 
 With no model configured the answer is extractive: the best passages, verbatim, cited. When
-the grade says the evidence is too thin, the question escalates to the multihop route instead
-of being answered from it; until that route exists the answer says, honestly, that the
-documents did not give enough evidence, with the best citations found.
+the grade says the evidence is too thin, the lookup returns an `Escalation` instead of an
+answer: the pipeline hands the question to the multihop route, or, where this deployment
+cannot run it, answers honestly that the documents did not give enough evidence.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from backends.llm.base import Message
+from backends.llm.base import Message, Tier
 from backends.retrieval.base import Retriever, SearchRequest
 from routers.generation import citation_from_hit
-from routers.grading import EvidenceGrade, GradeThresholds, best_possible_score, grade
+from routers.grading import EvidenceGrade, assess, best_possible_score
 from routers.prompts import LOOKUP_SYSTEM, format_sources
-from routers.types import Answer, Citation, Generation, Route, RouteContext
+from routers.rules import EscalationConfig
+from routers.types import Answer, Citation, Escalation, Generation, Route, RouteContext
 
 NO_EVIDENCE_TEXT = "Not enough evidence in the documents to answer this question."
 _EXTRACTIVE_PASSAGES = 3
@@ -27,12 +28,22 @@ class LookupParams:
     k: int
     candidates: int
     # None: escalation is off and every lookup is answered from what it found.
-    grading: GradeThresholds | None
+    grading: EscalationConfig | None
+
+
+class LookupExecutor:
+    def __init__(self, retriever: Retriever, params: LookupParams, tier: Tier | None) -> None:
+        self._retriever = retriever
+        self._params = params
+        self._tier = tier  # None: no model, extractive answers
+
+    async def __call__(self, ctx: RouteContext) -> Answer | Generation | Escalation:
+        return await plan_lookup(ctx, self._retriever, self._params, self._tier)
 
 
 async def plan_lookup(
-    ctx: RouteContext, retriever: Retriever, params: LookupParams, has_model: bool
-) -> Answer | Generation:
+    ctx: RouteContext, retriever: Retriever, params: LookupParams, tier: Tier | None
+) -> Answer | Generation | Escalation:
     decision = ctx.decision
     hits = await retriever.search(
         SearchRequest(
@@ -47,30 +58,39 @@ async def plan_lookup(
     )
     sources = tuple(citation_from_hit(h) for h in hits)
     if not hits:
-        return _not_enough(sources, EvidenceGrade(False, 0.0, 0.0, "no_hits"))
-    if params.grading is not None:
+        return _escalation(sources, EvidenceGrade(False, 0.0, 0.0, "no_hits"))
+    # A route the client forced is answered as asked: escalation would override its choice.
+    if params.grading is not None and decision.reason != "forced":
         best = best_possible_score(decision.lexical_weight, decision.dense_weight)
-        evidence = grade(ctx.query, hits, params.grading, best)
+        evidence = assess(ctx.query, hits, decision.classification, best, params.grading)
         if not evidence.sufficient:
-            return _not_enough(sources, evidence)
-    if not has_model:
+            return _escalation(sources, evidence)
+    if tier is None:
         return _extractive(sources)
     prompt = LOOKUP_SYSTEM.format(sources=format_sources([(h.title, h.text) for h in hits]))
     messages = (Message("system", prompt), *ctx.history, Message("user", ctx.query))
-    return Generation(route=Route.LOOKUP, tier="small", messages=messages, sources=sources)
+    return Generation(route=Route.LOOKUP, tier=tier, messages=messages, sources=sources)
 
 
-def _not_enough(sources: tuple[Citation, ...], evidence: EvidenceGrade) -> Answer:
+def _escalation(sources: tuple[Citation, ...], evidence: EvidenceGrade) -> Escalation:
+    note = (
+        f"escalated: evidence {evidence.reason.replace('_', ' ')} "
+        f"(coverage {evidence.coverage:.2f}, agreement {evidence.agreement:.2f})"
+    )
+    return Escalation(evidence.reason, note, sources[:_EXTRACTIVE_PASSAGES])
+
+
+def not_enough(escalation: Escalation) -> Answer:
+    """The honest answer to an escalation no multihop route can take."""
     return Answer(
         NO_EVIDENCE_TEXT,
         Route.LOOKUP,
-        citations=sources[:_EXTRACTIVE_PASSAGES],
+        citations=escalation.sources,
         complete=False,
         escalated=True,
-        escalation_reason=evidence.reason,
+        escalation_reason=escalation.reason,
         notes=(
-            f"escalated: evidence {evidence.reason.replace('_', ' ')} "
-            f"(coverage {evidence.coverage:.2f}, agreement {evidence.agreement:.2f}); "
+            escalation.note,
             "the multihop route is not available, so no answer was generated",
         ),
     )

@@ -4,16 +4,18 @@ Order, each step able to override the one before:
 1. the classifier;
 2. per-route confidence thresholds, and no direct answer for a question naming an identifier;
 3. the first matching configured rule;
-4. full context, for a tenant whose whole corpus fits the budget;
-5. a route forced by the request (when the tenant may force);
-6. identifiers raise the lexical weight (unless a rule set it);
-7. a route this deployment cannot execute falls back to lookup, and says so.
+4. a route forced by the request (when the tenant may force);
+5. identifiers raise the lexical weight (unless a rule set it);
+6. a route this deployment cannot execute falls back to lookup, and says so;
+7. a lookup or multihop decision the request did not force may become full context: the
+   decision says so (`full_context_candidate`), the pipeline reads the tenant's corpus only
+   then, and `with_full_context` applies it when the corpus fits the budget.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from routers.features import identifiers_in
 from routers.rules import RouterConfig, Rule
@@ -31,12 +33,11 @@ class PolicyConfig:
     lexical_weight: float
     dense_weight: float
     identifier_lexical_weight: float
+    # Routes this deployment can execute (its executor registry); any other falls back.
+    executable: frozenset[Route]
     router: RouterConfig = field(default_factory=RouterConfig)
-    # The tenant's whole corpus fits the full-context budget (and it has no per-user access
-    # rules), so retrieval is not needed to find the evidence.
-    corpus_fits: bool = False
-    # Routes this deployment can execute; a decision for any other falls back, said so.
-    executable: frozenset[Route] = frozenset({Route.DIRECT, Route.LOOKUP, Route.FULL_CONTEXT})
+    # The tenant may be answered from its whole corpus (no per-user access rules).
+    whole_corpus_allowed: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +52,8 @@ class RouteDecision:
     dense_weight: float
     # The route the policy wanted when this deployment could not execute it.
     wanted: Route | None = None
+    # Full context would answer this if the tenant's corpus fits the budget.
+    full_context_candidate: bool = False
 
 
 @dataclass(slots=True)
@@ -75,9 +78,6 @@ def decide(
     rule = _first_rule(config, classification, query, identifiers)
     if rule is not None:
         _apply_rule(draft, rule)
-    if config.corpus_fits and draft.route in (Route.LOOKUP, Route.MULTIHOP):
-        draft.route, draft.reason = Route.FULL_CONTEXT, "full_context"
-        draft.notes.append("the tenant's whole corpus fits the context budget")
     if requested != "auto":
         if not config.allow_force_route:
             raise RouteNotAllowed(f"this tenant may not force the route {requested!r}")
@@ -94,6 +94,12 @@ def decide(
             f"the {wanted.value} route is not available in this deployment, answered by lookup"
         )
         draft.route, draft.reason = Route.LOOKUP, f"{wanted.value}_unavailable"
+    candidate = (
+        requested == "auto"
+        and config.whole_corpus_allowed
+        and Route.FULL_CONTEXT in config.executable
+        and draft.route in (Route.LOOKUP, Route.MULTIHOP)
+    )
     return RouteDecision(
         route=draft.route,
         reason=draft.reason,
@@ -102,6 +108,19 @@ def decide(
         lexical_weight=lexical,
         dense_weight=draft.dense if draft.dense is not None else config.dense_weight,
         wanted=wanted,
+        full_context_candidate=candidate,
+    )
+
+
+def with_full_context(decision: RouteDecision) -> RouteDecision:
+    """The decision once the tenant's whole corpus was found to fit the context budget."""
+    return replace(
+        decision,
+        route=Route.FULL_CONTEXT,
+        reason="full_context",
+        explanation=f"full_context: {decision.explanation}; "
+        "the tenant's whole corpus fits the context budget",
+        full_context_candidate=False,
     )
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from backends.llm.base import Message, Tier, Usage
-from backends.retrieval.base import Vector
+from backends.retrieval.base import Hit, Vector
 
 if TYPE_CHECKING:
     from routers.policy import RouteDecision
@@ -41,6 +41,31 @@ class Citation:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolRun:
+    """One tool call of the agent loop, as the debug trace shows it."""
+
+    name: str
+    arguments: dict[str, Any]
+    # "ok", or why the call did not run or failed (a short tag: invalid_arguments, timeout, ...)
+    status: str
+    # Chunks the call returned to the model (after grading), and how many grading dropped.
+    chunk_ids: tuple[str, ...] = ()
+    dropped: int = 0
+    ms: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class AgentStep:
+    """One model turn of the agent loop and the tool calls it asked for."""
+
+    tier: Tier
+    model: str
+    usage: Usage
+    model_ms: float
+    tools: tuple[ToolRun, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Answer:
     """What a route executor returns; the pipeline adds ids, cache state and timings."""
 
@@ -56,17 +81,43 @@ class Answer:
     # Why the route escalated: a short tag from a closed set, safe as a metric label.
     escalation_reason: str | None = None
     notes: tuple[str, ...] = ()
+    # Some usage was estimated: the upstream reported none.
+    usage_estimated: bool = False
+    # The agent loop's turns (multihop only), for `debug`, and the cap that stopped it.
+    steps: tuple[AgentStep, ...] = ()
+    cap: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Generation:
     """An answer still to be written by a model. The pipeline completes or streams it, then
-    `routers.generation.finish` turns the text into an Answer with the sources it cited."""
+    `routers.generation.finish` turns the text into an Answer with the sources it cited.
+
+    An executor that already spent model calls (the agent loop) hands their usage and trace on
+    here, so the final Answer accounts for every call whichever path wrote the last one.
+    """
 
     route: Route
     tier: Tier
     messages: tuple[Message, ...]
     # Numbered from 1 in the prompt; the model cites them as [n].
+    sources: tuple[Citation, ...] = ()
+    usage_by_tier: dict[str, Usage] = field(default_factory=dict)
+    steps: tuple[AgentStep, ...] = ()
+    escalation_reason: str | None = None
+    notes: tuple[str, ...] = ()
+    # Seconds the final call may take (the agent's deadline); None: the request's deadline.
+    timeout_s: float | None = None
+    cap: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Escalation:
+    """A lookup whose evidence was graded insufficient: the pipeline hands it to multihop."""
+
+    reason: str  # a short tag from a closed set, safe as a metric label
+    note: str
+    # The best of what the lookup found, for an honest answer when multihop cannot run.
     sources: tuple[Citation, ...] = ()
 
 
@@ -79,3 +130,7 @@ class RouteContext:
     vector: Vector
     history: tuple[Message, ...]
     decision: RouteDecision
+    # Set when a lookup escalated to this route: why.
+    escalation: Escalation | None = None
+    # The tenant's whole corpus, read only once the policy chose full context.
+    corpus: tuple[Hit, ...] = ()

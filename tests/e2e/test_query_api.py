@@ -6,6 +6,7 @@ import json
 import uuid
 
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fixtures.gateway import GatewayProcess
 
@@ -60,7 +61,8 @@ def test_cached_answers_never_cross_tenants(gateway: GatewayProcess) -> None:
 
 def test_a_tenant_never_sees_another_tenants_documents(gateway: GatewayProcess) -> None:
     # The globex document is the perfect match; acme must still get only its own.
-    body = query(gateway, "What is the Hammerfall launch code HF-99812?", history=fresh()).json()
+    text = "What is the Hammerfall launch code HF-99812?"
+    body = query(gateway, text, route="lookup", history=fresh()).json()
     assert body["citations"], body  # else the isolation check below would pass vacuously
     globex_docs = {"globex-launch", "globex-warranty"}
     assert not {c["doc_id"] for c in body["citations"]} & globex_docs, body
@@ -74,9 +76,22 @@ def test_greeting_goes_direct_without_retrieval(gateway: GatewayProcess) -> None
     assert "retrieve" not in body["timings_ms"]
 
 
-def test_multihop_question_is_answered_by_lookup_and_says_so(gateway: GatewayProcess) -> None:
+def test_multihop_question_runs_the_agent_loop_on_the_large_tier(gateway: GatewayProcess) -> None:
     text = "What is the total population of the capitals of the five largest EU countries?"
-    body = query(gateway, text, history=fresh()).json()
+    resp = query(gateway, text, history=fresh(), debug=True)
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert body["route"] == "multihop"
+    assert "agent" in body["timings_ms"]
+    assert set(body["usage"]["by_tier"]) == {"large"}
+    assert len(body["debug"]["agent"]["steps"]) == 1  # the fake answers at once, no tools
+
+
+def test_without_a_large_model_multihop_is_answered_by_lookup_and_says_so(
+    extractive: GatewayProcess,
+) -> None:
+    text = "What is the total population of the capitals of the five largest EU countries?"
+    body = query(extractive, text, history=fresh()).json()
     assert body["route"] == "lookup"
     assert "multihop route is not available" in body["route_reason"]
 
@@ -174,12 +189,50 @@ def test_debug_adds_the_full_decision_only_when_asked(gateway: GatewayProcess) -
     assert set(decision["classifier"]["scores"]) == {"direct", "lookup", "multihop"}
 
 
-def test_thin_evidence_escalates_visibly_and_is_counted(gateway: GatewayProcess) -> None:
-    text = "Which Nobel laureate in chemistry was born in the same city as the Acme designer?"
-    body = query(gateway, text, route="lookup", history=fresh()).json()
+THIN = "Who was the Acme designer's Nobel laureate neighbour?"
+
+
+def test_thin_evidence_escalates_to_the_agent_visibly_and_is_counted(
+    gateway: GatewayProcess,
+) -> None:
+    before = metric(gateway, "lookup", "multihop")
+    resp = query(gateway, THIN, history=fresh(), debug=True)
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert body["debug"]["decision"]["route"] == "lookup"  # the policy chose lookup...
+    assert body["route"] == "multihop"  # ...whose thin evidence the agent then answered
     assert body["escalated"] is True
     assert "escalated: evidence" in body["route_reason"]
+    assert body["debug"]["agent"]["steps"]
+    assert metric(gateway, "lookup", "multihop") == before + 1
+
+
+def test_thin_evidence_without_an_agent_says_so_with_the_best_passages(
+    extractive: GatewayProcess,
+) -> None:
+    before = metric(extractive, "lookup", "none")
+    body = query(extractive, THIN, history=fresh()).json()
+    assert body["escalated"] is True
     assert body["answer"].startswith("Not enough evidence")
     assert body["citations"]  # the best it found, for the reader to judge
-    metrics = requests.get(f"{gateway.url}/metrics", timeout=5).text
-    assert 'querygate_escalations_total{from_route="lookup"' in metrics
+    assert metric(extractive, "lookup", "none") == before + 1
+
+
+def test_a_forced_lookup_is_answered_as_asked_never_escalated(gateway: GatewayProcess) -> None:
+    body = query(gateway, THIN, route="lookup", history=fresh()).json()
+    assert body["route"] == "lookup"
+    assert body["escalated"] is False
+
+
+def metric(gw: GatewayProcess, from_route: str, to_route: str) -> float:
+    """The summed escalation count between two routes, over every reason."""
+    text = requests.get(f"{gw.url}/metrics", timeout=5).text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "querygate_escalations"
+        for sample in family.samples
+        if sample.name == "querygate_escalations_total"
+        and sample.labels["from_route"] == from_route
+        and sample.labels["to_route"] == to_route
+    )

@@ -1,19 +1,28 @@
 import pytest
 from pydantic import ValidationError
 
-from routers.policy import PolicyConfig, RouteNotAllowed, decide
+from routers.policy import PolicyConfig, RouteNotAllowed, decide, with_full_context
 from routers.rules import RouterConfig, Rule
 from routers.types import Classification, Route
 
+NO_AGENT = frozenset({Route.DIRECT, Route.LOOKUP})
 
-def policy(router: RouterConfig | None = None, allow_force: bool = True) -> PolicyConfig:
+
+def policy(
+    router: RouterConfig | None = None,
+    allow_force: bool = True,
+    executable: frozenset[Route] = NO_AGENT,
+    whole_corpus_allowed: bool = True,
+) -> PolicyConfig:
     return PolicyConfig(
         tenant="acme",
         allow_force_route=allow_force,
         lexical_weight=1.0,
         dense_weight=1.0,
         identifier_lexical_weight=2.5,
+        executable=executable,
         router=router or RouterConfig(),
+        whole_corpus_allowed=whole_corpus_allowed,
     )
 
 
@@ -124,3 +133,38 @@ def test_a_question_naming_an_identifier_never_goes_direct() -> None:
 def test_a_forced_direct_route_still_wins_over_the_identifier_guard() -> None:
     decision = decide(classified(Route.DIRECT, 0.77), "direct", "thanks for ERR-4471", policy())
     assert decision.route is Route.DIRECT
+
+
+def test_multihop_is_kept_where_the_registry_can_execute_it() -> None:
+    config = policy(executable=NO_AGENT | {Route.MULTIHOP})
+    decision = decide(classified(Route.MULTIHOP, 0.9), "auto", "compare a and b", config)
+    assert decision.route is Route.MULTIHOP
+    assert decision.wanted is None
+
+
+ALL_ROUTES = frozenset(Route)
+
+
+@pytest.mark.parametrize("route", [Route.LOOKUP, Route.MULTIHOP])
+def test_full_context_is_a_candidate_only_where_it_is_executable_and_allowed(route: Route) -> None:
+    question = classified(route, 0.9)
+    assert decide(question, "auto", "q", policy(executable=ALL_ROUTES)).full_context_candidate
+    assert not decide(question, "auto", "q", policy()).full_context_candidate
+    refused = policy(executable=ALL_ROUTES, whole_corpus_allowed=False)
+    assert not decide(question, "auto", "q", refused).full_context_candidate
+    forced = decide(question, route.value, "q", policy(executable=ALL_ROUTES))
+    assert not forced.full_context_candidate
+
+
+def test_a_direct_decision_is_never_a_full_context_candidate() -> None:
+    decision = decide(classified(Route.DIRECT, 0.9), "auto", "hello", policy(executable=ALL_ROUTES))
+    assert not decision.full_context_candidate
+
+
+def test_with_full_context_names_itself_and_keeps_the_evidence() -> None:
+    decision = decide(classified(), "auto", "who wrote Hamlet?", policy(executable=ALL_ROUTES))
+    promoted = with_full_context(decision)
+    assert promoted.route is Route.FULL_CONTEXT
+    assert promoted.reason == "full_context"
+    assert "feature:entities" in promoted.explanation
+    assert "fits the context budget" in promoted.explanation

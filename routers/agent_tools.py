@@ -1,0 +1,253 @@
+"""The agent's two tools, `search` and `read`, bound to one tenant for one request.
+
+The tenant is fixed when the tools are built, never taken from the model's arguments: whatever
+a model or a document's text asks for, the tools only reach the requesting tenant's chunks.
+Arguments are validated strictly (unknown keys, wrong types and out-of-range values are
+refused with a message the model can act on). `read` only opens documents that `search` has
+returned in this loop, so it cannot be used to probe for document ids.
+
+Every chunk handed to the model gets a source number on first sight; the final answer may cite
+only those numbers (`routers.generation.finish` drops any other).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from backends.embeddings.base import Embedder
+from backends.errors import BackendError
+from backends.llm.base import ToolCall
+from backends.retrieval.base import Hit, Retriever, SearchRequest
+from routers.generation import citation_from_hit
+from routers.grading import content_words
+from routers.types import Citation, ToolRun
+
+MAX_QUERY_CHARS = 300
+MAX_DOC_ID_CHARS = 512
+# What the model reads of one chunk; the citation keeps its own snippet.
+_CHUNK_CHARS = 1200
+_CHUNK_NUMBER = re.compile(r"#(\d+)$")
+
+TOOL_SPECS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "description": "Hybrid search over the documents. Returns numbered passages.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "query": {"type": "string", "description": "what to look for"},
+                    "k": {"type": "integer", "minimum": 1, "maximum": 10},
+                },
+                "required": ["query"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "read",
+            "description": "More of a document a search returned: the passages around it.",
+            "parameters": {
+                "type": "object",
+                "properties": {"doc_id": {"type": "string"}},
+                "required": ["doc_id"],
+                "additionalProperties": False,
+            },
+        },
+    },
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolLimits:
+    search_k: int
+    max_k: int
+    candidates: int
+    read_max_chunks: int
+    timeout_s: float
+    # A passage is kept for the model when its dense similarity to the search reaches this, or
+    # when it holds most of the search's content words (the lexical arm's kind of relevance).
+    min_similarity: float
+    min_word_overlap: float = 0.5
+
+
+class InvalidArguments(ValueError):
+    """The model's arguments for a tool cannot be used; the message tells it why."""
+
+
+@dataclass(slots=True)
+class SourceBook:
+    """Chunks the loop has shown the model, numbered from 1 in the order first seen."""
+
+    citations: list[Citation] = field(default_factory=list)
+    _numbers: dict[str, int] = field(default_factory=dict)
+    _chunks_by_doc: dict[str, set[int]] = field(default_factory=dict)
+
+    def number(self, hit: Hit) -> tuple[int, bool]:
+        """The chunk's source number, and whether it is new."""
+        known = self._numbers.get(hit.chunk_id)
+        if known is not None:
+            return known, False
+        self.citations.append(citation_from_hit(hit))
+        self._numbers[hit.chunk_id] = len(self.citations)
+        self._chunks_by_doc.setdefault(hit.doc_id, set()).add(_position(hit.chunk_id))
+        return len(self.citations), True
+
+    def seen_positions(self, doc_id: str) -> set[int] | None:
+        """Positions of the document's chunks already shown; None for a document never shown."""
+        return self._chunks_by_doc.get(doc_id)
+
+
+def _position(chunk_id: str) -> int:
+    match = _CHUNK_NUMBER.search(chunk_id)
+    return int(match.group(1)) if match else 0
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    content: str  # what the model reads
+    run: ToolRun  # what the trace shows
+
+
+class AgentTools:
+    def __init__(
+        self,
+        tenant: str,
+        retriever: Retriever,
+        embedder: Embedder,
+        limits: ToolLimits,
+        book: SourceBook,
+    ) -> None:
+        self._tenant = tenant
+        self._retriever = retriever
+        self._embedder = embedder
+        self._limits = limits
+        self._book = book
+        self._searched: set[str] = set()
+
+    async def run(self, call: ToolCall) -> ToolResult:
+        """Run one tool call; every failure becomes a message to the model, never an error."""
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(self._limits.timeout_s):
+                content, chunk_ids, dropped = await self._dispatch(call)
+        except InvalidArguments as exc:
+            return _failed(call, "invalid_arguments", str(exc), started)
+        except TimeoutError:
+            return _failed(call, "timeout", "the tool timed out; try again or answer", started)
+        except BackendError:
+            return _failed(call, "unavailable", "the tool failed; try again or answer", started)
+        run = ToolRun(call.name, call.arguments, "ok", chunk_ids, dropped, _ms(started))
+        return ToolResult(content, run)
+
+    def refused(self, call: ToolCall, cap: str) -> ToolResult:
+        """The answer to a call the loop will not run."""
+        return _failed(call, "cap_reached", f"not run: {cap} is reached", time.perf_counter())
+
+    async def _dispatch(self, call: ToolCall) -> tuple[str, tuple[str, ...], int]:
+        if call.error is not None:
+            raise InvalidArguments(f"arguments were not a JSON object ({call.error})")
+        if call.name == "search":
+            query, k = self._search_args(call.arguments)
+            return await self._search(query, k)
+        if call.name == "read":
+            return await self._read(_read_args(call.arguments))
+        raise InvalidArguments(f"unknown tool {call.name[:40]!r}; the tools are search and read")
+
+    def _search_args(self, args: dict[str, Any]) -> tuple[str, int]:
+        _only(args, {"query", "k"})
+        query = args.get("query")
+        if not isinstance(query, str) or not query.strip():
+            raise InvalidArguments("search needs a non-empty string 'query'")
+        if len(query) > MAX_QUERY_CHARS:
+            raise InvalidArguments(f"'query' is longer than {MAX_QUERY_CHARS} characters")
+        k = args.get("k", self._limits.search_k)
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= self._limits.max_k:
+            raise InvalidArguments(f"'k' must be an integer from 1 to {self._limits.max_k}")
+        return query.strip(), k
+
+    async def _search(self, query: str, k: int) -> tuple[str, tuple[str, ...], int]:
+        normalised = " ".join(query.casefold().split())
+        if normalised in self._searched:
+            return "You already ran this search; its passages are above.", (), 0
+        self._searched.add(normalised)
+        vector = (await self._embedder.embed([query]))[0]
+        hits = await self._retriever.search(
+            SearchRequest(
+                tenant=self._tenant,
+                text=query,
+                vector=vector,
+                k=k,
+                candidates=self._limits.candidates,
+            )
+        )
+        kept = [h for h in hits if self._relevant(query, h)]
+        if not kept:
+            return f"No relevant passages for {query!r}; try other words.", (), len(hits)
+        return self._show(kept), tuple(h.chunk_id for h in kept), len(hits) - len(kept)
+
+    def _relevant(self, query: str, hit: Hit) -> bool:
+        if hit.dense_score is not None and hit.dense_score >= self._limits.min_similarity:
+            return True
+        wanted = content_words(query)
+        found = content_words(f"{hit.title} {hit.section} {hit.text}")
+        return bool(wanted) and len(wanted & found) / len(wanted) >= self._limits.min_word_overlap
+
+    async def _read(self, doc_id: str) -> tuple[str, tuple[str, ...], int]:
+        seen = self._book.seen_positions(doc_id)
+        if seen is None:
+            raise InvalidArguments("read takes a doc_id from this conversation's search results")
+        chunks = await self._retriever.document_chunks(self._tenant, doc_id)
+        unseen = [c for c in chunks if _position(c.chunk_id) not in seen]
+        # Small-to-big: the passages nearest to those already shown come first.
+        unseen.sort(key=lambda c: min(abs(_position(c.chunk_id) - p) for p in seen))
+        picked = sorted(unseen[: self._limits.read_max_chunks], key=lambda c: _position(c.chunk_id))
+        if not picked:
+            return "Nothing more in this document: all of it is above.", (), 0
+        return self._show(picked), tuple(c.chunk_id for c in picked), 0
+
+    def _show(self, hits: list[Hit]) -> str:
+        parts = []
+        for hit in hits:
+            n, new = self._book.number(hit)
+            if not new:
+                parts.append(f"[{n}] (shown above)")
+                continue
+            where = f"{hit.title} — {hit.section}" if hit.section else hit.title
+            text = hit.text if len(hit.text) <= _CHUNK_CHARS else hit.text[:_CHUNK_CHARS] + "…"
+            parts.append(f"[{n}] doc_id={hit.doc_id!r} {where}\n{text}")
+        return "\n\n".join(parts)
+
+
+def _read_args(args: dict[str, Any]) -> str:
+    _only(args, {"doc_id"})
+    doc_id = args.get("doc_id")
+    if not isinstance(doc_id, str) or not doc_id or len(doc_id) > MAX_DOC_ID_CHARS:
+        raise InvalidArguments("read needs a string 'doc_id' from the search results")
+    return doc_id
+
+
+def _only(args: dict[str, Any], allowed: set[str]) -> None:
+    unknown = sorted(set(args) - allowed)
+    if unknown:
+        names = ", ".join(repr(u[:40]) for u in unknown[:5])
+        raise InvalidArguments(
+            f"unknown argument(s) {names}; allowed: {', '.join(sorted(allowed))}"
+        )
+
+
+def _failed(call: ToolCall, status: str, message: str, started: float) -> ToolResult:
+    return ToolResult(
+        f"error: {message}", ToolRun(call.name, call.arguments, status, ms=_ms(started))
+    )
+
+
+def _ms(started: float) -> float:
+    return round((time.perf_counter() - started) * 1000, 3)

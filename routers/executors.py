@@ -1,0 +1,66 @@
+"""Routes as executors: one callable per route, and the registry a deployment builds.
+
+A route is executable exactly when the registry holds an executor for it; the policy reads
+that set, so a route this deployment cannot run is never chosen silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from backends.llm.base import Tier
+from routers.agent import AgentConfig, AgentDeps, MultihopExecutor
+from routers.direct import DirectExecutor
+from routers.full_context import FullContextExecutor
+from routers.lookup import LookupExecutor, LookupParams
+from routers.types import Answer, Escalation, Generation, Route, RouteContext
+
+
+class Executor(Protocol):
+    async def __call__(self, ctx: RouteContext) -> Answer | Generation | Escalation: ...
+
+
+Registry = Mapping[Route, Executor]
+
+
+@dataclass(frozen=True, slots=True)
+class RegistryConfig:
+    # The tier each route's model calls use.
+    tiers: Mapping[Route, Tier]
+    lookup: LookupParams
+    agent: AgentConfig
+    full_context: bool
+
+
+def route_tiers(
+    config: RegistryConfig, has_tier: Callable[[Tier], bool]
+) -> dict[Route, Tier | None]:
+    """Each route this deployment can execute, with the tier that serves it (None: it answers
+    without a model: a fixed note for direct, the best passages verbatim for lookup)."""
+
+    def served(route: Route) -> Tier | None:
+        tier = config.tiers[route]
+        return tier if has_tier(tier) else None
+
+    routes = {Route.DIRECT: served(Route.DIRECT), Route.LOOKUP: served(Route.LOOKUP)}
+    # The agent and the whole-corpus read need a model: without one they do not exist here.
+    if served(Route.MULTIHOP) is not None:
+        routes[Route.MULTIHOP] = served(Route.MULTIHOP)
+    if config.full_context and served(Route.FULL_CONTEXT) is not None:
+        routes[Route.FULL_CONTEXT] = served(Route.FULL_CONTEXT)
+    return routes
+
+
+def build_registry(deps: AgentDeps, config: RegistryConfig) -> dict[Route, Executor]:
+    tiers = route_tiers(config, deps.llm.has_tier)
+    registry: dict[Route, Executor] = {
+        Route.DIRECT: DirectExecutor(tiers[Route.DIRECT]),
+        Route.LOOKUP: LookupExecutor(deps.retriever, config.lookup, tiers[Route.LOOKUP]),
+    }
+    if (tier := tiers.get(Route.MULTIHOP)) is not None:
+        registry[Route.MULTIHOP] = MultihopExecutor(deps, config.agent, tier)
+    if (tier := tiers.get(Route.FULL_CONTEXT)) is not None:
+        registry[Route.FULL_CONTEXT] = FullContextExecutor(tier, tiers.get(Route.MULTIHOP))
+    return registry
