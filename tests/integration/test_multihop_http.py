@@ -1,0 +1,135 @@
+"""The multihop route over HTTP, in process: the app from `create_app`, litellm's real client
+path to the fake upstream, a real embedded index. Streams stay open through the agent's silent
+steps (SSE comments), carry only the final answer as text, and end with usage and citations."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from backends.embeddings.minilm import MiniLMEmbedder
+from backends.retrieval.embedded import EmbeddedRetriever
+from gateway.app import create_app
+from gateway.ingest.pipeline import ingest_documents
+from gateway.ingest.readers import read_paths
+from gateway.settings import Settings, hash_api_key
+from tests.fixtures.gateway import DATA
+from tests.fixtures.upstream import calls_for
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+KEY = "key-stream-0001"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+KEEPALIVE_S = 0.2
+
+
+@pytest.fixture(scope="module")
+async def client(
+    fake_upstream: str, minilm: MiniLMEmbedder, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[TestClient[Any, Any]]:
+    data_dir = tmp_path_factory.mktemp("stream")
+    async with EmbeddedRetriever(data_dir / "index.sqlite3") as index:
+        await ingest_documents("acme", list(read_paths([DATA / "acme"])), minilm, index)
+    tier = {"api_base": fake_upstream, "retries": 0, "input_cost_per_token": 1e-6}
+    settings = Settings(
+        data_dir=data_dir,
+        server={"sse_keepalive_s": KEEPALIVE_S, "reload_poll_s": 0},
+        tenants=[{"id": "acme", "api_key_sha256": hash_api_key(KEY)}],
+        models={
+            "small": {"model": "openai/fake-small", **tier},
+            "large": {"model": "openai/fake-large", **tier},
+        },
+        cache={"backend": "off"},
+    )
+    async with TestClient(TestServer(create_app(settings))) as test_client:
+        yield test_client
+
+
+def slow_script(**final: Any) -> dict[str, Any]:
+    """Two silent tool turns, each slower than the keep-alive interval, then the answer."""
+    search = {"name": "search", "arguments": {"query": "Acme warranty"}, "id": "s"}
+    again = {"name": "search", "arguments": {"query": "Acme shipping"}, "id": "t"}
+    return {
+        "key": uuid.uuid4().hex,
+        "delay_ms": 500,
+        "turns": [
+            {"tool_calls": [search]},
+            {"tool_calls": [again]},
+            {"answer": "Two years [1].", **final},
+        ],
+    }
+
+
+def question(script: dict[str, Any]) -> str:
+    return f"How long is the Acme warranty? [[fake:{json.dumps(script)}]]"
+
+
+async def test_a_streamed_agent_answer_keeps_the_connection_alive_then_ends_with_the_body(
+    client: TestClient[Any, Any], fake_upstream: str
+) -> None:
+    script = slow_script()
+    body = {"query": question(script), "route": "multihop", "stream": True, "debug": True}
+    resp = await client.post("/v1/query", json=body, headers=AUTH)
+    assert resp.status == 200
+    raw = (await resp.read()).decode()
+    assert raw.count(": keep-alive") >= 2
+    events = [e for e in raw.split("\n\n") if e.startswith("event:")]
+    kinds = [e.split("\n")[0].removeprefix("event: ") for e in events]
+    assert kinds == ["delta", "done"]  # the tool turns never reach the client as text
+    delta = json.loads(events[0].split("data: ", 1)[1])
+    assert delta == {"text": "Two years [1]."}
+    done = json.loads(events[-1].split("data: ", 1)[1])
+    assert done["route"] == "multihop"
+    assert [c["doc_id"] for c in done["citations"]] == ["warranty.txt"]
+    assert done["usage"]["by_tier"]["large"]["prompt_tokens"] > 0
+    assert len(done["debug"]["agent"]["steps"]) == 3
+    assert await calls_for(fake_upstream, script["key"]) == 3
+
+
+async def test_the_chat_endpoint_streams_the_agent_answer_in_openai_chunks(
+    client: TestClient[Any, Any],
+) -> None:
+    body = {
+        "model": "multihop",
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "messages": [{"role": "user", "content": question(slow_script())}],
+    }
+    resp = await client.post("/v1/chat/completions", json=body, headers=AUTH)
+    assert resp.status == 200
+    lines = (await resp.read()).decode().split("\n")
+    data = [ln.removeprefix("data: ") for ln in lines if ln.startswith("data: ")]
+    assert data[-1] == "[DONE]"
+    chunks = [json.loads(d) for d in data[:-1]]
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert text == "Two years [1]."
+    final = next(c for c in chunks if "querygate" in c)
+    assert final["querygate"]["route"] == "multihop"
+    assert chunks[-1]["usage"]["prompt_tokens"] > 0
+
+
+async def test_a_model_failure_after_the_stream_opened_ends_it_with_an_error_event(
+    client: TestClient[Any, Any],
+) -> None:
+    script = slow_script()
+    script["turns"][1] = {**script["turns"][1], "status": 400}  # refused: no retry, no fallback
+    body = {"query": question(script), "route": "multihop", "stream": True}
+    resp = await client.post("/v1/query", json=body, headers=AUTH)
+    assert resp.status == 200  # the headers had gone out with the first keep-alive
+    raw = (await resp.read()).decode()
+    assert ": keep-alive" in raw
+    assert "event: error" in raw
+    assert "event: done" not in raw
+
+
+async def test_a_fast_failure_keeps_its_status(client: TestClient[Any, Any]) -> None:
+    script = {"key": uuid.uuid4().hex, "status": 400}
+    body = {"query": question(script), "route": "multihop", "stream": True}
+    resp = await client.post("/v1/query", json=body, headers=AUTH)
+    assert resp.status in (502, 503), await resp.text()
+    assert (await resp.json())["error"]["type"]
