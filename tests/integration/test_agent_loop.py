@@ -32,6 +32,7 @@ from tests.fixtures.upstream import calls_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
+LARGE_MULTIHOP = {"tier": "large", "model": "openai/fake-large", "route": "multihop"}
 ACME = TenantConfig(id="acme", api_key_sha256=("0" * 64,))
 GLOBEX_DOCS = {"globex-launch", "globex-warranty"}
 INJECTION = (
@@ -184,7 +185,8 @@ async def test_the_loop_searches_reads_and_answers_from_what_it_retrieved(
         {"tool_calls": [{"name": "read", "arguments": {"doc_id": "errors.md"}, "id": "r"}]},
         {"answer": "Renew the upstream certificate, then reload the router [1]."},
     )
-    result = await ask(make_pipeline(), "How do I clear ERR-4471?", script)
+    pipeline = make_pipeline()
+    result = await ask(pipeline, "How do I clear ERR-4471?", script)
     answer = result.answer
     assert answer.route is Route.MULTIHOP
     assert await calls_for(fake_upstream, script["key"]) == 3
@@ -198,6 +200,9 @@ async def test_the_loop_searches_reads_and_answers_from_what_it_retrieved(
     assert answer.usage_by_tier["large"].cost_usd > 0
     assert len(answer.steps) == 3
     assert answer.complete and answer.cap is None
+    assert _sample(pipeline, "querygate_agent_steps_sum") == 3
+    costed = _sample(pipeline, "querygate_llm_cost_usd_total", **LARGE_MULTIHOP)
+    assert costed == pytest.approx(answer.usage_by_tier["large"].cost_usd)
 
 
 async def test_tool_calls_of_one_turn_run_concurrently(
