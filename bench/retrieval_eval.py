@@ -121,13 +121,22 @@ class Query:
     parent: str  # the FanOutQA parent id: bootstrap resamples whole parents
 
 
-def evidence_leaves(node: dict[str, Any]) -> Iterator[tuple[str, str | None]]:
-    """(question, evidence page title or None) for every leaf sub-question below `node`."""
+def leaf_nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every leaf sub-question below `node` (one with no decomposition of its own), depth first."""
     for sub in node["decomposition"]:
         if not sub["decomposition"]:
-            evidence = sub.get("evidence") or {}
-            yield sub["question"].strip(), evidence.get("title")
-        yield from evidence_leaves(sub)
+            yield sub
+        yield from leaf_nodes(sub)
+
+
+def evidence_page(leaf: dict[str, Any]) -> str | None:
+    return (leaf.get("evidence") or {}).get("title")
+
+
+def evidence_leaves(node: dict[str, Any]) -> Iterator[tuple[str, str | None]]:
+    """(question, evidence page title or None) for every leaf sub-question below `node`."""
+    for leaf in leaf_nodes(node):
+        yield leaf["question"].strip(), evidence_page(leaf)
 
 
 def normalised(text: str) -> str:
