@@ -420,15 +420,19 @@ async def written(llm: LLM, outcome: Answer | Generation) -> Answer:
     """The answer, with the final model call made as the pipeline makes it."""
     if isinstance(outcome, Answer):
         return outcome
-    async with asyncio.timeout(outcome.timeout_s):
-        completion = await llm.complete(
-            outcome.tier, list(outcome.messages), route=outcome.route.value
-        )
+    try:
+        async with asyncio.timeout(outcome.timeout_s):
+            completion = await llm.complete(
+                outcome.tier,
+                list(outcome.messages),
+                max_tokens=outcome.max_tokens,
+                route=outcome.route.value,
+            )
+    except TimeoutError:
+        if outcome.fallback is None:
+            raise
+        return outcome.fallback
     return finish(outcome, completion)
-
-
-def _ignore(completion: Completion, route: str) -> None:
-    """The gateway counts calls in its metrics; here the answer's usage says it all."""
 
 
 @dataclass(slots=True)
@@ -443,7 +447,7 @@ class Harness:
     async def run(self, question: Question, strategy: str, agent: AgentConfig) -> Run:
         llm = TimedLLM(self.llm_for(question))
         index = RecordingRetriever(self.retriever)
-        deps = AgentDeps(llm, index, self.embedder, _ignore, self.retrieval.candidates)
+        deps = AgentDeps(llm, index, self.embedder, self.retrieval.candidates)
         registry = build_registry(deps, self._registry_config(strategy, agent))
         started = time.perf_counter()
         ctx = self._context(question, strategy, frozenset(registry))

@@ -64,7 +64,8 @@ class Metrics:
         )
         self.agent_steps = Histogram(
             "querygate_agent_steps",
-            "Model turns per agent loop (multihop).",
+            "Model turns per agent loop (multihop), the answering turn included; a forced "
+            "final answer after a cap is not a turn.",
             buckets=(1, 2, 3, 4, 5, 6, 8, 10, 15, 20),
             registry=r,
         )

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 
 from backends.cache.base import CacheStore
@@ -23,6 +22,7 @@ from backends.embeddings.base import Embedder
 from backends.errors import BackendError, BackendUnavailable
 from backends.llm.base import LLM, Completion, Message, StreamDelta, Usage
 from backends.retrieval.base import Hit, Retriever, Vector
+from gateway.metered_llm import MeteredLLM
 from gateway.metrics import Metrics
 from gateway.response_cache import CacheScope, ResponseCache, cache_key
 from gateway.settings import Settings, TenantConfig
@@ -96,13 +96,10 @@ class Pipeline:
             settings.cache.ttl_s,
             services.metrics,
         )
+        self._llm = MeteredLLM(services.llm, services.metrics)
         self._registry = build_registry(
             AgentDeps(
-                services.llm,
-                services.retriever,
-                services.embedder,
-                self._record_completion,
-                settings.retrieval.candidates,
+                self._llm, services.retriever, services.embedder, settings.retrieval.candidates
             ),
             registry_config(settings),
         )
@@ -146,19 +143,18 @@ class Pipeline:
 
     async def _rewrite(self, ctx: RequestContext) -> None:
         request = ctx.request
-        wanted = self.settings.router.rewrite_followups and self._s.llm.has_tier("small")
+        wanted = self.settings.router.rewrite_followups and self._llm.has_tier("small")
         if not wanted or not looks_like_followup(request.query, request.history):
             return
         with ctx.timer.stage("rewrite"):
             try:
-                completion = await rewrite_followup(self._s.llm, request.query, request.history)
+                completion = await rewrite_followup(self._llm, request.query, request.history)
             except BackendError as exc:
                 # The rewrite only sharpens the question; without it the original still works.
                 log.warning("follow-up rewrite failed", extra={"error": str(exc)})
                 return
         if completion is None:
             return
-        self._record_completion(completion, "rewrite")
         ctx.request = replace(request, query=completion.text, original_query=request.query)
         ctx.usage_before = {completion.tier: completion.usage}
 
@@ -258,8 +254,13 @@ class Pipeline:
         assert outcome is not None
         if isinstance(outcome, Generation):
             with ctx.timer.stage("generate"):
-                completion = await self._bounded(outcome, self._call(outcome))
-            outcome = finish(outcome, completion)
+                try:
+                    async with asyncio.timeout(outcome.timeout_s):
+                        completion = await self._call(outcome)
+                except TimeoutError:
+                    outcome = _fallback(outcome)
+                else:
+                    outcome = finish(outcome, completion)
         return await self._conclude(ctx, outcome)
 
     async def stream(self, ctx: RequestContext) -> AsyncIterator[str | QueryResult]:
@@ -267,58 +268,62 @@ class Pipeline:
         outcome = ctx.outcome
         assert outcome is not None
         if isinstance(outcome, Generation):
+            answer: Answer | None = None
             parts: list[str] = []
             with ctx.timer.stage("generate"):
-                async with _deadline(outcome):
-                    final = StreamDelta(done=True)
-                    async for delta in self._stream_call(outcome):
-                        if delta.text:
-                            parts.append(delta.text)
-                            yield delta.text
-                        if delta.done:
-                            final = delta
-            outcome = finish(outcome, _streamed_completion(outcome, parts, final))
+                async for delta in self._timed_stream(outcome):
+                    if delta.done:
+                        answer = finish(outcome, _streamed_completion(outcome, parts, delta))
+                    elif delta.text:
+                        parts.append(delta.text)
+                        yield delta.text
+            if answer is None:  # the generation's deadline came before any text
+                answer = _fallback(outcome)
+                yield answer.text
         else:
-            yield outcome.text
-        yield await self._conclude(ctx, outcome)
+            answer = outcome
+            yield answer.text
+        yield await self._conclude(ctx, answer)
 
-    async def _bounded(self, generation: Generation, call: Awaitable[Completion]) -> Completion:
-        async with _deadline(generation):
-            return await call
+    async def _timed_stream(self, generation: Generation) -> AsyncIterator[StreamDelta]:
+        """The stream under the generation's own deadline, applied to fetching each delta,
+        never around the consumer's write to a slow client. Past the deadline before any text
+        the stream just ends (the caller falls back); after some text it fails."""
+        loop = asyncio.get_running_loop()
+        when = None if generation.timeout_s is None else loop.time() + generation.timeout_s
+        chunks = aiter(self._stream_call(generation))
+        sent = False
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout_at(when):
+                        delta = await anext(chunks)
+                except StopAsyncIteration:
+                    return
+                except TimeoutError as err:
+                    if sent:
+                        raise BackendUnavailable("llm", "the agent's deadline passed") from err
+                    return
+                sent = sent or bool(delta.text)
+                yield delta
+        finally:
+            await chunks.aclose()  # type: ignore[attr-defined]  # an async generator
 
     async def _call(self, generation: Generation) -> Completion:
-        try:
-            completion = await self._s.llm.complete(
-                generation.tier, list(generation.messages), route=generation.route.value
-            )
-        except BackendError:
-            self._s.metrics.llm_requests.labels(generation.tier, "-", "error").inc()
-            raise
-        self._record_completion(completion, generation.route.value)
-        return completion
+        return await self._llm.complete(
+            generation.tier,
+            list(generation.messages),
+            max_tokens=generation.max_tokens,
+            route=generation.route.value,
+        )
 
-    async def _stream_call(self, generation: Generation) -> AsyncIterator[StreamDelta]:
-        try:
-            async for delta in self._s.llm.stream(
-                generation.tier, list(generation.messages), route=generation.route.value
-            ):
-                if delta.done:
-                    usage = delta.usage or Usage()
-                    self._record(generation.tier, delta.model, usage, generation.route.value)
-                yield delta
-        except BackendError:
-            self._s.metrics.llm_requests.labels(generation.tier, "-", "error").inc()
-            raise
-
-    def _record_completion(self, completion: Completion, route: str) -> None:
-        self._record(completion.tier, completion.model, completion.usage, route)
-
-    def _record(self, tier: str, model: str, usage: Usage, route: str) -> None:
-        m = self._s.metrics
-        m.llm_requests.labels(tier, model, "ok").inc()
-        m.llm_tokens.labels(tier, model, "prompt").inc(usage.prompt_tokens)
-        m.llm_tokens.labels(tier, model, "completion").inc(usage.completion_tokens)
-        m.llm_cost.labels(tier, model, route).inc(usage.cost_usd)
+    def _stream_call(self, generation: Generation) -> AsyncIterator[StreamDelta]:
+        return self._llm.stream(
+            generation.tier,
+            list(generation.messages),
+            max_tokens=generation.max_tokens,
+            route=generation.route.value,
+        )
 
     async def _conclude(self, ctx: RequestContext, answer: Answer) -> QueryResult:
         reason = "; ".join((ctx.route_reason, *answer.notes))
@@ -457,11 +462,8 @@ def _streamed_completion(
     )
 
 
-@asynccontextmanager
-async def _deadline(generation: Generation) -> AsyncIterator[None]:
-    """The final call's own deadline (the agent's), when it has one."""
-    try:
-        async with asyncio.timeout(generation.timeout_s):
-            yield
-    except TimeoutError as err:
-        raise BackendUnavailable("llm", "the agent's deadline passed") from err
+def _fallback(generation: Generation) -> Answer:
+    """What answers a generation whose own deadline passed (the agent's plain answer)."""
+    if generation.fallback is None:
+        raise BackendUnavailable("llm", "the final answer's deadline passed")
+    return generation.fallback

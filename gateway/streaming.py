@@ -74,7 +74,7 @@ async def stream_answer(
     preparing = asyncio.ensure_future(_prepare(runtime, query, server.request_timeout_s))
     try:
         prepared = await _await_keeping_alive(request, response, fmt, preparing, server)
-    except (BackendError, GatewayError) as exc:
+    except Exception as exc:
         if not response.prepared:
             raise  # nothing sent yet: an ordinary JSON error with its status
         await _end_with_error(response, fmt, exc)
@@ -88,7 +88,7 @@ async def stream_answer(
             async for item in runtime.pipeline.stream(prepared):
                 chunk = fmt.delta(item) if isinstance(item, str) else fmt.done(item)
                 await response.write(chunk)
-    except (BackendError, GatewayError) as exc:
+    except Exception as exc:
         await _end_with_error(response, fmt, exc)
         return response
     await response.write_eof()
@@ -124,12 +124,20 @@ async def _open(request: web.Request, response: web.StreamResponse, fmt: StreamF
     await response.write(fmt.opening())
 
 
-async def _end_with_error(
-    response: web.StreamResponse, fmt: StreamFormat, exc: BackendError | GatewayError
-) -> None:
-    log.warning("stream ended by an error", extra={"error": str(exc)})
-    kind = exc.type if isinstance(exc, GatewayError) else "unavailable"
-    await response.write(fmt.error(kind, str(exc)))
+async def _end_with_error(response: web.StreamResponse, fmt: StreamFormat, exc: Exception) -> None:
+    """Headers are out: the stream ends with an error event, never a silent cut."""
+    if isinstance(exc, ConnectionError):
+        raise exc  # the client went away: nobody to tell
+    if isinstance(exc, GatewayError):
+        kind, message = exc.type, str(exc)
+    elif isinstance(exc, BackendError):
+        kind, message = "unavailable", str(exc)
+    else:
+        log.exception("stream failed", exc_info=exc)
+        kind, message = "internal_error", "the answer failed; try again"
+    if kind != "internal_error":
+        log.warning("stream ended by an error", extra={"error": message})
+    await response.write(fmt.error(kind, message))
     await response.write_eof()
 
 

@@ -3,21 +3,22 @@
 One `_Run` per request. Each iteration first checks every cap, then makes one model turn with
 the `search` and `read` tools; the tool calls of a turn run concurrently. The loop ends when
 the model answers in plain text (citing the numbered passages as [n]), or at a cap:
-- steps or tool calls: one last call without tools forces an answer from what was found;
-- tokens or cost: the next call could break the cap, so no call is made and the answer says
-  plainly where it stopped, citing the best passages found;
-- the deadline: the loop gets `deadline_s * (1 - final_share)`, the forced answer the rest.
+- steps, tool calls or the deadline: one last call, without tools, answers from the passages
+  found (as a lookup answers from its passages); the loop gets `deadline_s * (1 - final_share)`,
+  that call the rest, and if it cannot finish in time the plain answer below is given instead;
+- tokens or cost, or a final call that could break them: no call is made and the answer says
+  plainly where it stopped, citing the best-scored passages found.
 With nothing relevant found, the answer says the documents do not contain it.
 
-Caps are hard: before each call the loop projects the call's tokens (the last prompt plus what
-was added since, plus the call's completion limit) and its cost (at the spend per token so far).
+Caps are hard: before each call the loop projects its tokens (the last prompt plus what was
+added since, plus the call's completion limit) and prices them at the tier's dearest rates.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -25,13 +26,22 @@ from pydantic import BaseModel, ConfigDict, Field
 from backends.embeddings.base import Embedder
 from backends.llm.base import LLM, Completion, Message, Tier, ToolCall, Usage
 from backends.retrieval.base import Retriever
-from routers.agent_tools import TOOL_SPECS, AgentTools, SourceBook, ToolLimits, ToolResult
+from routers.agent_tools import (
+    MAX_SEARCH_K,
+    TOOL_SPECS,
+    AgentTools,
+    SourceBook,
+    ToolLimits,
+    ToolResult,
+)
 from routers.generation import NOT_FOUND, finish, with_usage
-from routers.prompts import AGENT_FINAL, AGENT_SYSTEM
+from routers.prompts import AGENT_FINAL, AGENT_SYSTEM, format_sources
 from routers.types import AgentStep, Answer, Citation, Generation, Route, RouteContext
 
-# A rough, deliberately high estimate for text not yet counted by the upstream.
+# For text the upstream has not counted yet. English runs ~4 characters a token; 3 leaves a
+# margin for code and identifiers (not for CJK text, which can run near 1).
 _CHARS_PER_TOKEN = 3
+_TOOL_SPEC_CHARS = len(json.dumps(TOOL_SPECS))
 _BEST_PASSAGES = 3
 
 
@@ -45,12 +55,12 @@ class AgentConfig(BaseModel):
     max_tokens: int = Field(default=24_000, ge=100, description="prompt + completion, all calls")
     deadline_s: float = Field(default=30.0, gt=0)
     max_cost_usd: float = Field(default=0.10, ge=0)
-    # Completion limit of each turn; the final answer uses the tier's own max_tokens.
+    # Completion limit of each model call of the loop, the forced final answer included.
     step_max_tokens: int = Field(default=512, ge=16)
     # Share of the deadline kept for the forced final answer.
     final_share: float = Field(default=0.25, gt=0, lt=1)
     tool_timeout_s: float = Field(default=5.0, gt=0)
-    search_k: int = Field(default=6, ge=1, le=10)
+    search_k: int = Field(default=6, ge=1, le=MAX_SEARCH_K)
     read_max_chunks: int = Field(default=4, ge=1, le=20)
     min_similarity: float = Field(default=0.3, ge=-1, le=1)
 
@@ -60,8 +70,6 @@ class AgentDeps:
     llm: LLM
     retriever: Retriever
     embedder: Embedder
-    # Called for every model call the loop makes, so each is counted and costed.
-    record: Callable[[Completion, str], None]
     candidates: int = 50
 
 
@@ -72,7 +80,6 @@ class MultihopExecutor:
         self._tier = tier
         self._limits = ToolLimits(
             search_k=config.search_k,
-            max_k=10,
             candidates=deps.candidates,
             read_max_chunks=config.read_max_chunks,
             timeout_s=config.tool_timeout_s,
@@ -90,8 +97,10 @@ class MultihopExecutor:
 @dataclass(slots=True)
 class _Budget:
     config: AgentConfig
+    # USD per (prompt, completion) token of the tier.
+    prices: tuple[float, float]
     started: float
-    steps: int = 0
+    tool_turns: int = 0
     tool_calls: int = 0
     tokens: int = 0
     cost_usd: float = 0.0
@@ -100,31 +109,30 @@ class _Budget:
     pending_chars: int = 0
 
     def charge(self, usage: Usage) -> None:
-        self.steps += 1
         self.tokens += usage.prompt_tokens + usage.completion_tokens
         self.cost_usd += usage.cost_usd
         self.last_prompt_tokens = usage.prompt_tokens
         self.pending_chars = 0
 
-    def projected_tokens(self, completion_limit: int) -> int:
-        return self.last_prompt_tokens + self.pending_chars // _CHARS_PER_TOKEN + completion_limit
-
-    def affordable(self, completion_limit: int) -> str | None:
-        """The cap the next call could break, or None."""
-        projected = self.projected_tokens(completion_limit)
-        if self.tokens + projected > self.config.max_tokens:
+    def breaks(self, prompt_tokens: int) -> str | None:
+        """The cap a call with this prompt (and the step completion limit) could break."""
+        completion = self.config.step_max_tokens
+        if self.tokens + prompt_tokens + completion > self.config.max_tokens:
             return "tokens"
-        per_token = self.cost_usd / self.tokens if self.tokens else 0.0
-        if self.cost_usd + projected * per_token > self.config.max_cost_usd:
+        cost = prompt_tokens * self.prices[0] + completion * self.prices[1]
+        if self.cost_usd + cost > self.config.max_cost_usd:
             return "cost"
         return None
 
+    def next_prompt_tokens(self) -> int:
+        return self.last_prompt_tokens + self.pending_chars // _CHARS_PER_TOKEN
+
     def cap_reached(self) -> str | None:
-        if self.steps >= self.config.max_steps:
+        if self.tool_turns >= self.config.max_steps:
             return "steps"
         if self.tool_calls >= self.config.max_tool_calls:
             return "tool_calls"
-        return self.affordable(self.config.step_max_tokens)
+        return self.breaks(self.next_prompt_tokens())
 
 
 @dataclass(slots=True)
@@ -140,14 +148,18 @@ class _Run:
     usage: dict[str, Usage] = field(default_factory=dict)
     budget: _Budget = field(init=False)
 
+    usage_estimated: bool = False
+
     def __post_init__(self) -> None:
-        self.budget = _Budget(self.config, time.monotonic())
+        prices = self.deps.llm.prices(self.tier)
+        self.budget = _Budget(self.config, prices, time.monotonic())
         self.messages = [
             Message("system", AGENT_SYSTEM),
             *self.ctx.history,
             Message("user", self.ctx.query),
         ]
-        self.budget.pending_chars = sum(len(m.content) for m in self.messages)
+        chars = sum(len(m.content) for m in self.messages)
+        self.budget.pending_chars = chars + _TOOL_SPEC_CHARS
 
     async def execute(self) -> Answer | Generation:
         loop_s = self.config.deadline_s * (1 - self.config.final_share)
@@ -171,12 +183,13 @@ class _Run:
             max_tokens=self.config.step_max_tokens,
             route=Route.MULTIHOP.value,
         )
-        self.deps.record(completion, Route.MULTIHOP.value)
+        self.usage_estimated |= completion.usage_estimated
         model_ms = round((time.perf_counter() - started) * 1000, 3)
         if not completion.tool_calls:
             self.steps.append(AgentStep(self.tier, completion.model, completion.usage, model_ms))
             return finish(self._generation(self.messages), completion)
         self._charge(completion)
+        self.budget.tool_turns += 1
         results = await self._run_tools(completion.tool_calls)
         step = AgentStep(
             self.tier, completion.model, completion.usage, model_ms, tuple(r.run for r in results)
@@ -218,6 +231,9 @@ class _Run:
             notes=self._notes(cap),
             timeout_s=timeout_s,
             cap=cap,
+            max_tokens=self.config.step_max_tokens,
+            usage_estimated=self.usage_estimated,
+            fallback=self._stopped(cap) if cap else None,
         )
 
     def _notes(self, cap: str | None) -> tuple[str, ...]:
@@ -230,17 +246,37 @@ class _Run:
             return self._plain(
                 f"{NOT_FOUND} The searches found no relevant passage before the {cap} cap.", cap
             )
+        final = self._final_messages()
+        prompt_tokens = sum(len(m.content) for m in final) // _CHARS_PER_TOKEN
         remaining = self.config.deadline_s - (time.monotonic() - self.budget.started)
-        unaffordable = self.budget.affordable(0) if cap != "deadline" else None
-        if cap in ("tokens", "cost") or unaffordable is not None or remaining <= 0:
-            return self._plain(
-                f"Stopped at the {cap} cap before an answer could be written; the most relevant "
-                "passages found are cited.",
-                cap,
-                tuple(self.book.citations[:_BEST_PASSAGES]),
-            )
-        final = [*self.messages, Message("system", AGENT_FINAL)]
+        if cap in ("tokens", "cost") or remaining <= 0:
+            return self._stopped(cap)
+        if (unaffordable := self.budget.breaks(prompt_tokens)) is not None:
+            return self._stopped(cap, unaffordable)
         return self._generation(final, cap=cap, timeout_s=remaining)
+
+    def _final_messages(self) -> list[Message]:
+        """The passages found, numbered as the loop numbered them, and the question: no tool
+        messages, so any provider takes them and the model has nothing left to call."""
+        passages = format_sources([(h.title, h.text) for h in self.book.passages])
+        return [
+            Message("system", AGENT_FINAL.format(sources=passages)),
+            *self.ctx.history,
+            Message("user", self.ctx.query),
+        ]
+
+    def _stopped(self, cap: str, unaffordable: str | None = None) -> Answer:
+        """The plain answer at a cap: where it stopped, citing the best-scored passages."""
+        why = f"the {cap} cap" + (
+            f" (a final answer could pass the {unaffordable} cap)" if unaffordable else ""
+        )
+        best = sorted(self.book.citations, key=lambda c: -c.score)[:_BEST_PASSAGES]
+        return self._plain(
+            f"Stopped at {why} before an answer could be written; the best-scored passages "
+            "found are cited.",
+            cap,
+            tuple(best),
+        )
 
     def _plain(self, text: str, cap: str, citations: tuple[Citation, ...] = ()) -> Answer:
         escalation = self.ctx.escalation
@@ -255,4 +291,5 @@ class _Run:
             notes=self._notes(cap),
             steps=tuple(self.steps),
             cap=cap,
+            usage_estimated=self.usage_estimated,
         )

@@ -13,6 +13,7 @@ only those numbers (`routers.generation.finish` drops any other).
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import time
 from dataclasses import dataclass, field
@@ -21,17 +22,21 @@ from typing import Any
 from backends.embeddings.base import Embedder
 from backends.errors import BackendError
 from backends.llm.base import ToolCall
-from backends.retrieval.base import Hit, Retriever, SearchRequest
+from backends.retrieval.base import MAX_DOCUMENT_CHUNKS, Hit, Retriever, SearchRequest
 from routers.generation import citation_from_hit
 from routers.grading import content_words
 from routers.types import Citation, ToolRun
 
+log = logging.getLogger(__name__)
+
 MAX_QUERY_CHARS = 300
+MAX_SEARCH_K = 10
 MAX_DOC_ID_CHARS = 512
 # What the model reads of one chunk; the citation keeps its own snippet.
 _CHUNK_CHARS = 1200
 _CHUNK_NUMBER = re.compile(r"#(\d+)$")
 
+# JSON-schema function specs: the form litellm takes for every provider and translates.
 TOOL_SPECS: list[dict[str, Any]] = [
     {
         "type": "function",
@@ -42,7 +47,7 @@ TOOL_SPECS: list[dict[str, Any]] = [
                 "type": "object",
                 "properties": {
                     "query": {"type": "string", "description": "what to look for"},
-                    "k": {"type": "integer", "minimum": 1, "maximum": 10},
+                    "k": {"type": "integer", "minimum": 1, "maximum": MAX_SEARCH_K},
                 },
                 "required": ["query"],
                 "additionalProperties": False,
@@ -68,7 +73,6 @@ TOOL_SPECS: list[dict[str, Any]] = [
 @dataclass(frozen=True, slots=True)
 class ToolLimits:
     search_k: int
-    max_k: int
     candidates: int
     read_max_chunks: int
     timeout_s: float
@@ -87,6 +91,8 @@ class SourceBook:
     """Chunks the loop has shown the model, numbered from 1 in the order first seen."""
 
     citations: list[Citation] = field(default_factory=list)
+    # The passages behind the citations, same order: what a forced final answer is written from.
+    passages: list[Hit] = field(default_factory=list)
     _numbers: dict[str, int] = field(default_factory=dict)
     _chunks_by_doc: dict[str, set[int]] = field(default_factory=dict)
 
@@ -96,6 +102,7 @@ class SourceBook:
         if known is not None:
             return known, False
         self.citations.append(citation_from_hit(hit))
+        self.passages.append(hit)
         self._numbers[hit.chunk_id] = len(self.citations)
         self._chunks_by_doc.setdefault(hit.doc_id, set()).add(_position(hit.chunk_id))
         return len(self.citations), True
@@ -144,6 +151,10 @@ class AgentTools:
             return _failed(call, "timeout", "the tool timed out; try again or answer", started)
         except BackendError:
             return _failed(call, "unavailable", "the tool failed; try again or answer", started)
+        except Exception:
+            # A bug must not fail the request, nor leave the turn's other calls unowned.
+            log.exception("agent tool %s failed", call.name[:40])
+            return _failed(call, "failed", "the tool failed; answer from what you have", started)
         run = ToolRun(call.name, call.arguments, "ok", chunk_ids, dropped, _ms(started))
         return ToolResult(content, run)
 
@@ -169,15 +180,14 @@ class AgentTools:
         if len(query) > MAX_QUERY_CHARS:
             raise InvalidArguments(f"'query' is longer than {MAX_QUERY_CHARS} characters")
         k = args.get("k", self._limits.search_k)
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= self._limits.max_k:
-            raise InvalidArguments(f"'k' must be an integer from 1 to {self._limits.max_k}")
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_SEARCH_K:
+            raise InvalidArguments(f"'k' must be an integer from 1 to {MAX_SEARCH_K}")
         return query.strip(), k
 
     async def _search(self, query: str, k: int) -> tuple[str, tuple[str, ...], int]:
         normalised = " ".join(query.casefold().split())
         if normalised in self._searched:
             return "You already ran this search; its passages are above.", (), 0
-        self._searched.add(normalised)
         vector = (await self._embedder.embed([query]))[0]
         hits = await self._retriever.search(
             SearchRequest(
@@ -188,6 +198,8 @@ class AgentTools:
                 candidates=self._limits.candidates,
             )
         )
+        # Only a search that ran counts as done: a failed one may be retried.
+        self._searched.add(normalised)
         kept = [h for h in hits if self._relevant(query, h)]
         if not kept:
             return f"No relevant passages for {query!r}; try other words.", (), len(hits)
@@ -204,7 +216,7 @@ class AgentTools:
         seen = self._book.seen_positions(doc_id)
         if seen is None:
             raise InvalidArguments("read takes a doc_id from this conversation's search results")
-        chunks = await self._retriever.document_chunks(self._tenant, doc_id)
+        chunks = await self._retriever.document_chunks(self._tenant, doc_id, MAX_DOCUMENT_CHUNKS)
         unseen = [c for c in chunks if _position(c.chunk_id) not in seen]
         # Small-to-big: the passages nearest to those already shown come first.
         unseen.sort(key=lambda c: min(abs(_position(c.chunk_id) - p) for p in seen))

@@ -6,9 +6,11 @@ import re
 
 from backends.llm.base import Completion, Usage
 from backends.retrieval.base import Hit
-from routers.types import Answer, Citation, Generation
+from routers.types import Answer, Citation, Generation, Route
 
 _CITE = re.compile(r"\[(\d{1,3})\]")
+# A chunk id in brackets ([errors.md#3]): never a marker the gateway issues, always invented.
+_CHUNK_ID_CITE = re.compile(r"\[[^\[\]\s]{1,200}#\d+\]")
 NOT_FOUND = "The documents do not say."
 _SNIPPET_CHARS = 300
 
@@ -40,22 +42,28 @@ def drop_invented(text: str, sources: tuple[Citation, ...]) -> tuple[str, int]:
         dropped += 1
         return ""
 
-    return _CITE.sub(keep_or_drop, text), dropped
+    text = _CITE.sub(keep_or_drop, text)
+    text, ids = _CHUNK_ID_CITE.subn("", text)
+    return text, dropped + ids
 
 
 def finish(generation: Generation, completion: Completion) -> Answer:
     """The one completion builder: a model's final text, streamed or not, becomes an Answer."""
     text = completion.text.strip()
     notes = generation.notes
-    if generation.sources:
+    # Every route but direct answers from sources: a citation must name one it was given.
+    from_sources = generation.route is not Route.DIRECT
+    if from_sources:
         text, dropped = drop_invented(text, generation.sources)
         if dropped:
             text += f"\n\n({dropped} citation(s) to sources that were not retrieved removed.)"
             notes = (*notes, f"{dropped} invented citation(s) dropped")
+    if not text:
+        text, notes = NOT_FOUND, (*notes, "the model returned no text")
     citations = cited_sources(text, generation.sources)
-    # A retrieval answer that cites nothing, or admits the sources lack it, is not a confident
+    # An answer from sources that cites none, or admits they lack it, is not a confident
     # answer: it is returned, but never cached. Nor is one the token limit cut short.
-    grounded = not generation.sources or bool(citations)
+    grounded = not from_sources or bool(citations)
     complete = grounded and NOT_FOUND not in text and completion.finish_reason != "length"
     if completion.finish_reason == "length":
         notes = (*notes, "the answer was cut at the token limit")
@@ -69,7 +77,7 @@ def finish(generation: Generation, completion: Completion) -> Answer:
         escalated=generation.escalation_reason is not None,
         escalation_reason=generation.escalation_reason,
         notes=notes,
-        usage_estimated=completion.usage_estimated,
+        usage_estimated=completion.usage_estimated or generation.usage_estimated,
         steps=generation.steps,
         cap=generation.cap,
     )

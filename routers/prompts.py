@@ -37,6 +37,8 @@ AGENT_SYSTEM = (
 )
 
 AGENT_FINAL = (
-    "No more tool calls are possible. Answer the question now from the passages above, citing "
-    'them as [n]; if they do not contain the answer, say exactly: "The documents do not say."'
+    "Your research is over. Answer the question using only the numbered passages it found "
+    "below. Cite every claim with the passage number in square brackets, like [1] or [2][3]. "
+    'If they do not contain the answer, say exactly: "The documents do not say."\n\n'
+    "Passages:\n{sources}"
 )

@@ -75,7 +75,8 @@ class Answer:
     usage_by_tier: dict[str, Usage] = field(default_factory=dict)
     # extractive: no model was configured, so the answer is the best passages verbatim.
     extractive: bool = False
-    # complete: safe to cache (confident, not truncated, not a "not enough evidence" answer).
+    # complete: safe to cache (confident, not truncated, not a "not enough evidence" answer, and
+    # not escalated: the lookup that escalated was not confident in its own evidence).
     complete: bool = True
     escalated: bool = False
     # Why the route escalated: a short tag from a closed set, safe as a metric label.
@@ -109,6 +110,12 @@ class Generation:
     # Seconds the final call may take (the agent's deadline); None: the request's deadline.
     timeout_s: float | None = None
     cap: str | None = None
+    # Completion limit of the call; None: the tier's own.
+    max_tokens: int | None = None
+    # Earlier calls' usage was estimated.
+    usage_estimated: bool = False
+    # What to answer when the call cannot finish within `timeout_s` (the agent's plain answer).
+    fallback: Answer | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -105,6 +105,11 @@ class LLM(Protocol):
         """Whether a model is configured for this tier (no model: generation is off)."""
         ...
 
+    def prices(self, tier: Tier) -> tuple[float, float]:
+        """USD per (prompt, completion) token: the dearest model of the tier's chain, so a
+        budget projected with it holds whichever model answers."""
+        ...
+
     async def complete(
         self,
         tier: Tier,

@@ -332,6 +332,13 @@ class LiteLLMTiers:
     def has_tier(self, tier: Tier) -> bool:
         return bool(self._chains[tier])
 
+    def prices(self, tier: Tier) -> tuple[float, float]:
+        configs = [d.config for d in self._chains[tier]]
+        return (
+            max((c.input_cost_per_token for c in configs), default=0.0),
+            max((c.output_cost_per_token for c in configs), default=0.0),
+        )
+
     def cooldowns(self) -> dict[tuple[str, str], float]:
         """Models being skipped or probed, by (tier, model): seconds until a probe may go."""
         return {

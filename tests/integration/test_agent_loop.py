@@ -52,6 +52,7 @@ class Instrumented:
         self._inner = inner
         self.delay_s = 0.0
         self.fail = False
+        self.fail_once = False
         self.in_flight = 0
         self.max_in_flight = 0
 
@@ -60,7 +61,8 @@ class Instrumented:
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
             await asyncio.sleep(self.delay_s)
-            if self.fail:
+            if self.fail or self.fail_once:
+                self.fail_once = False
                 raise BackendUnavailable("instrumented", "scripted failure")
             return await self._inner.search(request)
         finally:
@@ -361,8 +363,9 @@ async def test_the_cost_cap_makes_no_call_that_could_break_it(
 ) -> None:
     script = directive({"tool_calls": [search("warranty")]}, {"tool_calls": [search("shipping")]})
     script["usage"] = {"prompt_tokens": 2000, "completion_tokens": 10}
-    result = await ask(make_pipeline(agent={"max_cost_usd": 0.005}), "Acme facts?", script)
-    # $0.00202 a call at the test prices: a third would pass $0.005
+    result = await ask(make_pipeline(agent={"max_cost_usd": 0.006}), "Acme facts?", script)
+    # $0.00202 a call at the test prices; a third, projected at its prompt plus a full
+    # completion at the tier's prices (~$0.0033), would pass $0.006
     assert await calls_for(fake_upstream, script["key"]) == 2
     assert result.answer.cap == "cost"
     assert result.answer.usage_by_tier["large"].cost_usd == pytest.approx(0.00404)
@@ -376,14 +379,14 @@ async def test_the_deadline_stops_a_slow_turn_and_still_answers_in_time(
         {"tool_calls": [search("shipping")], "delay_ms": 5000},
         final={"answer": "Two years [1]."},
     )
-    pipeline = make_pipeline(agent={"deadline_s": 1.5, "final_share": 0.5})
+    pipeline = make_pipeline(agent={"deadline_s": 3.0, "final_share": 0.5})
     started = asyncio.get_running_loop().time()
     result = await ask(pipeline, "Acme warranty?", script)
     elapsed = asyncio.get_running_loop().time() - started
     assert await calls_for(fake_upstream, script["key"]) == 3  # the slow turn was cut
     assert result.answer.cap == "deadline"
     assert result.answer.text == "Two years [1]."
-    assert elapsed < 1.5 + 0.5  # the loop's deadline, plus process slack
+    assert elapsed < 3.0 + 1.0  # the loop's deadline, plus process slack
 
 
 async def test_nothing_relevant_found_says_the_documents_do_not_contain_it(
@@ -445,3 +448,66 @@ def _small_limit(upstream: str, max_tokens: int) -> dict[str, Any]:
 def _sample(pipeline: Pipeline, name: str, **labels: str) -> float | None:
     metrics: Metrics = pipeline._s.metrics  # the pipeline's own registry
     return metrics.registry.get_sample_value(name, labels)
+
+
+async def test_the_cost_cap_holds_for_the_first_call_too(
+    make_pipeline: Any, fake_upstream: str
+) -> None:
+    script = directive({"tool_calls": [search("warranty")]})
+    result = await ask(make_pipeline(agent={"max_cost_usd": 0.0}), "Acme warranty?", script)
+    assert await calls_for(fake_upstream, script["key"]) == 0
+    assert result.answer.cap == "cost"
+    assert result.answer.text.startswith("The documents do not say.")
+
+
+async def test_a_final_answer_that_cannot_finish_in_time_gives_the_plain_answer(
+    make_pipeline: Any, fake_upstream: str
+) -> None:
+    script = directive(
+        {"tool_calls": [search("warranty")]},
+        {"tool_calls": [search("shipping")], "delay_ms": 5000},
+        final={"answer": "Too late [1].", "delay_ms": 5000},
+    )
+    pipeline = make_pipeline(agent={"deadline_s": 3.0, "final_share": 0.5})
+    started = asyncio.get_running_loop().time()
+    result = await ask(pipeline, "Acme warranty?", script)
+    assert asyncio.get_running_loop().time() - started < 3.0 + 1.0  # the deadline, plus slack
+    assert await calls_for(fake_upstream, script["key"]) == 3
+    assert result.answer.text.startswith("Stopped at the deadline cap")
+    assert result.answer.citations and not result.answer.complete
+    _, streamed_result = await streamed(pipeline, request("Acme warranty?", script))
+    assert streamed_result.answer.text.startswith("Stopped at the deadline cap")
+
+
+async def test_an_answer_citing_sources_it_never_searched_is_not_trusted(
+    make_pipeline: Any,
+) -> None:
+    script = directive({"answer": "It is 42 [3]."})
+    result = await ask(make_pipeline(), "What is the Acme answer?", script)
+    assert result.answer.text.startswith("It is 42 .")
+    assert "not retrieved removed" in result.answer.text
+    assert result.answer.citations == ()
+    assert not result.answer.complete
+
+
+async def test_an_empty_final_answer_says_the_documents_do_not_say(make_pipeline: Any) -> None:
+    script = directive({"tool_calls": [search("warranty")]}, final={"answer": ""})
+    result = await ask(make_pipeline(agent={"max_steps": 1}), "Acme warranty?", script)
+    assert result.answer.text == "The documents do not say."
+    assert not result.answer.complete
+    assert "no text" in result.route_reason
+
+
+async def test_a_search_that_failed_can_be_run_again(
+    make_pipeline: Any, retriever: Instrumented
+) -> None:
+    retriever.fail_once = True
+    script = directive(
+        {"tool_calls": [search("Acme warranty")]},
+        {"tool_calls": [search("Acme warranty")]},
+        {"answer": "Two years [1]."},
+    )
+    result = await ask(make_pipeline(), "How long is the Acme warranty?", script)
+    failed, again = tool_runs(result)
+    assert failed.status == "unavailable"
+    assert again.status == "ok" and again.chunk_ids

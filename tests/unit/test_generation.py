@@ -37,3 +37,30 @@ def test_a_truncated_answer_is_not_cacheable() -> None:
 def test_a_direct_answer_needs_no_citation() -> None:
     direct = Generation(Route.DIRECT, "small", (Message("user", "hi"),))
     assert finish(direct, completion("Hello!")).complete
+
+
+def test_invented_numbers_and_chunk_ids_are_dropped_and_said() -> None:
+    answer = finish(GEN, completion("Paris [1], per [9] and [errors.md#3]."))
+    assert "[9]" not in answer.text and "errors.md#3" not in answer.text
+    assert "2 citation(s) to sources that were not retrieved removed" in answer.text
+    assert [c.doc_id for c in answer.citations] == ["d1"]
+
+
+def test_a_sourced_route_without_sources_is_never_complete() -> None:
+    bare = Generation(Route.MULTIHOP, "large", (Message("user", "q"),))
+    answer = finish(bare, completion("It is 42 [3]."))
+    assert "[3]" not in answer.text
+    assert not answer.complete
+
+
+def test_an_empty_answer_becomes_not_found() -> None:
+    answer = finish(GEN, completion("  "))
+    assert answer.text == NOT_FOUND
+    assert not answer.complete
+
+
+def test_a_streamed_estimate_earlier_in_the_loop_stays_flagged() -> None:
+    earlier = Generation(
+        Route.MULTIHOP, "large", (Message("user", "q"),), SOURCES, usage_estimated=True
+    )
+    assert finish(earlier, completion("Paris [1].")).usage_estimated
