@@ -25,7 +25,7 @@ from backends.llm.base import ToolCall
 from backends.retrieval.base import MAX_DOCUMENT_CHUNKS, Hit, Retriever, SearchRequest
 from routers.generation import citation_from_hit
 from routers.grading import content_words
-from routers.types import Citation, ToolRun
+from routers.types import ChunkGrade, Citation, ToolRun
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +118,15 @@ def _position(chunk_id: str) -> int:
 
 
 @dataclass(frozen=True, slots=True)
+class _Shown:
+    """What a tool showed the model: the text, the chunks in it, and the search's grades."""
+
+    content: str
+    chunk_ids: tuple[str, ...] = ()
+    grades: tuple[ChunkGrade, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class ToolResult:
     content: str  # what the model reads
     run: ToolRun  # what the trace shows
@@ -144,7 +153,7 @@ class AgentTools:
         started = time.perf_counter()
         try:
             async with asyncio.timeout(self._limits.timeout_s):
-                content, chunk_ids, dropped = await self._dispatch(call)
+                shown = await self._dispatch(call)
         except InvalidArguments as exc:
             return _failed(call, "invalid_arguments", str(exc), started)
         except TimeoutError:
@@ -155,14 +164,17 @@ class AgentTools:
             # A bug must not fail the request, nor leave the turn's other calls unowned.
             log.exception("agent tool %s failed", call.name[:40])
             return _failed(call, "failed", "the tool failed; answer from what you have", started)
-        run = ToolRun(call.name, call.arguments, "ok", chunk_ids, dropped, _ms(started))
-        return ToolResult(content, run)
+        dropped = sum(1 for g in shown.grades if not g.kept)
+        run = ToolRun(
+            call.name, call.arguments, "ok", shown.chunk_ids, dropped, _ms(started), shown.grades
+        )
+        return ToolResult(shown.content, run)
 
     def refused(self, call: ToolCall, cap: str) -> ToolResult:
         """The answer to a call the loop will not run."""
         return _failed(call, "cap_reached", f"not run: {cap} is reached", time.perf_counter())
 
-    async def _dispatch(self, call: ToolCall) -> tuple[str, tuple[str, ...], int]:
+    async def _dispatch(self, call: ToolCall) -> _Shown:
         if call.error is not None:
             raise InvalidArguments(f"arguments were not a JSON object ({call.error})")
         if call.name == "search":
@@ -184,10 +196,10 @@ class AgentTools:
             raise InvalidArguments(f"'k' must be an integer from 1 to {MAX_SEARCH_K}")
         return query.strip(), k
 
-    async def _search(self, query: str, k: int) -> tuple[str, tuple[str, ...], int]:
+    async def _search(self, query: str, k: int) -> _Shown:
         normalised = " ".join(query.casefold().split())
         if normalised in self._searched:
-            return "You already ran this search; its passages are above.", (), 0
+            return _Shown("You already ran this search; its passages are above.")
         vector = (await self._embedder.embed([query]))[0]
         hits = await self._retriever.search(
             SearchRequest(
@@ -200,10 +212,13 @@ class AgentTools:
         )
         # Only a search that ran counts as done: a failed one may be retried.
         self._searched.add(normalised)
-        kept = [h for h in hits if self._relevant(query, h)]
+        grades = tuple(
+            ChunkGrade(h.chunk_id, h.dense_score, self._relevant(query, h)) for h in hits
+        )
+        kept = [h for h, g in zip(hits, grades, strict=True) if g.kept]
         if not kept:
-            return f"No relevant passages for {query!r}; try other words.", (), len(hits)
-        return self._show(kept), tuple(h.chunk_id for h in kept), len(hits) - len(kept)
+            return _Shown(f"No relevant passages for {query!r}; try other words.", (), grades)
+        return _Shown(self._show(kept), tuple(h.chunk_id for h in kept), grades)
 
     def _relevant(self, query: str, hit: Hit) -> bool:
         if hit.dense_score is not None and hit.dense_score >= self._limits.min_similarity:
@@ -212,7 +227,7 @@ class AgentTools:
         found = content_words(f"{hit.title} {hit.section} {hit.text}")
         return bool(wanted) and len(wanted & found) / len(wanted) >= self._limits.min_word_overlap
 
-    async def _read(self, doc_id: str) -> tuple[str, tuple[str, ...], int]:
+    async def _read(self, doc_id: str) -> _Shown:
         seen = self._book.seen_positions(doc_id)
         if seen is None:
             raise InvalidArguments("read takes a doc_id from this conversation's search results")
@@ -222,8 +237,8 @@ class AgentTools:
         unseen.sort(key=lambda c: min(abs(_position(c.chunk_id) - p) for p in seen))
         picked = sorted(unseen[: self._limits.read_max_chunks], key=lambda c: _position(c.chunk_id))
         if not picked:
-            return "Nothing more in this document: all of it is above.", (), 0
-        return self._show(picked), tuple(c.chunk_id for c in picked), 0
+            return _Shown("Nothing more in this document: all of it is above.")
+        return _Shown(self._show(picked), tuple(c.chunk_id for c in picked))
 
     def _show(self, hits: list[Hit]) -> str:
         parts = []

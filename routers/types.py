@@ -41,6 +41,15 @@ class Citation:
 
 
 @dataclass(frozen=True, slots=True)
+class ChunkGrade:
+    """How the agent's relevance grade judged one retrieved chunk."""
+
+    chunk_id: str
+    similarity: float | None  # dense cosine to the search; None when only BM25 found it
+    kept: bool
+
+
+@dataclass(frozen=True, slots=True)
 class ToolRun:
     """One tool call of the agent loop, as the debug trace shows it."""
 
@@ -52,6 +61,8 @@ class ToolRun:
     chunk_ids: tuple[str, ...] = ()
     dropped: int = 0
     ms: float = 0.0
+    # Every hit a search returned, with its grade (empty for other tools).
+    grades: tuple[ChunkGrade, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

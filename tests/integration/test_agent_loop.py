@@ -197,6 +197,9 @@ async def test_the_loop_searches_reads_and_answers_from_what_it_retrieved(
     assert (searched.name, searched.status) == ("search", "ok")
     assert searched.arguments["query"] == "ERR-4471 upstream certificate expired"
     assert searched.chunk_ids and all(c.startswith("errors.md#") for c in searched.chunk_ids)
+    kept = {g.chunk_id for g in searched.grades if g.kept}
+    assert kept == set(searched.chunk_ids)
+    assert searched.dropped == sum(1 for g in searched.grades if not g.kept)
     assert (read.name, read.status) == ("read", "ok")
     # every call is costed: three turns of the large tier
     assert answer.usage_by_tier["large"].cost_usd > 0

@@ -87,7 +87,13 @@ async def test_a_streamed_agent_answer_keeps_the_connection_alive_then_ends_with
     assert done["route"] == "multihop"
     assert [c["doc_id"] for c in done["citations"]] == ["warranty.txt"]
     assert done["usage"]["by_tier"]["large"]["prompt_tokens"] > 0
-    assert len(done["debug"]["agent"]["steps"]) == 3
+    steps = done["debug"]["agent"]["steps"]
+    assert len(steps) == 3
+    searched = steps[0]["tool_calls"][0]
+    assert searched["arguments"] == {"query": "Acme warranty"}
+    assert searched["chunk_ids"][0] == "warranty.txt#0"
+    assert {"chunk_id", "similarity", "kept"} <= set(searched["grades"][0])
+    assert steps[0]["usage"]["prompt_tokens"] > 0 and steps[0]["model_ms"] > 0
     assert await calls_for(fake_upstream, script["key"]) == 3
 
 
