@@ -9,6 +9,7 @@ from pathlib import Path
 from aiohttp import web
 
 from gateway.admin import handle_reload
+from gateway.admission import Admission
 from gateway.appkeys import METRICS, RUNTIME, SERVICES, RuntimeHolder
 from gateway.documents import handle_delete_document, handle_put_document
 from gateway.handlers import (
@@ -19,7 +20,7 @@ from gateway.handlers import (
     handle_route,
 )
 from gateway.metrics import Metrics
-from gateway.middleware import error_middleware, request_id_middleware
+from gateway.middleware import admission_middleware, error_middleware, request_id_middleware
 from gateway.openai_compat import handle_chat_completions
 from gateway.reload import Prepare, as_is, live_config
 from gateway.runtime import build_runtime
@@ -34,9 +35,14 @@ def create_app(
 ) -> web.Application:
     """`config_path` is the file a reload re-reads; `prepare` re-applies the CLI's overrides."""
     metrics = Metrics()
+    admission = Admission(metrics)  # per process: each worker admits on its own
     app = web.Application(
         client_max_size=settings.server.max_body_bytes,
-        middlewares=[request_id_middleware(), error_middleware(metrics)],
+        middlewares=[
+            request_id_middleware(),
+            error_middleware(metrics),
+            admission_middleware(admission),
+        ],
     )
     app[METRICS] = metrics
 

@@ -54,3 +54,16 @@ class TooManyRequests(GatewayError):
 class ServiceUnavailable(GatewayError):
     status = 503
     type = "unavailable"
+
+
+class RequestTimeout(GatewayError):
+    """The request body did not arrive in time (a slow or stalled client)."""
+
+    status = 408
+    type = "request_timeout"
+
+
+class DeadlineExceeded(ServiceUnavailable):
+    """The request's own deadline passed before it was answered."""
+
+    type = "deadline_exceeded"

@@ -88,6 +88,33 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.http_requests = Counter(
+            "querygate_http_requests",
+            "Every HTTP request, once, by endpoint (method and route template) and outcome: "
+            "ok, client_error, body_timeout, shed_tenant, shed_process, deadline, unavailable, "
+            "upstream_error, disconnect, cancelled, error.",
+            ["endpoint", "outcome"],
+            registry=r,
+        )
+        self.http_request_duration = Histogram(
+            "querygate_http_request_duration_seconds",
+            "Time from arrival to response, by endpoint, every outcome included.",
+            ["endpoint"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.admission_inflight = Gauge(
+            "querygate_admission_inflight",
+            "Admitted requests running, by pool.",
+            ["pool"],
+            registry=r,
+        )
+        self.admission_queued = Gauge(
+            "querygate_admission_queued",
+            "Requests waiting for admission, by pool.",
+            ["pool"],
+            registry=r,
+        )
         self.inflight = Gauge(
             "querygate_inflight_requests", "Requests being served now.", registry=r
         )

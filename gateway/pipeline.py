@@ -22,6 +22,7 @@ from backends.embeddings.base import Embedder
 from backends.errors import BackendError, BackendUnavailable
 from backends.llm.base import LLM, Completion, Message, StreamDelta, Usage
 from backends.retrieval.base import Hit, Retriever, Vector
+from gateway.accounting import current_record
 from gateway.metered_llm import MeteredLLM
 from gateway.metrics import Metrics
 from gateway.response_cache import CacheScope, ResponseCache, cache_key
@@ -388,22 +389,26 @@ class Pipeline:
         m.requests.labels(route, "ok", result.cache).inc()
         m.request_duration.labels(route).observe(ctx.timer.elapsed_s())
         total = usage_total(answer)
-        log.info(
-            "answered",
-            extra={
-                "request_id": result.id,
-                "tenant": ctx.request.tenant.id,
-                "route": route,
-                "cache": result.cache,
-                "escalated": answer.escalated,
-                "agent_steps": len(answer.steps),
-                "cost_usd": total.cost_usd,
-                "prompt_tokens": total.prompt_tokens,
-                "completion_tokens": total.completion_tokens,
-                "duration_ms": result.timings_ms["total"],
-                **rewrite_fields(result),
-            },
-        )
+        fields = {
+            "request_id": result.id,
+            "tenant": ctx.request.tenant.id,
+            "route": route,
+            "cache": result.cache,
+            "escalated": answer.escalated,
+            "agent_steps": len(answer.steps),
+            "cost_usd": total.cost_usd,
+            "prompt_tokens": total.prompt_tokens,
+            "completion_tokens": total.completion_tokens,
+            "answer_ms": result.timings_ms["total"],
+            **rewrite_fields(result),
+        }
+        record = current_record.get()
+        if record is None:  # not over HTTP (CLI, benchmarks): the answer is the log line
+            log.info("answered", extra=fields)
+            return
+        # Over HTTP the middleware writes the request's one log line, with these fields.
+        record.answered = True
+        record.fields.update(fields)
 
 
 def policy_for(

@@ -14,7 +14,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from backends.embeddings.config import EmbeddingsConfig
@@ -32,6 +40,46 @@ class ConfigError(Exception):
     """The configuration cannot be used; the message names the bad field."""
 
 
+class PoolLimits(BaseModel):
+    """One admission pool's bounds, per process. A tenant past its share gets 429; the
+    process past its own bounds gets 503; both at once, with Retry-After."""
+
+    model_config = _FROZEN
+
+    max_inflight: int = Field(gt=0)  # requests running at once
+    max_queued: int = Field(ge=0)  # requests waiting for a slot
+    tenant_max_inflight: int = Field(gt=0)  # a tenant's share of the running slots
+    tenant_max_queued: int = Field(ge=0)  # and of the waiting room
+
+    @model_validator(mode="after")
+    def _shares_within_the_pool(self) -> PoolLimits:
+        if self.tenant_max_inflight > self.max_inflight:
+            raise ValueError("tenant_max_inflight must not exceed max_inflight")
+        if self.tenant_max_queued > self.max_queued:
+            raise ValueError("tenant_max_queued must not exceed max_queued")
+        return self
+
+
+class AdmissionConfig(BaseModel):
+    """Admission control, per process (each worker of a deployment has its own).
+
+    Defaults are sized for 2 cores: a query mostly waits on the model upstream, so 32 may run;
+    a document write is CPU-bound (chunking, embedding), so 2 run and a tenant gets one.
+    """
+
+    model_config = _FROZEN
+
+    queries: PoolLimits = PoolLimits(
+        max_inflight=32, max_queued=64, tenant_max_inflight=16, tenant_max_queued=16
+    )
+    writes: PoolLimits = PoolLimits(
+        max_inflight=2, max_queued=8, tenant_max_inflight=1, tenant_max_queued=2
+    )
+    # A waiter never waits longer than this (nor past its deadline): then 503.
+    max_queue_wait_s: float = Field(default=10.0, gt=0)
+    retry_after_s: int = Field(default=1, ge=1)
+
+
 class ServerConfig(BaseModel):
     model_config = _FROZEN
 
@@ -41,6 +89,11 @@ class ServerConfig(BaseModel):
     max_query_chars: int = Field(default=8_000, gt=0)
     max_history_messages: int = Field(default=50, ge=0)
     request_timeout_s: float = Field(default=60.0, gt=0)
+    # PUT/DELETE /v1/documents: a 500k-character document embeds in ~25 s alone on 2 cores.
+    write_timeout_s: float = Field(default=120.0, gt=0)
+    # A request body that has not fully arrived by then gets 408 (slow clients hold no slot).
+    body_read_timeout_s: float = Field(default=10.0, gt=0)
+    admission: AdmissionConfig = AdmissionConfig()
     shutdown_grace_s: float = Field(default=20.0, ge=0)
     # A stream whose answer is not ready yet (an agent loop) gets an SSE comment this often.
     sse_keepalive_s: float = Field(default=10.0, gt=0)

@@ -1,0 +1,318 @@
+"""Admission, deadlines and accounting over HTTP, in process, with a scriptable embedder.
+
+Every outcome is fired for real and read back as the sample value of
+`querygate_http_requests_total{endpoint,outcome}` (and `querygate_requests_total` for answers),
+with the request's one log line. The embedder is a fake whose texts script it: "SLEEP<s>"
+holds the (single, serial) encoder that long; "POISON" fails the batch it is in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import re
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from backends.retrieval.base import Vector
+from gateway.app import create_app
+from gateway.appkeys import METRICS
+from gateway.settings import Settings, hash_api_key
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+KEYS = {"acme": "key-adm-acme-01", "globex": "key-adm-globex-02", "initech": "key-adm-ini-03"}
+QUERY = "POST /v1/query"
+PUT = "PUT /v1/documents/{doc_id}"
+_SLEEP = re.compile(r"SLEEP([0-9.]+)")
+
+
+def auth(tenant: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {KEYS[tenant]}"}
+
+
+class ScriptedEmbedder:
+    model_id = "scripted"
+    dimension = 384
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    async def embed(self, texts: Sequence[str]) -> Vector:
+        self.calls.append(list(texts))
+        if any("POISON" in t for t in texts):
+            raise ValueError("the tokenizer cannot take this input")
+        for t in texts:
+            if m := _SLEEP.search(t):
+                await asyncio.sleep(float(m.group(1)))
+        rows = []
+        for t in texts:
+            seed = int.from_bytes(hashlib.sha256(t.encode()).digest()[:8], "little")
+            v = np.random.default_rng(seed).standard_normal(self.dimension).astype(np.float32)
+            rows.append(v / np.linalg.norm(v))
+        return np.stack(rows)
+
+    async def aclose(self) -> None:
+        return None
+
+
+@pytest.fixture(scope="module")
+async def app_client(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[tuple[TestClient[Any, Any], ScriptedEmbedder]]:
+    fake = ScriptedEmbedder()
+    mp = pytest.MonkeyPatch()
+    mp.setattr("gateway.services.build_embedder", lambda config: fake)
+    config: dict[str, Any] = dict(
+        data_dir=tmp_path_factory.mktemp("admission"),
+        server={
+            "reload_poll_s": 0,
+            "request_timeout_s": 1.5,
+            "write_timeout_s": 1.5,
+            "body_read_timeout_s": 0.3,
+            "admission": {
+                "queries": {
+                    "max_inflight": 2,
+                    "max_queued": 1,
+                    "tenant_max_inflight": 1,
+                    "tenant_max_queued": 1,
+                },
+                "retry_after_s": 3,
+            },
+        },
+        tenants=[{"id": t, "api_key_sha256": hash_api_key(k)} for t, k in KEYS.items()],
+        router={"classifier": "heuristic", "escalation": {"enabled": False}},
+        cache={"backend": "off"},
+    )
+    app = create_app(Settings(**config))
+
+    async def boom(request: web.Request) -> web.Response:
+        raise RuntimeError("a bug")
+
+    app.router.add_get("/boom", boom)
+    async with TestClient(TestServer(app)) as client:
+        yield client, fake
+    mp.undo()
+
+
+def sample(client: TestClient[Any, Any], name: str, **labels: str) -> float:
+    value = client.app[METRICS].registry.get_sample_value(name, labels)
+    return value or 0.0
+
+
+def outcome(client: TestClient[Any, Any], endpoint: str, result: str) -> float:
+    return sample(client, "querygate_http_requests_total", endpoint=endpoint, outcome=result)
+
+
+async def ask(
+    client: TestClient[Any, Any], tenant: str, query: str
+) -> tuple[int, dict[str, Any], dict[str, str]]:
+    resp = await client.post(
+        "/v1/query", json={"query": query, "route": "lookup"}, headers=auth(tenant)
+    )
+    return resp.status, await resp.json(), dict(resp.headers)
+
+
+def request_lines(caplog: pytest.LogCaptureFixture, request_id: str) -> list[logging.LogRecord]:
+    return [
+        r
+        for r in caplog.records
+        if r.name == "gateway.middleware" and getattr(r, "request_id", None) == request_id
+    ]
+
+
+async def test_an_answer_is_counted_and_logged_once_with_tenant_and_route(
+    app_client: tuple[TestClient[Any, Any], ScriptedEmbedder], caplog: pytest.LogCaptureFixture
+) -> None:
+    client, _ = app_client
+    caplog.set_level(logging.INFO)
+    before = outcome(client, QUERY, "ok")
+    status, body, _ = await ask(client, "acme", "What is the Acme warranty?")
+    assert status == 200, body
+    assert outcome(client, QUERY, "ok") == before + 1
+    assert (
+        sample(client, "querygate_requests_total", route="lookup", outcome="ok", cache="miss") >= 1
+    )
+    lines = request_lines(caplog, body["id"])
+    assert len(lines) == 1
+    line = lines[0].__dict__
+    assert (line["tenant"], line["endpoint"], line["outcome"]) == ("acme", QUERY, "ok")
+    assert line["route"] == "lookup" and lines[0].exc_info is None
+    assert not [r for r in caplog.records if r.getMessage() == "answered"]
+
+
+async def test_a_bad_query_fails_alone_in_a_shared_batch(
+    app_client: tuple[TestClient[Any, Any], ScriptedEmbedder],
+) -> None:
+    client, fake = app_client
+    # A write holds the encoder for a moment, so the two queries queue for the same batch.
+    busy = asyncio.ensure_future(
+        client.put(
+            "/v1/documents/busy",
+            json={"text": "SLEEP0.3 Initech makes staplers."},
+            headers=auth("initech"),
+        )
+    )
+    await asyncio.sleep(0.1)
+    calls = len(fake.calls)
+    results = await asyncio.gather(
+        ask(client, "acme", "POISON question"),
+        ask(client, "globex", "What does Globex sell?"),
+    )
+    assert (await busy).status == 201
+    # Both waited for the same batch; the poison fails only its own request.
+    assert any(len(c) == 2 for c in fake.calls[calls:])
+    assert results[1][0] == 200
+    assert results[0][0] == 500
+
+
+async def test_a_client_error_is_counted(
+    app_client: tuple[TestClient[Any, Any], ScriptedEmbedder],
+) -> None:
+    client, _ = app_client
+    before = outcome(client, QUERY, "client_error")
+    resp = await client.post("/v1/query", json={"query": ""}, headers=auth("acme"))
+    assert resp.status == 422
+    resp = await client.post("/v1/query", json={"query": "x"})
+    assert resp.status == 401
+    assert outcome(client, QUERY, "client_error") == before + 2
+
+
+async def test_tenant_over_share_gets_429_and_a_full_process_503_with_retry_after(
+    app_client: tuple[TestClient[Any, Any], ScriptedEmbedder], caplog: pytest.LogCaptureFixture
+) -> None:
+    client, _ = app_client
+    caplog.set_level(logging.INFO)
+    shed_t, shed_p = outcome(client, QUERY, "shed_tenant"), outcome(client, QUERY, "shed_process")
+    slow = [
+        asyncio.ensure_future(ask(client, "acme", "SLEEP0.4 acme one")),  # runs
+        asyncio.ensure_future(ask(client, "globex", "SLEEP0.4 globex one")),  # runs: full
+    ]
+    await asyncio.sleep(0.1)
+    queued = asyncio.ensure_future(ask(client, "acme", "acme two"))  # waits: room full
+    await asyncio.sleep(0.1)
+    status, body, headers = await ask(client, "acme", "acme three")
+    assert status == 429, body
+    assert body["error"]["type"] == "rate_limited" and headers["Retry-After"] == "3"
+    status, body, headers = await ask(client, "initech", "initech one")
+    assert status == 503, body
+    assert body["error"]["type"] == "overloaded" and headers["Retry-After"] == "3"
+    assert [r[0] for r in await asyncio.gather(*slow, queued)] == [200, 200, 200]
+    assert outcome(client, QUERY, "shed_tenant") == shed_t + 1
+    assert outcome(client, QUERY, "shed_process") == shed_p + 1
+    shed = [r for r in caplog.records if getattr(r, "outcome", None) == "shed_tenant"]
+    assert shed and shed[-1].__dict__["tenant"] == "acme"
+
+
+async def test_the_deadline_gives_503_counted_and_logged(
+    app_client: tuple[TestClient[Any, Any], ScriptedEmbedder], caplog: pytest.LogCaptureFixture
+) -> None:
+    client, _ = app_client
+    caplog.set_level(logging.INFO)
+    before = outcome(client, QUERY, "deadline")
+    none_before = sample(
+        client, "querygate_requests_total", route="none", outcome="deadline", cache="miss"
+    )
+    status, body, headers = await ask(client, "acme", "SLEEP2 too slow")
+    assert status == 503 and body["error"]["type"] == "deadline_exceeded"
+    assert "Retry-After" in headers
+    assert outcome(client, QUERY, "deadline") == before + 1
+    assert (
+        sample(client, "querygate_requests_total", route="none", outcome="deadline", cache="miss")
+        == none_before + 1
+    )
+    lines = [r for r in caplog.records if getattr(r, "outcome", None) == "deadline"]
+    assert len(lines) == 1 and lines[0].__dict__["tenant"] == "acme"
+    await asyncio.sleep(0.6)  # the encoder finishes the slow text before the next test
+
+
+async def test_a_document_write_has_a_deadline(
+    app_client: tuple[TestClient[Any, Any], ScriptedEmbedder],
+) -> None:
+    client, _ = app_client
+    before = outcome(client, PUT, "deadline")
+    text = " ".join(f"SLEEP0.2 sentence {i}." for i in range(400))  # many chunks, slow ones
+    resp = await client.put(
+        "/v1/documents/slow", json={"title": "slow", "text": text}, headers=auth("acme")
+    )
+    assert resp.status == 503
+    assert (await resp.json())["error"]["type"] == "deadline_exceeded"
+    assert outcome(client, PUT, "deadline") == before + 1
+
+
+async def _raw(client: TestClient[Any, Any], payload: bytes) -> tuple[Any, Any]:
+    assert client.server.port is not None
+    reader, writer = await asyncio.open_connection("127.0.0.1", client.server.port)
+    writer.write(payload)
+    await writer.drain()
+    return reader, writer
+
+
+def _post(body_len: int, tenant: str = "acme") -> bytes:
+    return (
+        f"POST /v1/query HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEYS[tenant]}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {body_len}\r\n\r\n"
+    ).encode()
+
+
+async def test_a_slow_body_gets_408(
+    app_client: tuple[TestClient[Any, Any], ScriptedEmbedder],
+) -> None:
+    client, _ = app_client
+    before = outcome(client, QUERY, "body_timeout")
+    reader, writer = await _raw(client, _post(100) + b'{"query": ')
+    status_line = await asyncio.wait_for(reader.readline(), 5)
+    writer.close()
+    assert b" 408 " in status_line
+    assert outcome(client, QUERY, "body_timeout") == before + 1
+
+
+async def test_a_client_that_leaves_is_a_disconnect_not_an_error(
+    app_client: tuple[TestClient[Any, Any], ScriptedEmbedder], caplog: pytest.LogCaptureFixture
+) -> None:
+    client, _ = app_client
+    caplog.set_level(logging.INFO)
+    before = outcome(client, QUERY, "disconnect")
+    errors = outcome(client, QUERY, "error")
+    # Leaves during the body, then leaves while its answer is being worked out.
+    _, writer = await _raw(client, _post(100) + b'{"query"')
+    writer.close()
+    body = b'{"query": "SLEEP0.3 leaving early", "route": "lookup"}'
+    _, writer = await _raw(client, _post(len(body)) + body)
+    await asyncio.sleep(0.1)
+    writer.close()
+    await asyncio.sleep(0.6)
+    assert outcome(client, QUERY, "disconnect") == before + 2
+    assert outcome(client, QUERY, "error") == errors
+    assert not [r for r in caplog.records if r.exc_info is not None]
+
+
+async def test_a_bug_is_a_500_counted_and_logged_once_with_its_traceback(
+    app_client: tuple[TestClient[Any, Any], ScriptedEmbedder], caplog: pytest.LogCaptureFixture
+) -> None:
+    client, _ = app_client
+    caplog.set_level(logging.INFO)
+    before = outcome(client, "GET /boom", "error")
+    resp = await client.get("/boom")
+    assert resp.status == 500
+    assert outcome(client, "GET /boom", "error") == before + 1
+    lines = request_lines(caplog, resp.headers["X-Request-Id"])
+    assert len(lines) == 1 and lines[0].exc_info is not None
+
+
+async def test_probes_and_metrics_bypass_admission(
+    app_client: tuple[TestClient[Any, Any], ScriptedEmbedder],
+) -> None:
+    client, _ = app_client
+    slow = [asyncio.ensure_future(ask(client, t, f"SLEEP0.3 {t} busy")) for t in ("acme", "globex")]
+    await asyncio.sleep(0.05)
+    for path in ("/healthz", "/metrics"):
+        resp = await client.get(path)
+        assert resp.status == 200
+    await asyncio.gather(*slow)
