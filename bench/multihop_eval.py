@@ -42,7 +42,6 @@ by the tools' relevance grade, split by whether the hit's page is evidence.
 from __future__ import annotations
 
 import argparse
-import ast
 import asyncio
 import json
 import math
@@ -187,9 +186,9 @@ def estimate_tokens(chars: int) -> int:
     return math.ceil(chars / CHARS_PER_TOKEN)
 
 
-# A passage as the tools and the lookup prompt number it, at the start of a line.
-_SOURCE = re.compile(r"^\[(\d+)\] ", re.MULTILINE)
-_SHOWN_DOC = re.compile(r"""^\[\d+\] doc_id=('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")""", re.MULTILINE)
+# A passage as the tools and the lookup prompt issue it (routers.prompts.format_source).
+_SOURCE = re.compile(r'^<source id="([^"\s]+-\d+)"', re.MULTILINE)
+_SHOWN_DOC = re.compile(r'^<source id="[^"]*" doc_id="([^"]*)"', re.MULTILINE)
 
 
 def _chars(messages: Sequence[Message]) -> int:
@@ -245,7 +244,7 @@ class ScriptedPlanner:
             if message.role != "tool" or not (message.tool_call_id or "").startswith("search-"):
                 continue
             shown = _SOURCE.findall(message.content)
-            docs = [ast.literal_eval(d) for d in _SHOWN_DOC.findall(message.content)]
+            docs = _SHOWN_DOC.findall(message.content)
             if 0 < len(shown) < self._thin_below and docs:
                 thin.setdefault(docs[0])
         return tuple(ToolCall(f"read-{i}", "read", {"doc_id": d}) for i, d in enumerate(thin))
@@ -264,18 +263,16 @@ class ScriptedPlanner:
 
 
 def answer_citing_all(messages: Sequence[Message]) -> str:
-    """An answer citing every numbered source in the prompt or the tool results."""
-    numbers = sorted(
-        {
-            int(n)
-            for m in messages
-            if m.role in ("system", "tool")
-            for n in _SOURCE.findall(m.content)
-        }
-    )
-    if not numbers:
+    """An answer citing every source issued in the prompt or the tool results."""
+    markers = {
+        marker: None
+        for m in messages
+        if m.role in ("system", "tool")
+        for marker in _SOURCE.findall(m.content)
+    }
+    if not markers:
         return NOT_FOUND
-    return "From the passages: " + "".join(f"[{n}]" for n in numbers)
+    return "From the passages: " + "".join(f"[{marker}]" for marker in markers)
 
 
 class TimedLLM:

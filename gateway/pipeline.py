@@ -33,7 +33,7 @@ from routers.agent import AgentDeps
 from routers.classifier import Classifier
 from routers.executors import RegistryConfig, build_registry, route_tiers
 from routers.full_context import corpus_chunks
-from routers.generation import finish, usage_total, with_usage
+from routers.generation import CitationStream, finish, usage_total, with_usage
 from routers.lookup import LookupParams, not_enough
 from routers.policy import PolicyConfig, RouteDecision, decide, with_full_context
 from routers.rewrite import looks_like_followup, rewrite_followup
@@ -271,13 +271,17 @@ class Pipeline:
         if isinstance(outcome, Generation):
             answer: Answer | None = None
             parts: list[str] = []
+            cited = CitationStream(outcome)  # the deltas' citations rewritten as finish's are
             with ctx.timer.stage("generate"):
                 async for delta in self._timed_stream(outcome):
                     if delta.done:
                         answer = finish(outcome, _streamed_completion(outcome, parts, delta))
+                        if rest := cited.flush():
+                            yield rest
                     elif delta.text:
                         parts.append(delta.text)
-                        yield delta.text
+                        if shown := cited.feed(delta.text):
+                            yield shown
             if answer is None:  # the generation's deadline came before any text
                 answer = _fallback(outcome)
                 yield answer.text

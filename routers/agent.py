@@ -2,7 +2,8 @@
 
 One `_Run` per request. Each iteration first checks every cap, then makes one model turn with
 the `search` and `read` tools; the tool calls of a turn run concurrently. The loop ends when
-the model answers in plain text (citing the numbered passages as [n]), or at a cap:
+the model answers in plain text (citing the sources with the markers issued for them), or at
+a cap:
 - steps, tool calls or the deadline: one last call, without tools, answers from the passages
   found (as a lookup answers from its passages); the loop gets `deadline_s * (1 - final_share)`,
   that call the rest, and if it cannot finish in time the plain answer below is given instead;
@@ -154,7 +155,7 @@ class _Run:
         prices = self.deps.llm.prices(self.tier)
         self.budget = _Budget(self.config, prices, time.monotonic())
         self.messages = [
-            Message("system", AGENT_SYSTEM),
+            Message("system", AGENT_SYSTEM.format(tag=self.book.tag)),
             *self.ctx.history,
             Message("user", self.ctx.query),
         ]
@@ -225,6 +226,7 @@ class _Run:
             tier=self.tier,
             messages=tuple(messages),
             sources=tuple(self.book.citations),
+            source_tag=self.book.tag,
             usage_by_tier=dict(self.usage),
             steps=tuple(self.steps),
             escalation_reason=escalation.reason if escalation else None,
@@ -256,11 +258,12 @@ class _Run:
         return self._generation(final, cap=cap, timeout_s=remaining)
 
     def _final_messages(self) -> list[Message]:
-        """The passages found, numbered as the loop numbered them, and the question: no tool
+        """The passages found, under the markers the loop issued, and the question: no tool
         messages, so any provider takes them and the model has nothing left to call."""
-        passages = format_sources([(h.title, h.text) for h in self.book.passages])
+        tag = self.book.tag
+        passages = format_sources(tag, self.book.passages)
         return [
-            Message("system", AGENT_FINAL.format(sources=passages)),
+            Message("system", AGENT_FINAL.format(tag=tag, sources=passages)),
             *self.ctx.history,
             Message("user", self.ctx.query),
         ]

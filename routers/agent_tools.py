@@ -6,8 +6,10 @@ Arguments are validated strictly (unknown keys, wrong types and out-of-range val
 refused with a message the model can act on). `read` only opens documents that `search` has
 returned in this loop, so it cannot be used to probe for document ids.
 
-Every chunk handed to the model gets a source number on first sight; the final answer may cite
-only those numbers (`routers.generation.finish` drops any other).
+Every chunk handed to the model gets a source number on first sight and is shown as that
+source of the request (`routers.prompts.format_source`: delimited, its text made inert); the
+final answer may cite only the markers issued for those (`routers.generation.finish` drops any
+other), so a document's text cannot forge a citation.
 """
 
 from __future__ import annotations
@@ -25,6 +27,13 @@ from backends.llm.base import ToolCall
 from backends.retrieval.base import MAX_DOCUMENT_CHUNKS, Hit, Retriever, SearchRequest
 from routers.generation import citation_from_hit
 from routers.grading import content_words
+from routers.prompts import (
+    CHUNK_CHARS,
+    format_source,
+    new_source_tag,
+    shown_above,
+    shown_doc_id,
+)
 from routers.types import ChunkGrade, Citation, ToolRun
 
 log = logging.getLogger(__name__)
@@ -32,8 +41,6 @@ log = logging.getLogger(__name__)
 MAX_QUERY_CHARS = 300
 MAX_SEARCH_K = 10
 MAX_DOC_ID_CHARS = 512
-# What the model reads of one chunk; the citation keeps its own snippet.
-_CHUNK_CHARS = 1200
 _CHUNK_NUMBER = re.compile(r"#(\d+)$")
 
 # JSON-schema function specs: the form litellm takes for every provider and translates.
@@ -88,13 +95,17 @@ class InvalidArguments(ValueError):
 
 @dataclass(slots=True)
 class SourceBook:
-    """Chunks the loop has shown the model, numbered from 1 in the order first seen."""
+    """Chunks the loop has shown the model, numbered from 1 in the order first seen, under
+    the request's source tag."""
 
+    tag: str = field(default_factory=new_source_tag)
     citations: list[Citation] = field(default_factory=list)
     # The passages behind the citations, same order: what a forced final answer is written from.
     passages: list[Hit] = field(default_factory=list)
     _numbers: dict[str, int] = field(default_factory=dict)
     _chunks_by_doc: dict[str, set[int]] = field(default_factory=dict)
+    # A document id as the sources show it (made safe to print) -> the id itself.
+    _docs_shown: dict[str, str] = field(default_factory=dict)
 
     def number(self, hit: Hit) -> tuple[int, bool]:
         """The chunk's source number, and whether it is new."""
@@ -105,7 +116,12 @@ class SourceBook:
         self.passages.append(hit)
         self._numbers[hit.chunk_id] = len(self.citations)
         self._chunks_by_doc.setdefault(hit.doc_id, set()).add(_position(hit.chunk_id))
+        self._docs_shown.setdefault(shown_doc_id(hit.doc_id, self.tag), hit.doc_id)
         return len(self.citations), True
+
+    def shown_document(self, doc_id: str) -> str | None:
+        """The id of the document a source showed as `doc_id`; None for one never shown."""
+        return self._docs_shown.get(doc_id)
 
     def seen_positions(self, doc_id: str) -> set[int] | None:
         """Positions of the document's chunks already shown; None for a document never shown."""
@@ -227,9 +243,10 @@ class AgentTools:
         found = content_words(f"{hit.title} {hit.section} {hit.text}")
         return bool(wanted) and len(wanted & found) / len(wanted) >= self._limits.min_word_overlap
 
-    async def _read(self, doc_id: str) -> _Shown:
-        seen = self._book.seen_positions(doc_id)
-        if seen is None:
+    async def _read(self, shown: str) -> _Shown:
+        doc_id = self._book.shown_document(shown)
+        seen = None if doc_id is None else self._book.seen_positions(doc_id)
+        if doc_id is None or seen is None:
             raise InvalidArguments("read takes a doc_id from this conversation's search results")
         chunks = await self._retriever.document_chunks(self._tenant, doc_id, MAX_DOCUMENT_CHUNKS)
         unseen = [c for c in chunks if _position(c.chunk_id) not in seen]
@@ -244,12 +261,11 @@ class AgentTools:
         parts = []
         for hit in hits:
             n, new = self._book.number(hit)
+            tag = self._book.tag
             if not new:
-                parts.append(f"[{n}] (shown above)")
+                parts.append(shown_above(tag, n))
                 continue
-            where = f"{hit.title} — {hit.section}" if hit.section else hit.title
-            text = hit.text if len(hit.text) <= _CHUNK_CHARS else hit.text[:_CHUNK_CHARS] + "…"
-            parts.append(f"[{n}] doc_id={hit.doc_id!r} {where}\n{text}")
+            parts.append(format_source(tag, n, hit, doc_id=True, max_chars=CHUNK_CHARS))
         return "\n\n".join(parts)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from backends.llm.base import Message, Tier
 from backends.retrieval.base import Hit, Retriever, SearchRequest, Vector
 from routers.generation import citation_from_hit
-from routers.prompts import LOOKUP_SYSTEM, format_sources
+from routers.prompts import LOOKUP_SYSTEM, format_sources, new_source_tag
 from routers.rules import FullContextConfig
 from routers.types import Generation, Route, RouteContext
 
@@ -50,10 +50,12 @@ class FullContextExecutor:
     async def __call__(self, ctx: RouteContext) -> Generation:
         wanted_multihop = ctx.decision.classification.route is Route.MULTIHOP
         hits = ctx.corpus
-        prompt = LOOKUP_SYSTEM.format(sources=format_sources([(h.title, h.text) for h in hits]))
+        tag = new_source_tag()
+        prompt = LOOKUP_SYSTEM.format(tag=tag, sources=format_sources(tag, list(hits)))
         return Generation(
             route=Route.FULL_CONTEXT,
             tier=self._multihop_tier if wanted_multihop and self._multihop_tier else self._tier,
             messages=(Message("system", prompt), *ctx.history, Message("user", ctx.query)),
             sources=tuple(citation_from_hit(h) for h in hits),
+            source_tag=tag,
         )

@@ -1,4 +1,4 @@
-"""From a model's text to an Answer: which numbered sources it cited, and whether it answered."""
+"""From a model's text to an Answer: which issued sources it cited, and whether it answered."""
 
 from __future__ import annotations
 
@@ -6,11 +6,17 @@ import re
 
 from backends.llm.base import Completion, Usage
 from backends.retrieval.base import Hit
+from routers.prompts import MARKER_SHAPE
 from routers.types import Answer, Citation, Generation, Route
 
-_CITE = re.compile(r"\[(\d{1,3})\]")
-# A chunk id in brackets ([errors.md#3]): never a marker the gateway issues, always invented.
-_CHUNK_ID_CITE = re.compile(r"\[[^\[\]\s]{1,200}#\d+\]")
+# A bracket that may hold citations: `[k7q3x9m2-1]`, `[k7q3x9m2-1, k7q3x9m2-2]`, `[3]`.
+_BRACKET = re.compile(r"\[([^\[\]\n]{1,200})\]")
+_BRACKET_INNER_MAX = 200
+_TOKEN_SEPARATOR = re.compile(r"[\s,;]+")
+# Never a marker the gateway issues, so always invented: a bare number (a document's "[2]" or
+# a model's habit) and a chunk id (`errors.md#3`).
+_NUMBER = re.compile(r"\d{1,3}")
+_CHUNK_ID = re.compile(r"[^\[\]\s]{1,200}#\d+")
 NOT_FOUND = "The documents do not say."
 _SNIPPET_CHARS = 300
 
@@ -20,47 +26,91 @@ def citation_from_hit(hit: Hit) -> Citation:
     return Citation(hit.doc_id, hit.chunk_id, hit.title, snippet, round(hit.score, 6))
 
 
-def cited_sources(text: str, sources: tuple[Citation, ...]) -> tuple[Citation, ...]:
-    """The sources the text cites, in order of first citation; out-of-range numbers ignored."""
-    seen: list[int] = []
-    for match in _CITE.finditer(text):
-        n = int(match.group(1))
-        if 1 <= n <= len(sources) and n not in seen:
-            seen.append(n)
-    return tuple(sources[n - 1] for n in seen)
+class Citer:
+    """Maps the markers issued in this request (`[tag-n]`, n from 1 to `count`) to the
+    client's `[k]`, where k is the source's place in the answer's citations (first cited,
+    first). Every other citation-like bracket (a bare number, a chunk id, a marker with
+    another tag or out of range) is dropped and counted; other bracketed text is left alone.
+
+    Stateful, so a streamed answer is rewritten piece by piece exactly as the whole text
+    would be (see `CitationStream`)."""
+
+    def __init__(self, tag: str | None, count: int) -> None:
+        self._tag = tag.casefold() if tag else None
+        self._count = count
+        self.order: list[int] = []  # cited source numbers, first citation first
+        self.dropped = 0
+
+    def rewrite(self, text: str) -> str:
+        return _BRACKET.sub(self._bracket, text)
+
+    def _bracket(self, match: re.Match[str]) -> str:
+        tokens = [t for t in _TOKEN_SEPARATOR.split(match.group(1)) if t]
+        sources = [self._source(t) for t in tokens]
+        if not tokens or any(s is None for s in sources):
+            return match.group(0)  # not a citation: "[sic]", "[see below]"
+        out = []
+        for n in sources:
+            if not n:
+                self.dropped += 1
+                continue
+            if n not in self.order:
+                self.order.append(n)
+            out.append(f"[{self.order.index(n) + 1}]")
+        return "".join(out)
+
+    def _source(self, token: str) -> int | None:
+        """The issued source a token cites; 0 for a citation of none; None: not a citation."""
+        if MARKER_SHAPE.fullmatch(token):
+            tag, _, n = token.casefold().rpartition("-")
+            return int(n) if tag == self._tag and 1 <= int(n) <= self._count else 0
+        if _NUMBER.fullmatch(token) or _CHUNK_ID.fullmatch(token):
+            return 0
+        return None
 
 
-def drop_invented(text: str, sources: tuple[Citation, ...]) -> tuple[str, int]:
-    """The text without citation markers that name no source given to the model, and how many
-    were dropped: a citation must point at something that was actually retrieved."""
-    dropped = 0
+class CitationStream:
+    """A streamed answer's text rewritten as `finish` rewrites the whole: text is held back
+    only from a `[` that may still open a citation until that bracket closes or cannot."""
 
-    def keep_or_drop(match: re.Match[str]) -> str:
-        nonlocal dropped
-        if 1 <= int(match.group(1)) <= len(sources):
-            return match.group(0)
-        dropped += 1
-        return ""
+    def __init__(self, generation: Generation) -> None:
+        sourced = generation.route is not Route.DIRECT
+        self._citer = Citer(generation.source_tag, len(generation.sources)) if sourced else None
+        self._pending = ""
 
-    text = _CITE.sub(keep_or_drop, text)
-    text, ids = _CHUNK_ID_CITE.subn("", text)
-    return text, dropped + ids
+    def feed(self, text: str) -> str:
+        if self._citer is None:
+            return text
+        self._pending += text
+        cut = self._pending.rfind("[")
+        rest = self._pending[cut + 1 :]
+        if cut < 0 or "]" in rest or "\n" in rest or len(rest) > _BRACKET_INNER_MAX:
+            cut = len(self._pending)
+        ready, self._pending = self._pending[:cut], self._pending[cut:]
+        return self._citer.rewrite(ready)
+
+    def flush(self) -> str:
+        ready, self._pending = self._pending, ""
+        return self._citer.rewrite(ready) if self._citer is not None else ready
 
 
 def finish(generation: Generation, completion: Completion) -> Answer:
     """The one completion builder: a model's final text, streamed or not, becomes an Answer."""
     text = completion.text.strip()
     notes = generation.notes
-    # Every route but direct answers from sources: a citation must name one it was given.
+    # Every route but direct answers from sources: a citation must be a marker issued for one
+    # of them in this request; anything else that looks like one is dropped.
     from_sources = generation.route is not Route.DIRECT
+    citations: tuple[Citation, ...] = ()
     if from_sources:
-        text, dropped = drop_invented(text, generation.sources)
-        if dropped:
-            text += f"\n\n({dropped} citation(s) to sources that were not retrieved removed.)"
-            notes = (*notes, f"{dropped} invented citation(s) dropped")
+        citer = Citer(generation.source_tag, len(generation.sources))
+        text = citer.rewrite(text)
+        if citer.dropped:
+            text += f"\n\n({citer.dropped} citation(s) to sources that were not retrieved removed.)"
+            notes = (*notes, f"{citer.dropped} invented citation(s) dropped")
+        citations = tuple(generation.sources[n - 1] for n in citer.order)
     if not text:
         text, notes = NOT_FOUND, (*notes, "the model returned no text")
-    citations = cited_sources(text, generation.sources)
     # An answer from sources that cites none, or admits they lack it, is not a confident
     # answer: it is returned, but never cached. Nor is one the token limit cut short.
     grounded = not from_sources or bool(citations)

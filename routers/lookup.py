@@ -15,7 +15,7 @@ from backends.llm.base import Message, Tier
 from backends.retrieval.base import Retriever, SearchRequest
 from routers.generation import citation_from_hit
 from routers.grading import EvidenceGrade, assess, best_possible_score
-from routers.prompts import LOOKUP_SYSTEM, format_sources
+from routers.prompts import LOOKUP_SYSTEM, format_sources, new_source_tag
 from routers.rules import EscalationConfig
 from routers.types import Answer, Citation, Escalation, Generation, Route, RouteContext
 
@@ -67,9 +67,12 @@ async def plan_lookup(
             return _escalation(sources, evidence)
     if tier is None:
         return _extractive(sources)
-    prompt = LOOKUP_SYSTEM.format(sources=format_sources([(h.title, h.text) for h in hits]))
+    tag = new_source_tag()
+    prompt = LOOKUP_SYSTEM.format(tag=tag, sources=format_sources(tag, hits))
     messages = (Message("system", prompt), *ctx.history, Message("user", ctx.query))
-    return Generation(route=Route.LOOKUP, tier=tier, messages=messages, sources=sources)
+    return Generation(
+        route=Route.LOOKUP, tier=tier, messages=messages, sources=sources, source_tag=tag
+    )
 
 
 def _escalation(sources: tuple[Citation, ...], evidence: EvidenceGrade) -> Escalation:

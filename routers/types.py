@@ -112,8 +112,10 @@ class Generation:
     route: Route
     tier: Tier
     messages: tuple[Message, ...]
-    # Numbered from 1 in the prompt; the model cites them as [n].
+    # Numbered from 1 in the prompt; the model cites source n as [source_tag-n], the only
+    # form `routers.generation.finish` maps to a citation (see `routers.prompts`).
     sources: tuple[Citation, ...] = ()
+    source_tag: str | None = None
     usage_by_tier: dict[str, Usage] = field(default_factory=dict)
     steps: tuple[AgentStep, ...] = ()
     escalation_reason: str | None = None

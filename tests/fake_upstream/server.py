@@ -32,7 +32,11 @@ stripped from the text before the default answer echoes it. Keys, all optional:
 ``malformed``      bool  HTTP 200 with a body (or SSE data line) that is not valid JSON.
 ``truncate_after`` int   stream: after N content chunks drop the connection mid-body.
 ``answer``         str   the answer text (default: ``FAKE ANSWER: <first 60 chars of the last
-                         user message>``, plus `` [1]`` when the system prompt numbers sources).
+                         user message>``, plus `` [<id>]`` citing the first source the request
+                         delimits as ``<source id="<id>">``, in a system or tool message, the
+                         way querygate issues sources). ``{cite:N}`` in it becomes the marker of
+                         source N of the request (``[<tag>-N]``, the tag read from the request's
+                         ``<source id="<tag>-…">``), or ``[N]`` when the request has no sources.
 ``tool_calls``     list  ``[{"name": str, "arguments": obj|str, "id"?: str}]``; a string
                          ``arguments`` is sent verbatim (so invalid JSON can be scripted).
 ``usage``          obj   ``{"prompt_tokens", "completion_tokens"}`` (default: word counts).
@@ -61,6 +65,8 @@ from typing import Any
 from aiohttp import web
 
 DIRECTIVE_RE = re.compile(r"\[\[fake:(\{.*?\})\]\]", re.DOTALL)
+SOURCE_ID_RE = re.compile(r'<source id="(([^"\s]+)-\d+)"')
+CITE_RE = re.compile(r"\{cite:(\d+)\}")
 DEFAULT_EMBED_DIM = 384
 MODELS = ("fake-small", "fake-large", "fake-fallback", "fake-embed")
 
@@ -174,10 +180,26 @@ def _default_answer(messages: list[dict[str, Any]]) -> str:
         "",
     )
     answer = f"FAKE ANSWER: {_strip_directive(last_user)[:60]}"
-    system = " ".join(_content_text(m.get("content")) for m in messages if m["role"] == "system")
-    if "[1]" in system:
-        answer += " [1]"
+    source = _first_source(messages)
+    if source is not None:
+        answer += f" [{source.group(1)}]"
     return answer
+
+
+def _first_source(messages: list[dict[str, Any]]) -> re.Match[str] | None:
+    """The first ``<source id="…">`` of the request's system and tool messages."""
+    for m in messages:
+        text = _content_text(m.get("content")) if m.get("role") in ("system", "tool") else ""
+        if found := SOURCE_ID_RE.search(text):
+            return found
+    return None
+
+
+def _cite(text: str, messages: list[dict[str, Any]]) -> str:
+    """``{cite:N}`` as the request's marker of source N (``[N]`` without sources)."""
+    source = _first_source(messages)
+    tag = source.group(2) if source is not None else None
+    return CITE_RE.sub(lambda m: f"[{tag}-{m.group(1)}]" if tag else f"[{m.group(1)}]", text)
 
 
 def _tool_calls(directive: dict[str, Any]) -> list[dict[str, Any]]:
@@ -212,7 +234,10 @@ class Reply:
 
 def _build_reply(body: dict[str, Any], directive: dict[str, Any]) -> Reply:
     messages: list[dict[str, Any]] = body.get("messages", [])
-    text = directive.get("answer", _default_answer(messages))
+    if "answer" in directive:
+        text = _cite(str(directive["answer"]), messages)
+    else:
+        text = _default_answer(messages)
     tool_calls = _tool_calls(directive)
     finish_reason = "tool_calls" if tool_calls else "stop"
     # max_tokens truncates like a real model does, so callers can see finish_reason="length"

@@ -60,7 +60,7 @@ def slow_script(**final: Any) -> dict[str, Any]:
         "turns": [
             {"tool_calls": [search]},
             {"tool_calls": [again]},
-            {"answer": "Two years [1].", **final},
+            {"answer": "Two years {cite:1}.", **final},
         ],
     }
 

@@ -58,13 +58,29 @@ async def test_default_answer_echoes_the_question_with_word_count_usage(
     assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
 
 
-async def test_default_answer_cites_first_source_when_system_prompt_numbers_sources(
+SOURCES = 'Sources:\n<source id="k7q3x9m2-1">\nParis is in France\n</source>'
+
+
+async def test_default_answer_cites_the_first_source_the_prompt_delimits(
     fake_upstream: str, http: aiohttp.ClientSession
 ) -> None:
     body = _chat("q")
-    body["messages"].insert(0, {"role": "system", "content": "Sources:\n[1] Paris is in France"})
+    body["messages"].insert(0, {"role": "system", "content": SOURCES})
     _, reply = await _post(http, f"{fake_upstream}/chat/completions", body)
-    assert reply["choices"][0]["message"]["content"].endswith("[1]")
+    assert reply["choices"][0]["message"]["content"].endswith(" [k7q3x9m2-1]")
+
+
+async def test_a_scripted_answer_cites_source_n_with_the_requests_marker(
+    fake_upstream: str, http: aiohttp.ClientSession
+) -> None:
+    with_sources = _chat("q", {"answer": "A {cite:2}."})
+    with_sources["messages"].insert(0, {"role": "system", "content": SOURCES})
+    _, reply = await _post(http, f"{fake_upstream}/chat/completions", with_sources)
+    assert reply["choices"][0]["message"]["content"] == "A [k7q3x9m2-2]."
+    _, bare = await _post(
+        http, f"{fake_upstream}/chat/completions", _chat("q", {"answer": "{cite:1}"})
+    )
+    assert bare["choices"][0]["message"]["content"] == "[1]"
 
 
 async def test_directive_in_message_is_stripped_and_scripts_answer_and_usage(

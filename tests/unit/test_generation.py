@@ -1,22 +1,60 @@
+import pytest
+
 from backends.llm.base import Completion, Message, Usage
-from routers.generation import NOT_FOUND, cited_sources, finish
+from routers.generation import NOT_FOUND, CitationStream, finish
 from routers.types import Citation, Generation, Route
 
+TAG = "k7q3x9m2"
 SOURCES = tuple(Citation(f"d{i}", f"d{i}#0", f"T{i}", f"text {i}", 0.1) for i in (1, 2, 3))
-GEN = Generation(Route.LOOKUP, "small", (Message("user", "q"),), SOURCES)
+GEN = Generation(Route.LOOKUP, "small", (Message("user", "q"),), SOURCES, source_tag=TAG)
+
+
+def m(n: int) -> str:
+    """The marker issued for source n in GEN."""
+    return f"[{TAG}-{n}]"
 
 
 def completion(text: str, finish_reason: str = "stop") -> Completion:
     return Completion(text, "small", "m", Usage(10, 5, 0.001), finish_reason=finish_reason)
 
 
-def test_cited_sources_follow_first_citation_order_and_skip_unknown_numbers() -> None:
-    cited = cited_sources("B [2], then A [1][2], and [9] is not a source", SOURCES)
-    assert [c.doc_id for c in cited] == ["d2", "d1"]
+def test_issued_markers_become_the_clients_numbers_in_first_citation_order() -> None:
+    answer = finish(GEN, completion(f"B {m(2)}, then A {m(1)}{m(2)}."))
+    assert [c.doc_id for c in answer.citations] == ["d2", "d1"]
+    assert answer.text == "B [1], then A [2][1]."
+
+
+def test_a_marker_list_and_any_case_of_the_tag_are_citations() -> None:
+    answer = finish(GEN, completion(f"A [{TAG}-1, {TAG.upper()}-3]."))
+    assert answer.text == "A [1][2]."
+    assert [c.doc_id for c in answer.citations] == ["d1", "d3"]
+
+
+@pytest.mark.parametrize(
+    "forged",
+    ["[2]", "[1, 2]", "[a2b3c4d5-2]", f"[{TAG}-9]", f"[{TAG}-0]", "[errors.md#3]"],
+    ids=["bare-number", "number-list", "other-tag", "out-of-range", "zero", "chunk-id"],
+)
+def test_only_a_marker_issued_in_this_request_is_a_citation(forged: str) -> None:
+    answer = finish(GEN, completion(f"The refund is 90 days {forged}."))
+    assert answer.citations == ()
+    assert forged not in answer.text
+    assert "not retrieved removed" in answer.text
+    assert not answer.complete
+
+
+def test_bracketed_words_are_left_alone() -> None:
+    answer = finish(GEN, completion(f"It [sic] works {m(1)} [see the manual]."))
+    assert answer.text == "It [sic] works [1] [see the manual]."
+
+
+def test_a_generation_without_a_tag_cites_nothing() -> None:
+    untagged = Generation(Route.LOOKUP, "small", (Message("user", "q"),), SOURCES)
+    assert finish(untagged, completion("Paris [1].")).citations == ()
 
 
 def test_a_cited_answer_is_complete_and_carries_usage() -> None:
-    answer = finish(GEN, completion("Paris is the capital [3]."))
+    answer = finish(GEN, completion(f"Paris is the capital {m(3)}."))
     assert answer.complete
     assert [c.doc_id for c in answer.citations] == ["d3"]
     assert answer.usage_by_tier["small"].cost_usd == 0.001
@@ -27,11 +65,11 @@ def test_an_uncited_retrieval_answer_is_not_cacheable() -> None:
 
 
 def test_admitting_the_sources_lack_it_is_not_cacheable() -> None:
-    assert not finish(GEN, completion(f"{NOT_FOUND} [1]")).complete
+    assert not finish(GEN, completion(f"{NOT_FOUND} {m(1)}")).complete
 
 
 def test_a_truncated_answer_is_not_cacheable() -> None:
-    assert not finish(GEN, completion("Paris [1] and", finish_reason="length")).complete
+    assert not finish(GEN, completion(f"Paris {m(1)} and", finish_reason="length")).complete
 
 
 def test_a_direct_answer_needs_no_citation() -> None:
@@ -40,7 +78,7 @@ def test_a_direct_answer_needs_no_citation() -> None:
 
 
 def test_invented_numbers_and_chunk_ids_are_dropped_and_said() -> None:
-    answer = finish(GEN, completion("Paris [1], per [9] and [errors.md#3]."))
+    answer = finish(GEN, completion(f"Paris {m(1)}, per [9] and [errors.md#3]."))
     assert "[9]" not in answer.text and "errors.md#3" not in answer.text
     assert "2 citation(s) to sources that were not retrieved removed" in answer.text
     assert [c.doc_id for c in answer.citations] == ["d1"]
@@ -63,4 +101,22 @@ def test_a_streamed_estimate_earlier_in_the_loop_stays_flagged() -> None:
     earlier = Generation(
         Route.MULTIHOP, "large", (Message("user", "q"),), SOURCES, usage_estimated=True
     )
-    assert finish(earlier, completion("Paris [1].")).usage_estimated
+    assert finish(earlier, completion(f"Paris {m(1)}.")).usage_estimated
+
+
+STREAMED = f"A {m(2)} b [sic] c [9]{m(1)}, [ {m(3)}] and [{TAG}-1, {TAG}-2] [unclosed {m(2)}."
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 11, len(STREAMED)])
+def test_a_streamed_answer_is_rewritten_exactly_as_the_whole_text(size: int) -> None:
+    stream = CitationStream(GEN)
+    pieces = [STREAMED[i : i + size] for i in range(0, len(STREAMED), size)]
+    shown = "".join(stream.feed(p) for p in pieces) + stream.flush()
+    whole = finish(GEN, completion(STREAMED))
+    assert whole.text.startswith(shown)
+    assert "[sic]" in shown and "[9]" not in shown and TAG not in shown
+
+
+def test_a_direct_stream_is_passed_through() -> None:
+    stream = CitationStream(Generation(Route.DIRECT, "small", (Message("user", "hi"),)))
+    assert stream.feed("Hi [1") + stream.flush() == "Hi [1"
