@@ -9,7 +9,12 @@ Contract shared by every implementation:
   `<doc_id>#<n>` as a number (#10 follows #9), ids whose n is not a number last, then by id.
 - Writes are per document: `upsert_document` replaces all of a document's chunks atomically as
   seen by readers and is a no-op when the content hash is unchanged; every change bumps the
-  tenant's generation, which cached answers are keyed on.
+  tenant's generation, which cached answers are keyed on. A write that failed is never taken
+  for a stored one: retrying it writes again and converges on the new version. A document
+  without chunks is refused with `EmptyDocument` (DELETE is how a document is removed), before
+  anything of its batch is written.
+- Tenancy of statistics: what one tenant stores never changes another tenant's ranking where a
+  backend isolates tenants (embedded always; OpenSearch with `tenancy: index_per_tenant`).
 - Failures of the underlying service surface as `backends.errors.BackendUnavailable`.
 """
 
@@ -24,6 +29,17 @@ import numpy.typing as npt
 
 RetrievalMode = Literal["hybrid", "bm25", "dense"]
 Vector = npt.NDArray[np.float32]
+
+
+class EmptyDocument(ValueError):
+    """A document that yields no chunk (blank, or headings only): there is nothing to index.
+
+    Raised by `upsert_document(s)` before any write; the gateway answers 422."""
+
+    def __init__(self, doc_id: str) -> None:
+        super().__init__(f"{doc_id}: the document has no text to index (0 chunks)")
+        self.doc_id = doc_id
+
 
 RRF_K = 60
 # Most chunks one `document_chunks` call returns: enough to read on, small enough for a prompt.
@@ -133,6 +149,13 @@ class Retriever(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+def refuse_empty(documents: Sequence[Document]) -> None:
+    """Raise `EmptyDocument` for the first document of `documents` that has no chunk."""
+    for document in documents:
+        if not document.chunks:
+            raise EmptyDocument(document.doc_id)
 
 
 def document_chunk_limit(limit: int) -> int:

@@ -6,13 +6,18 @@ on disk or on a matmul, and the thread's FIFO order is the only synchronisation 
 never sees half of a write.
 
 Layout: `documents` (one row per document: title, content hash), `chunks` (metadata and the
-float32 embedding blob; its rowid is the chunk's key everywhere), `chunks_fts` (FTS5 over
-title, section and text, plus an opaque per-tenant token that every MATCH requires) and
-`tenants` (the generation counter).
+float32 embedding blob; its rowid is the chunk's key everywhere), one FTS5 table per tenant,
+`fts_t<hash of the tenant>` (title, section and text; rowid = the chunk's key), created by the
+tenant's first write, and `tenants` (the generation counter).
 
-One FTS5 table serves every tenant, so BM25's document frequencies are counted over all of
-them: a tenant never receives another's rows, but its scores shift slightly with the others'
-vocabulary (as in a shared OpenSearch index).
+Tenants are isolated in ranking as well as in results: BM25's statistics (document frequencies,
+average lengths) come from the tenant's own table, and dense search is an exact cosine over the
+tenant's own vectors, so nothing another tenant stores moves a tenant's scores or order. (With
+one shared table, a tenant could learn whether a word occurs in others' documents from which of
+its own two documents ranked first.) A file written before this layout, with one shared
+`chunks_fts` table, is migrated when it is opened: each tenant's rows move to its own table in
+one transaction, and every tenant's generation is bumped because its scores changed.
+Every process on the file must run this version: an older one would recreate the shared table.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import unicodedata
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
@@ -39,6 +45,7 @@ from backends.retrieval.base import (
     SearchRequest,
     Vector,
     document_chunk_limit,
+    refuse_empty,
     rrf_fuse,
 )
 from backends.retrieval.stopwords import without_stopwords
@@ -46,9 +53,9 @@ from backends.retrieval.stopwords import without_stopwords
 BACKEND = "embedded"
 T = TypeVar("T")
 
-# BM25 column weights, in the FTS table's column order. The tenant token must not score.
-_WEIGHTS = {"tenant_key": 0.0, "title": 2.5, "section": 1.5, "text": 1.0}
-_BM25 = f"bm25(chunks_fts, {', '.join(str(w) for w in _WEIGHTS.values())})"
+# BM25 column weights, in the FTS tables' column order.
+_WEIGHTS = {"title": 2.5, "section": 1.5, "text": 1.0}
+_BM25_WEIGHTS = ", ".join(str(w) for w in _WEIGHTS.values())
 # '-' and '_' are part of a token so identifiers (ERR-4471, SKU_123) index and match whole.
 _TOKENIZER = "unicode61 remove_diacritics 2 tokenchars '-_'"
 _QUERY_TOKEN = re.compile(r"[\w-]+")
@@ -60,7 +67,7 @@ _READING_ORDER = (
     " chunks.chunk_id"
 )
 
-_SCHEMA = f"""
+_SCHEMA = """
 CREATE TABLE IF NOT EXISTS tenants (
     tenant TEXT PRIMARY KEY,
     generation INTEGER NOT NULL
@@ -81,10 +88,9 @@ CREATE TABLE IF NOT EXISTS chunks (
     embedding BLOB NOT NULL
 );
 CREATE INDEX IF NOT EXISTS chunks_by_document ON chunks (tenant, doc_id);
-CREATE VIRTUAL TABLE IF NOT EXISTS chunks_fts USING fts5(
-    {", ".join(_WEIGHTS)}, tokenize = "{_TOKENIZER}"
-);
 """
+# The one FTS5 table all tenants shared before per-tenant tables; only migration reads it.
+_LEGACY_FTS = "chunks_fts"
 
 
 def fts_query(text: str, max_chars: int = 1000, max_terms: int = 32) -> str:
@@ -101,8 +107,25 @@ def fts_query(text: str, max_chars: int = 1000, max_terms: int = 32) -> str:
 
 
 def tenant_key(tenant: str) -> str:
-    """The tenant's token in the FTS table: one alphanumeric token whatever the tenant id."""
+    """An identifier-safe, fixed-length key for the tenant, whatever the tenant id."""
     return "t" + hashlib.sha256(tenant.encode()).hexdigest()[:32]
+
+
+def fts_table(tenant: str) -> str:
+    """The name of the tenant's FTS5 table (safe to splice into SQL: `fts_t` + 32 hex digits)."""
+    return f"fts_{tenant_key(tenant)}"
+
+
+def _create_fts(db: sqlite3.Connection, table: str) -> None:
+    db.execute(
+        f"CREATE VIRTUAL TABLE IF NOT EXISTS {table} USING fts5("
+        f'{", ".join(_WEIGHTS)}, tokenize = "{_TOKENIZER}")'
+    )
+
+
+def _table_exists(db: sqlite3.Connection, table: str) -> bool:
+    row = db.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (table,)).fetchone()
+    return row is not None
 
 
 class _TenantVectors:
@@ -197,6 +220,8 @@ class EmbeddedRetriever:
         self._db: sqlite3.Connection | None = None
         self._closed = False
         self._vectors: dict[str, _TenantVectors] = {}
+        # FTS tables known to exist; tables are never dropped, so a hit never goes stale.
+        self._fts_tables: set[str] = set()
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="embedded-index"
         )
@@ -228,6 +253,7 @@ class EmbeddedRetriever:
             # WAL + NORMAL: a crash may lose the last commits but never corrupts the file.
             db.execute("PRAGMA synchronous=NORMAL")
             db.executescript(_SCHEMA)
+            _migrate_shared_fts(db)
             self._db = db
 
     # -- reads ------------------------------------------------------------------------------
@@ -246,18 +272,29 @@ class EmbeddedRetriever:
         top = [(int(key), score) for key, score in fused[: request.k]]
         return self._hits(db, request.tenant, top, {name: r for name, (r, _) in arms.items()})
 
+    def _fts(self, db: sqlite3.Connection, tenant: str) -> str | None:
+        """The tenant's FTS table, None before its first write."""
+        table = fts_table(tenant)
+        if table in self._fts_tables:
+            return table
+        if not _table_exists(db, table):
+            return None  # not remembered: another process may create it
+        self._fts_tables.add(table)
+        return table
+
     def _bm25(self, db: sqlite3.Connection, request: SearchRequest, query: str) -> _Ranked:
-        # The tenant token is part of the MATCH, so FTS5 only ever ranks this tenant's rows;
-        # the join re-checks the tenant column as a second, independent guard. It joins after
-        # the LIMIT: joining every match before sorting doubled the query's time.
-        match = (
-            f'tenant_key : "{tenant_key(request.tenant)}" AND {{title section text}} : ({query})'
-        )
+        # The tenant's own table: FTS5 only ever ranks this tenant's rows, with statistics of
+        # this tenant's rows only. The join re-checks the tenant column as a second, independent
+        # guard. It joins after the LIMIT: joining every match before sorting doubled the time.
+        table = self._fts(db, request.tenant)
+        if table is None:
+            return _Ranked([], {})
         rows = db.execute(
-            f"SELECT top.id, top.score FROM (SELECT rowid AS id, {_BM25} AS score"
-            " FROM chunks_fts WHERE chunks_fts MATCH ? ORDER BY score LIMIT ?) AS top"
+            f"SELECT top.id, top.score FROM (SELECT rowid AS id,"
+            f" bm25({table}, {_BM25_WEIGHTS}) AS score FROM {table} WHERE {table} MATCH ?"
+            " ORDER BY score LIMIT ?) AS top"
             " JOIN chunks USING (id) WHERE chunks.tenant = ? ORDER BY top.score",
-            (match, request.candidates, request.tenant),
+            (f"{{title section text}} : ({query})", request.candidates, request.tenant),
         ).fetchall()
         # FTS5's bm25() is lower-is-better; negate so every arm's score is higher-is-better.
         return _Ranked([r[0] for r in rows], {r[0]: -r[1] for r in rows})
@@ -308,14 +345,15 @@ class EmbeddedRetriever:
         fused: list[tuple[int, float]],
         arms: dict[str, _Ranked],
     ) -> list[Hit]:
-        if not fused:
+        table = self._fts(db, tenant)
+        if not fused or table is None:
             return []
         marks = ",".join("?" * len(fused))
         rows = db.execute(
             "SELECT chunks.id, chunks.doc_id, chunks.chunk_id, documents.title, chunks.section,"
-            " chunks_fts.text FROM chunks"
+            f" {table}.text FROM chunks"
             " JOIN documents USING (tenant, doc_id)"
-            " JOIN chunks_fts ON chunks_fts.rowid = chunks.id"
+            f" JOIN {table} ON {table}.rowid = chunks.id"
             f" WHERE chunks.tenant = ? AND chunks.id IN ({marks})",
             (tenant, *[i for i, _ in fused]),
         ).fetchall()
@@ -326,11 +364,14 @@ class EmbeddedRetriever:
 
     async def document_chunks(self, tenant: str, doc_id: str, limit: int = 50) -> list[Hit]:
         def read(db: sqlite3.Connection) -> list[Hit]:
+            table = self._fts(db, tenant)
+            if table is None:
+                return []
             rows = db.execute(
-                "SELECT chunks.chunk_id, documents.title, chunks.section, chunks_fts.text"
+                f"SELECT chunks.chunk_id, documents.title, chunks.section, {table}.text"
                 " FROM chunks"
                 " JOIN documents USING (tenant, doc_id)"
-                " JOIN chunks_fts ON chunks_fts.rowid = chunks.id"
+                f" JOIN {table} ON {table}.rowid = chunks.id"
                 f" WHERE chunks.tenant = ? AND chunks.doc_id = ? ORDER BY {_READING_ORDER} LIMIT ?",
                 (tenant, doc_id, document_chunk_limit(limit)),
             )
@@ -389,13 +430,20 @@ class EmbeddedRetriever:
     # -- writes -----------------------------------------------------------------------------
 
     async def upsert_document(self, tenant: str, document: Document) -> bool:
-        _check_chunks(document)
-        return await self._run("upsert", lambda db: self._upsert(db, tenant, document))
+        return (await self.upsert_documents(tenant, [document]))[0]
 
     async def upsert_documents(self, tenant: str, documents: Sequence[Document]) -> list[bool]:
-        # One transaction per document, as for a single upsert: an interrupted batch leaves
-        # whole documents only. SQLite is local, so the per-document cost is no round trip.
-        return [await self.upsert_document(tenant, document) for document in documents]
+        # Every document is checked before any is written: a refused one fails the call whole.
+        refuse_empty(documents)
+        for document in documents:
+            _check_chunks(document)
+        # One transaction per document: a reader sees a document whole, old or new, and an
+        # interrupted batch leaves whole documents only (a rolled-back one keeps its old hash, so
+        # a retry writes it). SQLite is local, so the per-document cost is no round trip.
+        return [
+            await self._run("upsert", partial(self._upsert, tenant=tenant, document=document))
+            for document in documents
+        ]
 
     def _upsert(self, db: sqlite3.Connection, tenant: str, document: Document) -> bool:
         with _transaction(db):
@@ -406,6 +454,9 @@ class EmbeddedRetriever:
             if row is not None and row[0] == document.content_hash:
                 return False
             _check_dimension(db, tenant, document)
+            table = fts_table(tenant)
+            if table not in self._fts_tables:
+                _create_fts(db, table)
             removed = _delete_chunks(db, tenant, document.doc_id)
             db.execute(
                 "INSERT OR REPLACE INTO documents (tenant, doc_id, title, content_hash)"
@@ -415,6 +466,7 @@ class EmbeddedRetriever:
             added = _insert_chunks(db, tenant, document)
             generation = _bump_generation(db, tenant)
         # Only after the commit: a failed transaction leaves memory as it was, like the file.
+        self._fts_tables.add(table)
         self._apply(tenant, generation, removed, added, document)
         return True
 
@@ -553,14 +605,16 @@ def _delete_chunks(db: sqlite3.Connection, tenant: str, doc_id: str) -> list[int
             "SELECT id FROM chunks WHERE tenant = ? AND doc_id = ?", (tenant, doc_id)
         )
     ]
-    db.executemany("DELETE FROM chunks_fts WHERE rowid = ?", [(i,) for i in ids])
+    if ids:  # a tenant with chunks has its table
+        table = fts_table(tenant)
+        db.executemany(f"DELETE FROM {table} WHERE rowid = ?", [(i,) for i in ids])
     db.execute("DELETE FROM chunks WHERE tenant = ? AND doc_id = ?", (tenant, doc_id))
     return ids
 
 
 def _insert_chunks(db: sqlite3.Connection, tenant: str, document: Document) -> list[int]:
     ids = []
-    key = tenant_key(tenant)
+    table = fts_table(tenant)
     for chunk in document.chunks:
         blob = np.ascontiguousarray(chunk.embedding, dtype=np.float32).tobytes()
         cursor = db.execute(
@@ -571,12 +625,37 @@ def _insert_chunks(db: sqlite3.Connection, tenant: str, document: Document) -> l
         chunk_row = cursor.lastrowid
         assert chunk_row is not None  # always set after an INSERT on a rowid table
         db.execute(
-            "INSERT INTO chunks_fts (rowid, tenant_key, title, section, text)"
-            " VALUES (?, ?, ?, ?, ?)",
-            (chunk_row, key, document.title, chunk.section, chunk.text),
+            f"INSERT INTO {table} (rowid, title, section, text) VALUES (?, ?, ?, ?)",
+            (chunk_row, document.title, chunk.section, chunk.text),
         )
         ids.append(chunk_row)
     return ids
+
+
+def _migrate_shared_fts(db: sqlite3.Connection) -> None:
+    """Move the rows of the one FTS table all tenants shared into per-tenant tables.
+
+    One transaction: a crash leaves the old layout, and the next open migrates again. Two
+    processes opening the file at once serialise on the write lock; the second finds nothing
+    left to move. Every tenant's generation is bumped: its BM25 scores changed.
+    """
+    if not _table_exists(db, _LEGACY_FTS):
+        return
+    with _transaction(db):
+        if not _table_exists(db, _LEGACY_FTS):
+            return
+        tenants = [r[0] for r in db.execute("SELECT DISTINCT tenant FROM chunks")]
+        for tenant in tenants:
+            table = fts_table(tenant)
+            _create_fts(db, table)
+            db.execute(
+                f"INSERT INTO {table} (rowid, title, section, text)"
+                f" SELECT f.rowid, f.title, f.section, f.text FROM {_LEGACY_FTS} AS f"
+                " JOIN chunks ON chunks.id = f.rowid WHERE chunks.tenant = ?",
+                (tenant,),
+            )
+        db.execute(f"DROP TABLE {_LEGACY_FTS}")
+        db.execute("UPDATE tenants SET generation = generation + 1")
 
 
 def _generation(db: sqlite3.Connection, tenant: str) -> int:

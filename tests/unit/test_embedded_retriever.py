@@ -13,16 +13,19 @@ import numpy as np
 import pytest
 
 from backends.errors import BackendUnavailable
+from backends.retrieval import embedded
 from backends.retrieval.base import (
     MAX_DOCUMENT_CHUNKS,
     RRF_K,
     Chunk,
     Document,
+    EmptyDocument,
     Hit,
     RetrievalMode,
     SearchRequest,
 )
 from backends.retrieval.embedded import EmbeddedRetriever, fts_query
+from tests.fixtures import tenancy
 from tests.fixtures.documents import chunk_ids, make_doc
 from tests.fixtures.embeddings import unit_vector
 
@@ -298,3 +301,125 @@ async def test_concurrent_writes_and_searches_stay_consistent(index: EmbeddedRet
     hits = await index.search(SearchRequest("t", "common", unit_vector(0), k=50))
     assert len(hits) == 40
     assert await index.stats("t") == (40, 40)
+
+
+# -- tenancy of statistics, atomic writes, empty documents, the shared-table migration -------
+
+
+async def test_another_tenants_documents_never_move_a_tenants_ranking(
+    index: EmbeddedRetriever,
+) -> None:
+    """The membership oracle (tests/fixtures/tenancy.py) is closed: per-tenant FTS tables and
+    per-tenant exact cosine leave the prober's scores, not only its order, exactly as they were."""
+    await tenancy.seed_prober(index, 384)
+    before = await tenancy.observe(index, 384)
+    assert before.first == "p1#0"
+
+    await tenancy.seed_other(index, 384)
+
+    assert await tenancy.observe(index, 384) == before
+
+
+async def test_an_empty_document_is_refused_and_nothing_of_its_batch_is_written(
+    index: EmbeddedRetriever,
+) -> None:
+    empty = Document("headings-only", "Title", "h", ())
+    with pytest.raises(EmptyDocument) as refused:
+        await index.upsert_documents("t", [doc("fine", ["words"], [1]), empty])
+    assert refused.value.doc_id == "headings-only"
+    assert isinstance(refused.value, ValueError)
+    with pytest.raises(EmptyDocument):
+        await index.upsert_document("t", empty)
+    assert await index.stats("t") == (0, 0)
+    assert await index.generation("t") == 0
+
+
+async def test_a_write_that_fails_leaves_the_old_version_whole_and_a_retry_converges(
+    index: EmbeddedRetriever, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await index.upsert_document("t", doc("d", ["old one", "old two"], [1, 2]))
+    before = await index.generation("t")
+    real_bump = embedded._bump_generation
+
+    def fail_after_the_chunks(db: sqlite3.Connection, tenant: str) -> int:
+        raise sqlite3.OperationalError("disk I/O error")  # every new chunk is written by now
+
+    monkeypatch.setattr(embedded, "_bump_generation", fail_after_the_chunks)
+    new = doc("d", ["new one", "new two", "new three"], [3, 4, 5], rev="2")
+    with pytest.raises(BackendUnavailable):
+        await index.upsert_document("t", new)
+
+    assert [h.text for h in await index.document_chunks("t", "d")] == ["old one", "old two"]
+    assert await index.content_hash("t", "d") == "d-1"
+    assert await index.generation("t") == before
+    monkeypatch.setattr(embedded, "_bump_generation", real_bump)
+    assert await index.upsert_document("t", new) is True  # not "unchanged"
+    assert [h.text for h in await index.document_chunks("t", "d")] == [
+        "new one",
+        "new two",
+        "new three",
+    ]
+    hits = await index.search(SearchRequest("t", "old new", unit_vector(1), k=10))
+    assert sorted(h.text for h in hits) == ["new one", "new three", "new two"]
+
+
+_LEGACY_SCHEMA = """
+CREATE TABLE tenants (tenant TEXT PRIMARY KEY, generation INTEGER NOT NULL);
+CREATE TABLE documents (tenant TEXT NOT NULL, doc_id TEXT NOT NULL, title TEXT NOT NULL,
+    content_hash TEXT NOT NULL, PRIMARY KEY (tenant, doc_id));
+CREATE TABLE chunks (id INTEGER PRIMARY KEY, tenant TEXT NOT NULL, doc_id TEXT NOT NULL,
+    chunk_id TEXT NOT NULL, section TEXT NOT NULL, embedding BLOB NOT NULL);
+CREATE VIRTUAL TABLE chunks_fts USING fts5(tenant_key, title, section, text,
+    tokenize = "unicode61 remove_diacritics 2 tokenchars '-_'");
+"""
+
+
+def write_legacy_index(path: Path, rows: list[tuple[str, str, str]]) -> None:
+    """A file in the layout before per-tenant tables: one FTS table shared by every tenant."""
+    with closing(sqlite3.connect(path)) as db, db:
+        db.executescript(_LEGACY_SCHEMA)
+        for n, (tenant, doc_id, text) in enumerate(rows, start=1):
+            blob = unit_vector(n).tobytes()
+            db.execute("INSERT INTO documents VALUES (?, ?, ?, ?)", (tenant, doc_id, doc_id, "h"))
+            db.execute(
+                "INSERT INTO chunks VALUES (?, ?, ?, ?, '', ?)",
+                (n, tenant, doc_id, f"{doc_id}#0", blob),
+            )
+            db.execute(
+                "INSERT INTO chunks_fts (rowid, tenant_key, title, section, text)"
+                " VALUES (?, ?, ?, '', ?)",
+                (n, embedded.tenant_key(tenant), doc_id, text),
+            )
+            db.execute(
+                "INSERT INTO tenants VALUES (?, 1)"
+                " ON CONFLICT (tenant) DO UPDATE SET generation = generation + 1",
+                (tenant,),
+            )
+
+
+async def test_a_shared_fts_table_is_migrated_to_per_tenant_tables_on_open(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "index.sqlite3"
+    write_legacy_index(
+        path,
+        [("a", "a1", "apple pie recipe"), ("a", "a2", "pear tart"), ("b", "b1", "apple cider")],
+    )
+
+    async with EmbeddedRetriever(path) as index:
+        hits_a = await index.search(SearchRequest("a", "apple", unit_vector(1), mode="bm25"))
+        hits_b = await index.search(SearchRequest("b", "apple", unit_vector(3), mode="bm25"))
+        assert ids(hits_a) == ["a1#0"]
+        assert ids(hits_b) == ["b1#0"]
+        assert [h.text for h in await index.document_chunks("a", "a2")] == ["pear tart"]
+        # Scores changed with the statistics: cached answers of both tenants retire.
+        assert (await index.generation("a"), await index.generation("b")) == (3, 2)
+        assert await index.upsert_document("b", doc("b2", ["apple juice"], [9]))
+        assert await index.stats("b") == (2, 2)
+
+    with closing(sqlite3.connect(path)) as db:
+        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert "chunks_fts" not in tables
+    assert {embedded.fts_table("a"), embedded.fts_table("b")} <= tables
+    async with EmbeddedRetriever(path) as reopened:  # a second open has nothing to migrate
+        assert await reopened.generation("a") == 3
