@@ -1,11 +1,24 @@
 """OpenSearch hybrid retriever: BM25 + k-NN (lucene HNSW), tenant filter inside both arms, RRF.
 
 Layout in the cluster, all named from `OpenSearchConfig.alias` (say `qg`):
-- `qg` is an alias over one physical index `qg-v<N>`; `rebuild_index` builds `qg-v<N+1>` aside and
-  swaps the alias in one atomic `_aliases` call, so readers never see a half-built index.
-- an index template `qg` (pattern `qg-v*`) carries settings and mappings for every version.
+- `tenancy: index_per_tenant` (the default): each tenant has its own alias `qg-t<hash>` over one
+  physical index `qg-t<hash>-v<N>`, created by the tenant's first write, so BM25's statistics
+  (and the HNSW graph) hold that tenant's chunks only: nothing another tenant stores moves its
+  ranking. `tenancy: shared`: one alias `qg` over `qg-v<N>` for every tenant; scales to any
+  number of tenants, but BM25's document frequencies count every tenant's chunks, which lets a
+  tenant probe whether a word occurs in others' documents (see docs/opensearch.md).
+- `rebuild_index` builds `<alias>-v<N+1>` aside and swaps the alias in one atomic `_aliases`
+  call, so readers never see a half-built index.
+- an index template `qg` (patterns `qg-v*`, `qg-t*`) carries settings and mappings for every
+  version.
 - `qg-meta` holds one document per tenant with its generation counter.
 - `qg-rrf` is the server-side RRF search pipeline, created only when neural-search is installed.
+
+Writes are atomic per document as readers see them: a new version's chunks are indexed hidden
+(`pending: true`, under `_id`s that include its content hash, so they never overwrite the old
+version's), then one `_bulk` per document un-hides them and deletes every other chunk of the
+document. A document counts as stored with hash H only when every chunk it has is visible and
+carries H, so a write that failed anywhere is written again by a retry, never "unchanged".
 
 Every call has a bounded timeout and no transport retries, so a down or slow node surfaces as
 `BackendUnavailable` quickly; only bulk writes retry (bounded) on 429/5xx.
@@ -14,6 +27,7 @@ Every call has a bounded timeout and no transport retries, so a down or slow nod
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import re
 import unicodedata
@@ -41,6 +55,7 @@ from backends.retrieval.base import (
     SearchRequest,
     Vector,
     document_chunk_limit,
+    refuse_empty,
     rrf_fuse,
 )
 from backends.retrieval.stopwords import without_stopwords
@@ -55,6 +70,12 @@ _FIELD_SPEC = re.compile(r"^[A-Za-z_][\w.]*(\^\d+(\.\d+)?)?$")
 _CONTROL_OR_SPACE = re.compile(r"[\s\x00-\x1f\x7f]+")
 # A document's chunks are listed in one search page when a new version replaces them.
 MAX_CHUNKS_PER_DOCUMENT = 10_000
+# Operations per un-hide (flip) request; a document's flip is never split across two.
+_FLIP_BATCH = 5000
+# Hex digits of the tenant hash in per-tenant index names (96 bits).
+_TENANT_HASH = 24
+# Readers never see a chunk of a version whose write has not finished.
+_VISIBLE: Json = {"bool": {"must_not": {"term": {"pending": True}}}}
 # Documents per stored-state lookup, and hits per page of it.
 _LOOKUP_DOCS = 500
 _LOOKUP_PAGE = 1000
@@ -109,6 +130,13 @@ class OpenSearchConfig(BaseModel):
     max_query_chars: int = Field(default=2000, ge=1, le=100_000)
     # Lucene caps the clauses of a whole query (1024 by default); terms x fields must stay below.
     max_query_terms: int = Field(default=64, ge=1, le=1024)
+    # Whose chunks BM25's statistics count. "index_per_tenant": one index per tenant, so another
+    # tenant's documents never change a tenant's ranking; each costs a shard (plus replicas), and
+    # a node holds about 1,000 (cluster.max_shards_per_node), so it suits up to hundreds of
+    # tenants per data node. "shared": one index for every tenant, for many small tenants who
+    # accept that term statistics are shared (a tenant can test whether a word occurs in other
+    # tenants' documents from the ranking of its own). The default is the isolated one.
+    tenancy: Literal["shared", "index_per_tenant"] = "index_per_tenant"
 
     @field_validator("fields")
     @classmethod
@@ -126,8 +154,15 @@ class OpenSearchConfig(BaseModel):
     def pipeline(self) -> str:
         return f"{self.alias}-rrf"
 
-    def version_index(self, version: int) -> str:
-        return f"{self.alias}-v{version}"
+    def tenant_alias(self, tenant: str) -> str:
+        """The alias a tenant's chunks live behind: its own, or the shared one."""
+        if self.tenancy == "shared":
+            return self.alias
+        digest = hashlib.sha256(tenant.encode()).hexdigest()[:_TENANT_HASH]
+        return f"{self.alias}-t{digest}"
+
+    def version_index(self, version: int, alias: str | None = None) -> str:
+        return f"{alias or self.alias}-v{version}"
 
 
 def normalise_query(text: str, max_chars: int, max_terms: int) -> str:
@@ -142,9 +177,10 @@ def normalise_query(text: str, max_chars: int, max_terms: int) -> str:
     return " ".join(without_stopwords(kept)[:max_terms])
 
 
-def chunk_key(tenant: str, doc_id: str, chunk_id: str) -> str:
-    """The OpenSearch `_id` of a chunk: fixed length, and distinct per tenant by construction."""
-    raw = "\x1f".join((tenant, doc_id, chunk_id)).encode()
+def chunk_key(tenant: str, doc_id: str, content_hash: str, chunk_id: str) -> str:
+    """The OpenSearch `_id` of a chunk: fixed length, distinct per tenant and per version of the
+    document by construction, so writing a new version never overwrites the old one's chunks."""
+    raw = "\x1f".join((tenant, doc_id, content_hash, chunk_id)).encode()
     return hashlib.sha256(raw).hexdigest()
 
 
@@ -157,7 +193,7 @@ def index_template(config: OpenSearchConfig) -> Json:
     ids: Json = {"ids": {"type": "text", "analyzer": "qg_identifier"}}
     raw: Json = {"raw": {"type": "keyword", "ignore_above": 512}}
     return {
-        "index_patterns": [f"{config.alias}-v*"],
+        "index_patterns": [f"{config.alias}-v*", f"{config.alias}-t*"],
         "template": {
             "settings": {
                 "index": {
@@ -187,6 +223,7 @@ def index_template(config: OpenSearchConfig) -> Json:
                     "chunk_id": {"type": "keyword"},
                     "content_hash": {"type": "keyword"},
                     "generation": {"type": "long"},
+                    "pending": {"type": "boolean"},
                     "title": {"type": "text", "analyzer": "english", "fields": {**ids, **raw}},
                     "section": {"type": "text", "analyzer": "english"},
                     "text": {"type": "text", "analyzer": "english", "fields": ids},
@@ -242,10 +279,23 @@ class _Conflict(Exception):
 
 @dataclass
 class _Stored:
-    """A stored document as a write needs it: its hash and the keys of its chunks."""
+    """A stored document as a write needs it: its chunks' keys, hashes and visibility."""
 
-    content_hash: str = ""
     chunk_keys: list[str] = field(default_factory=list)
+    visible_keys: set[str] = field(default_factory=set)
+    visible_hashes: set[str] = field(default_factory=set)
+    hidden_hashes: set[str] = field(default_factory=set)
+
+    @property
+    def content_hash(self) -> str:
+        """The hash of the version readers see whole; "" when what they see is not one whole
+        version (a flip that failed part-way), so that a retry writes the document again.
+        Hidden chunks of another version (staging that failed) do not count: they are invisible
+        and the next write of the document deletes them."""
+        if len(self.visible_hashes) != 1:
+            return ""
+        (visible,) = self.visible_hashes
+        return "" if visible in self.hidden_hashes else visible
 
 
 class OpenSearchRetriever:
@@ -264,6 +314,9 @@ class OpenSearchRetriever:
             retry_on_timeout=False,
         )
         self._server_rrf: bool | None = None
+        # Per-tenant aliases known to exist (index_per_tenant); they are never removed but by
+        # drop_all.
+        self._tenant_aliases: set[str] = set()
         self._ready = False
         self._ready_lock = asyncio.Lock()
 
@@ -288,13 +341,16 @@ class OpenSearchRetriever:
             # Lookups and the template use the short read timeout, so a hung node fails the first
             # query fast; only index creation gets the write timeout.
             await self._client.indices.put_index_template(name=cfg.alias, body=index_template(cfg))
-            if not await self._client.indices.exists_alias(name=cfg.alias):
-                first = cfg.version_index(1)
-                await self._create_index(first)
-                await self._client.indices.update_aliases(
-                    body={"actions": [{"add": {"index": first, "alias": cfg.alias}}]},
-                    request_timeout=cfg.write_timeout_s,
-                )
+            # Indices created before the `pending` field existed get it (adding one is allowed).
+            await self._client.indices.put_mapping(
+                index=f"{cfg.alias}-v*,{cfg.alias}-t*",
+                body={"properties": {"pending": {"type": "boolean"}}},
+                allow_no_indices=True,
+                ignore_unavailable=True,
+                request_timeout=cfg.write_timeout_s,
+            )
+            if cfg.tenancy == "shared":
+                await self._create_alias(cfg.alias)
             meta_settings = {
                 "number_of_shards": 1,
                 "number_of_replicas": cfg.number_of_replicas,
@@ -310,6 +366,29 @@ class OpenSearchRetriever:
                     timeout=cfg.write_timeout_s,
                 )
         self._ready = True
+
+    async def _create_alias(self, alias: str) -> None:
+        """`<alias>-v1` behind `alias`, unless the alias exists. Idempotent under races: the
+        index creation tolerates a winner, and adding an existing alias is a no-op."""
+        if await self._client.indices.exists_alias(name=alias):
+            return
+        first = self.config.version_index(1, alias)
+        await self._create_index(first)
+        await self._client.indices.update_aliases(
+            body={"actions": [{"add": {"index": first, "alias": alias}}]},
+            request_timeout=self.config.write_timeout_s,
+        )
+
+    async def _writable(self, tenant: str) -> str:
+        """The tenant's alias, its index created on the tenant's first write."""
+        await self._ensure_ready()
+        alias = self.config.tenant_alias(tenant)
+        if self.config.tenancy == "shared" or alias in self._tenant_aliases:
+            return alias
+        with _translated("ensure_tenant_index"):
+            await self._create_alias(alias)
+        self._tenant_aliases.add(alias)
+        return alias
 
     async def _ensure_ready(self) -> None:
         """Run `ensure_index` once, on first use: the gateway needs no separate bootstrap step."""
@@ -335,9 +414,10 @@ class OpenSearchRetriever:
         """Delete every index, template and pipeline of this alias (tests, teardown)."""
         cfg = self.config
         self._ready = False
+        self._tenant_aliases.clear()
         with _translated("drop_all"):
             await self._client.indices.delete(
-                index=f"{cfg.alias}-v*,{cfg.meta_index}",
+                index=f"{cfg.alias}-v*,{cfg.alias}-t*,{cfg.meta_index}",
                 ignore_unavailable=True,
                 request_timeout=cfg.write_timeout_s,
             )
@@ -351,13 +431,31 @@ class OpenSearchRetriever:
 
     # -- index versions ----------------------------------------------------------------------
 
-    async def current_index(self) -> str:
-        """The physical index the alias points at now."""
+    def _versioned_alias(self, tenant: str | None) -> str:
+        """The alias `current_index`/`rebuild_index`/`drop_index` act on."""
+        if self.config.tenancy == "shared":
+            return self.config.alias
+        if tenant is None:
+            raise ValueError("tenancy is index_per_tenant: name the tenant whose index to use")
+        return self.config.tenant_alias(tenant)
+
+    async def current_index(self, tenant: str | None = None) -> str:
+        """The physical index the alias (shared, or the tenant's) points at now."""
+        alias = self._versioned_alias(tenant)
         with _translated("current_index"):
-            aliases = await self._client.indices.get_alias(name=self.config.alias)
+            aliases = await self._client.indices.get_alias(name=alias)
         return str(next(iter(aliases)))
 
-    async def rebuild_index(self) -> tuple[str, str]:
+    async def tenant_indices(self) -> dict[str, str]:
+        """Every versioned alias of this layout and the index behind it."""
+        cfg = self.config
+        with _translated("tenant_indices"):
+            found = await self._client.indices.get_alias(
+                index=f"{cfg.alias}-v*,{cfg.alias}-t*", ignore_unavailable=True
+            )
+        return {alias: index for index, entry in found.items() for alias in entry["aliases"]}
+
+    async def rebuild_index(self, tenant: str | None = None) -> tuple[str, str]:
         """Copy the live index into a new version (current template) and swap the alias to it.
 
         Returns (new index, old index). The old index is left in place so queries already running
@@ -366,8 +464,9 @@ class OpenSearchRetriever:
         """
         await self._ensure_ready()
         cfg = self.config
-        old = await self.current_index()
-        new = cfg.version_index(int(old.rsplit("-v", 1)[1]) + 1)
+        alias = self._versioned_alias(tenant)
+        old = await self.current_index(tenant)
+        new = cfg.version_index(int(old.rsplit("-v", 1)[1]) + 1, alias)
         with _translated("rebuild_index"):
             await self._create_index(new)
             await self._client.reindex(
@@ -379,17 +478,17 @@ class OpenSearchRetriever:
             await self._client.indices.update_aliases(
                 body={
                     "actions": [
-                        {"remove": {"index": old, "alias": cfg.alias}},
-                        {"add": {"index": new, "alias": cfg.alias}},
+                        {"remove": {"index": old, "alias": alias}},
+                        {"add": {"index": new, "alias": alias}},
                     ]
                 },
                 request_timeout=cfg.write_timeout_s,
             )
         return new, old
 
-    async def drop_index(self, index: str) -> None:
-        if index == await self.current_index():
-            raise ValueError(f"{index} is live behind {self.config.alias}")
+    async def drop_index(self, index: str, tenant: str | None = None) -> None:
+        if index == await self.current_index(tenant):
+            raise ValueError(f"{index} is live behind {self._versioned_alias(tenant)}")
         with _translated("drop_index"):
             await self._client.indices.delete(
                 index=index, request_timeout=self.config.write_timeout_s
@@ -417,8 +516,10 @@ class OpenSearchRetriever:
         if not arms:
             return []
         lines: list[Json] = []
+        index = self.config.tenant_alias(request.tenant)
         for _, body in arms:
-            lines += [{"index": self.config.alias}, body]
+            # A tenant without an index yet (index_per_tenant) has no hits, not an error.
+            lines += [{"index": index, "ignore_unavailable": True}, body]
         with _translated("search"):
             response = await self._client.msearch(body=lines)
         ranked = {
@@ -447,7 +548,9 @@ class OpenSearchRetriever:
         }
         with _translated("search"):
             response = await self._client.search(
-                index=self.config.alias, body=body, params={"search_pipeline": self.config.pipeline}
+                index=self.config.tenant_alias(request.tenant),
+                body=body,
+                params={"search_pipeline": self.config.pipeline, "ignore_unavailable": "true"},
             )
         raw = response["hits"]["hits"]
         fused = [(h["_id"], float(h["_score"])) for h in raw]
@@ -460,7 +563,7 @@ class OpenSearchRetriever:
             "query": {
                 "bool": {
                     "must": {"multi_match": {"query": text, "fields": list(self.config.fields)}},
-                    "filter": [{"term": {"tenant": request.tenant}}],
+                    "filter": [{"term": {"tenant": request.tenant}}, _VISIBLE],
                 }
             },
         }
@@ -476,7 +579,9 @@ class OpenSearchRetriever:
                         "k": request.candidates,
                         # Efficient filtering: HNSW search restricted to the tenant's documents,
                         # so a k-NN arm never comes back short or with another tenant's chunk.
-                        "filter": {"term": {"tenant": request.tenant}},
+                        "filter": {
+                            "bool": {"filter": [{"term": {"tenant": request.tenant}}, _VISIBLE]}
+                        },
                     }
                 }
             },
@@ -487,11 +592,13 @@ class OpenSearchRetriever:
         body = {
             "size": document_chunk_limit(limit),
             "_source": {"excludes": ["embedding"]},
-            "query": _doc_filter(tenant, doc_id),
+            "query": _doc_filter(tenant, doc_id, visible_only=True),
             "sort": _READING_ORDER,
         }
         with _translated("document_chunks"):
-            response = await self._client.search(index=self.config.alias, body=body)
+            response = await self._client.search(
+                index=self.config.tenant_alias(tenant), body=body, ignore_unavailable=True
+            )
         return [_read_hit(h["_source"]) for h in response["hits"]["hits"]]
 
     async def content_hash(self, tenant: str, doc_id: str) -> str | None:
@@ -499,7 +606,10 @@ class OpenSearchRetriever:
 
     async def content_hashes(self, tenant: str, doc_ids: Sequence[str]) -> dict[str, str]:
         stored = await self._stored(tenant, doc_ids)
-        return {doc_id: entry.content_hash for doc_id, entry in stored.items()}
+        # A document none of whose chunks readers see (a delete that failed part-way) is absent.
+        return {
+            doc_id: entry.content_hash for doc_id, entry in stored.items() if entry.visible_keys
+        }
 
     async def generation(self, tenant: str) -> int:
         await self._ensure_ready()
@@ -517,25 +627,29 @@ class OpenSearchRetriever:
         body = {
             "size": 0,
             "track_total_hits": True,
-            "query": {"term": {"tenant": tenant}},
+            "query": {"bool": {"filter": [{"term": {"tenant": tenant}}, _VISIBLE]}},
             # Exact below the precision threshold, which is the most OpenSearch allows.
             "aggs": {"docs": {"cardinality": {"field": "doc_id", "precision_threshold": 40000}}},
         }
         with _translated("stats"):
-            response = await self._client.search(index=self.config.alias, body=body)
-        return int(response["aggregations"]["docs"]["value"]), int(
-            response["hits"]["total"]["value"]
-        )
+            response = await self._client.search(
+                index=self.config.tenant_alias(tenant), body=body, ignore_unavailable=True
+            )
+        # No aggregations at all when the tenant has no index yet.
+        docs = response.get("aggregations", {}).get("docs", {}).get("value", 0)
+        return int(docs), int(response["hits"]["total"]["value"])
 
     async def ping(self) -> None:
         await self._ensure_ready()
+        # The shared index, or (index_per_tenant) the meta index every write goes through.
+        index = self.config.alias if self.config.tenancy == "shared" else self.config.meta_index
         with _translated("ping"):
             try:
-                health = await self._client.cluster.health(index=self.config.alias)
+                health = await self._client.cluster.health(index=index)
             except NotFoundError as exc:
-                raise BackendUnavailable(BACKEND, f"index {self.config.alias} missing") from exc
+                raise BackendUnavailable(BACKEND, f"index {index} missing") from exc
         if health["status"] == "red":
-            raise BackendUnavailable(BACKEND, f"index {self.config.alias} is red")
+            raise BackendUnavailable(BACKEND, f"index {index} is red")
 
     # -- writes ------------------------------------------------------------------------------
 
@@ -544,9 +658,12 @@ class OpenSearchRetriever:
 
     async def upsert_documents(self, tenant: str, documents: Sequence[Document]) -> list[bool]:
         """Many documents in few requests: one lookup of what is stored, shared `_bulk`
-        batches, one generation bump."""
+        batches of hidden chunks, one un-hiding `_bulk` per document (several documents share
+        one when small), one generation bump."""
+        refuse_empty(documents)
         for document in documents:
             self._check_document(document)
+        index = await self._writable(tenant)
         stored = await self._stored(tenant, [d.doc_id for d in documents])
         old = [stored.get(d.doc_id, _Stored()) for d in documents]
         changed = [o.content_hash != d.content_hash for o, d in zip(old, documents, strict=True)]
@@ -554,11 +671,23 @@ class OpenSearchRetriever:
             return changed
         # Informational stamp on the chunks: the generation this change is expected to produce.
         generation = await self.generation(tenant) + 1
-        ops: list[Json] = []
+        staged: list[Json] = []
+        flips: list[list[Json]] = []
         for document, previous, change in zip(documents, old, changed, strict=True):
             if change:
-                ops += self._document_ops(tenant, document, generation, previous.chunk_keys)
-        await self._bulk(ops)
+                hidden, flip = self._document_ops(index, tenant, document, generation, previous)
+                staged += hidden
+                flips.append(flip)
+        # 1. The new versions' chunks, hidden from every reader: a failure here leaves the old
+        # versions whole. No refresh: nobody may see them yet, the flip refreshes.
+        await self._bulk(staged, refresh="false")
+        try:
+            # 2. Per document, un-hide its new chunks and delete all others in one request.
+            await self._flip(flips)
+        except BaseException:
+            # Part of a flip may be visible: retire the tenant's cached answers all the same.
+            await self._bump_after_failure(tenant)
+            raise
         # Bump only once the change is visible: an answer computed from the old content can then
         # never be cached under the new generation.
         await self._bump_generation(tenant)
@@ -567,19 +696,25 @@ class OpenSearchRetriever:
     def _check_document(self, document: Document) -> None:
         if len(document.chunks) > MAX_CHUNKS_PER_DOCUMENT:
             raise ValueError(f"{document.doc_id}: more than {MAX_CHUNKS_PER_DOCUMENT} chunks")
+        if len({chunk.chunk_id for chunk in document.chunks}) != len(document.chunks):
+            raise ValueError(f"{document.doc_id}: chunk ids must be unique")
         for chunk in document.chunks:
             self._check_vector(chunk.embedding)
 
     def _document_ops(
-        self, tenant: str, document: Document, generation: int, old_keys: list[str]
-    ) -> list[Json]:
-        stale = set(old_keys)
-        ops: list[Json] = []
+        self, index: str, tenant: str, document: Document, generation: int, previous: _Stored
+    ) -> tuple[list[Json], list[Json]]:
+        """(index ops for the new version's hidden chunks, the document's flip ops)."""
+        hidden: list[Json] = []
+        flip: list[Json] = []
+        new_keys: set[str] = set()
         for chunk in document.chunks:
-            key = chunk_key(tenant, document.doc_id, chunk.chunk_id)
-            stale.discard(key)
-            ops += [
-                {"index": {"_index": self.config.alias, "_id": key}},
+            key = chunk_key(tenant, document.doc_id, document.content_hash, chunk.chunk_id)
+            new_keys.add(key)
+            if key in previous.visible_keys:
+                continue  # this version's chunk, made visible by an earlier, partial attempt
+            hidden += [
+                {"index": {"_index": index, "_id": key}},
                 {
                     "tenant": tenant,
                     "doc_id": document.doc_id,
@@ -589,39 +724,65 @@ class OpenSearchRetriever:
                     "text": chunk.text,
                     "content_hash": document.content_hash,
                     "generation": generation,
+                    "pending": True,
                     "embedding": chunk.embedding.astype(float).tolist(),
                 },
             ]
-        # New chunks and the removal of chunks the new version no longer has go in the same
-        # requests, so readers see old and new side by side for at most one refresh.
-        return ops + _delete_ops(self.config.alias, sorted(stale))
+            flip += [{"update": {"_index": index, "_id": key}}, {"doc": {"pending": False}}]
+        stale = sorted(set(previous.chunk_keys) - new_keys)
+        return hidden, flip + _delete_ops(index, stale)
+
+    async def _flip(self, flips: list[list[Json]]) -> None:
+        """Send each document's flip whole; small ones share a request."""
+        batch: list[Json] = []
+        for flip in flips:
+            if batch and len(batch) + len(flip) > 2 * _FLIP_BATCH:
+                await self._bulk_whole(batch)
+                batch = []
+            batch += flip
+        if batch:
+            await self._bulk_whole(batch)
+
+    async def _bump_after_failure(self, tenant: str) -> None:
+        """Best effort: the node may be down, and the caller's error is the one to raise."""
+        with contextlib.suppress(Exception):
+            await asyncio.shield(self._bump_generation(tenant))
 
     async def _stored(self, tenant: str, doc_ids: Sequence[str]) -> dict[str, _Stored]:
-        """What is stored of these documents: content hash and chunk keys, by doc id."""
+        """What is stored of these documents, hidden chunks included, by doc id."""
         await self._ensure_ready()
         found: dict[str, _Stored] = {}
         for start in range(0, len(doc_ids), _LOOKUP_DOCS):
             part = list(dict.fromkeys(doc_ids[start : start + _LOOKUP_DOCS]))
             async for hit in self._hits_of(tenant, part):
                 source = hit["_source"]
-                entry = found.setdefault(source["doc_id"], _Stored(source["content_hash"]))
-                entry.chunk_keys.append(str(hit["_id"]))
+                entry = found.setdefault(source["doc_id"], _Stored())
+                key = str(hit["_id"])
+                entry.chunk_keys.append(key)
+                if source.get("pending", False):
+                    entry.hidden_hashes.add(str(source["content_hash"]))
+                else:
+                    entry.visible_keys.add(key)
+                    entry.visible_hashes.add(str(source["content_hash"]))
         return found
 
     async def _hits_of(self, tenant: str, doc_ids: list[str]) -> AsyncIterator[Json]:
         """Every chunk of the documents, paged with search_after (no result-window limit)."""
         body: Json = {
             "size": _LOOKUP_PAGE,
-            "_source": ["doc_id", "content_hash"],
+            "_source": ["doc_id", "content_hash", "pending"],
             "query": {
                 "bool": {"filter": [{"term": {"tenant": tenant}}, {"terms": {"doc_id": doc_ids}}]}
             },
-            "sort": [{"doc_id": "asc"}, {"chunk_id": "asc"}],
+            "sort": [{"doc_id": "asc"}, {"chunk_id": "asc"}, {"content_hash": "asc"}],
         }
         while True:
             with _translated("stored"):
                 response = await self._client.search(
-                    index=self.config.alias, body=body, request_timeout=self.config.write_timeout_s
+                    index=self.config.tenant_alias(tenant),
+                    body=body,
+                    ignore_unavailable=True,
+                    request_timeout=self.config.write_timeout_s,
                 )
             hits = response["hits"]["hits"]
             for hit in hits:
@@ -631,11 +792,22 @@ class OpenSearchRetriever:
             body["search_after"] = hits[-1]["sort"]
 
     async def delete_document(self, tenant: str, doc_id: str) -> bool:
+        """Hide every chunk in one request, then delete them: readers lose the document at
+        once, and a delete that failed part-way leaves hidden chunks that a retry finds."""
         await self._ensure_ready()
+        index = self.config.tenant_alias(tenant)
         ids = await self._chunk_ids(tenant, doc_id)
         if not ids:
             return False
-        await self._bulk(_delete_ops(self.config.alias, ids))
+        hide: list[Json] = []
+        for key in ids:
+            hide += [{"update": {"_index": index, "_id": key}}, {"doc": {"pending": True}}]
+        try:
+            await self._bulk_whole(hide)
+            await self._bulk(_delete_ops(index, ids))
+        except BaseException:
+            await self._bump_after_failure(tenant)
+            raise
         await self._bump_generation(tenant)
         return True
 
@@ -647,7 +819,10 @@ class OpenSearchRetriever:
         }
         with _translated("chunk_ids"):
             response = await self._client.search(
-                index=self.config.alias, body=body, request_timeout=self.config.write_timeout_s
+                index=self.config.tenant_alias(tenant),
+                body=body,
+                ignore_unavailable=True,
+                request_timeout=self.config.write_timeout_s,
             )
         return [str(h["_id"]) for h in response["hits"]["hits"]]
 
@@ -683,16 +858,20 @@ class OpenSearchRetriever:
             raise _Conflict
         return value
 
-    async def _bulk(self, ops: Sequence[Json]) -> None:
+    async def _bulk(self, ops: Sequence[Json], refresh: str | None = None) -> None:
         """Send `ops` (action+source pairs, lone deletes) in bounded, retried batches."""
         for batch in _batches(ops, self.config.bulk_batch_size):
-            try:
-                await self._bulk_with_retries(batch)
-            except _RetryableBulk as exc:
-                attempts = self.config.bulk_max_attempts
-                raise BackendUnavailable(BACKEND, f"bulk: {exc} after {attempts} attempts") from exc
+            await self._bulk_whole(batch, refresh)
 
-    async def _bulk_with_retries(self, batch: list[Json]) -> None:
+    async def _bulk_whole(self, batch: list[Json], refresh: str | None = None) -> None:
+        """Send `batch` as one request (items the node rejects as busy go again, alone)."""
+        try:
+            await self._bulk_with_retries(batch, refresh or self.config.write_refresh)
+        except _RetryableBulk as exc:
+            attempts = self.config.bulk_max_attempts
+            raise BackendUnavailable(BACKEND, f"bulk: {exc} after {attempts} attempts") from exc
+
+    async def _bulk_with_retries(self, batch: list[Json], refresh: str) -> None:
         pending = batch
         async for attempt in AsyncRetrying(
             retry=retry_if_exception_type((_RetryableBulk, BackendUnavailable)),
@@ -702,17 +881,17 @@ class OpenSearchRetriever:
         ):
             with attempt:
                 try:
-                    await self._bulk_once(pending)
+                    await self._bulk_once(pending, refresh)
                 except _RetryableBulk as exc:
                     # Only the rejected operations go again; the rest are already stored.
                     pending = exc.pending
                     raise
 
-    async def _bulk_once(self, lines: list[Json]) -> None:
+    async def _bulk_once(self, lines: list[Json], refresh: str) -> None:
         with _translated("bulk"):
             response = await self._client.bulk(
                 body=lines,
-                refresh=self.config.write_refresh,
+                refresh=refresh,
                 request_timeout=self.config.write_timeout_s,
             )
         if not response["errors"]:
@@ -762,8 +941,9 @@ def _rrf_pipeline() -> Json:
     }
 
 
-def _doc_filter(tenant: str, doc_id: str) -> Json:
-    return {"bool": {"filter": [{"term": {"tenant": tenant}}, {"term": {"doc_id": doc_id}}]}}
+def _doc_filter(tenant: str, doc_id: str, *, visible_only: bool = False) -> Json:
+    terms: list[Json] = [{"term": {"tenant": tenant}}, {"term": {"doc_id": doc_id}}]
+    return {"bool": {"filter": terms + ([_VISIBLE] if visible_only else [])}}
 
 
 def _delete_ops(index: str, ids: Sequence[str]) -> list[Json]:
@@ -771,7 +951,7 @@ def _delete_ops(index: str, ids: Sequence[str]) -> list[Json]:
 
 
 def _operations(lines: list[Json]) -> Iterator[list[Json]]:
-    """Group bulk lines into operations: delete stands alone, index carries its source line."""
+    """Group bulk lines into operations: delete stands alone, index and update carry a body."""
     i = 0
     while i < len(lines):
         width = 1 if "delete" in lines[i] else 2

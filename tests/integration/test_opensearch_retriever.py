@@ -10,7 +10,7 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
-from typing import Literal
+from typing import Any, Literal
 
 import aiohttp
 import pytest
@@ -23,12 +23,19 @@ from backends.retrieval.base import (
     RRF_K,
     Chunk,
     Document,
+    EmptyDocument,
     Hit,
     RetrievalMode,
     SearchRequest,
     Vector,
 )
-from backends.retrieval.opensearch import OpenSearchConfig, OpenSearchRetriever, normalise_query
+from backends.retrieval.opensearch import (
+    Json,
+    OpenSearchConfig,
+    OpenSearchRetriever,
+    normalise_query,
+)
+from tests.fixtures import tenancy
 from tests.fixtures.documents import chunk_ids, make_doc
 from tests.fixtures.embeddings import unit_vector as fixture_unit_vector
 from tests.fixtures.opensearch import TEST_DIMENSION, RetrieverFactory, opensearch_request
@@ -70,7 +77,8 @@ async def test_query_normalisation_caps_size_and_drops_wordless_input() -> None:
 async def test_mapping_uses_lucene_hnsw_cosinesimil(
     opensearch_retriever: OpenSearchRetriever, opensearch_url: str
 ) -> None:
-    index = await opensearch_retriever.current_index()
+    await opensearch_retriever.upsert_document("mapping", doc("m", ["words"], [1]))
+    index = await opensearch_retriever.current_index("mapping")
     mapping = opensearch_request(opensearch_url, f"/{index}/_mapping")[index]["mappings"]
     method = mapping["properties"]["embedding"]["method"]
     assert mapping["properties"]["embedding"]["dimension"] == TEST_DIMENSION
@@ -81,17 +89,39 @@ async def test_mapping_uses_lucene_hnsw_cosinesimil(
     )
 
 
-async def test_first_use_creates_the_index_layout(opensearch_url: str) -> None:
+@pytest.mark.parametrize("tenancy", ["shared", "index_per_tenant"])
+async def test_first_use_creates_the_index_layout(
+    opensearch_url: str, tenancy: Literal["shared", "index_per_tenant"]
+) -> None:
     config = OpenSearchConfig(
-        hosts=(opensearch_url,), alias=f"qgtest-lazy-{uuid.uuid4().hex[:8]}", dimension=16
+        hosts=(opensearch_url,),
+        alias=f"qgtest-lazy-{uuid.uuid4().hex[:8]}",
+        dimension=16,
+        tenancy=tenancy,
     )
     async with OpenSearchRetriever(config) as retriever:
         try:
+            # A tenant that never wrote reads as empty, whether or not its index exists yet.
             assert await retriever.search(SearchRequest("t", "empty", unit_vector(1))) == []
+            assert await retriever.document_chunks("t", "first") == []
+            assert await retriever.stats("t") == (0, 0)
+            assert await retriever.content_hash("t", "first") is None
+            await retriever.ping()
             assert await retriever.upsert_document("t", doc("first", ["hello"], [1])) is True
-            assert await retriever.current_index() == f"{config.alias}-v1"
+            expected = config.alias if tenancy == "shared" else config.tenant_alias("t")
+            assert expected.startswith(config.alias)
+            assert await retriever.current_index("t") == f"{expected}-v1"
+            assert await retriever.tenant_indices() == {expected: f"{expected}-v1"}
         finally:
             await retriever.drop_all()
+
+
+async def test_index_per_tenant_needs_the_tenant_to_name_an_index(
+    opensearch_retriever: OpenSearchRetriever,
+) -> None:
+    assert opensearch_retriever.config.tenancy == "index_per_tenant"  # the default
+    with pytest.raises(ValueError, match="tenant"):
+        await opensearch_retriever.current_index()
 
 
 async def test_hybrid_fuses_both_arms_with_rrf(
@@ -263,14 +293,15 @@ async def test_generation_counts_concurrent_changes_exactly(
     assert await opensearch_retriever.generation("nobody") == 0
 
 
+@pytest.mark.parametrize("tenancy", ["shared", "index_per_tenant"])
 async def test_alias_swap_under_concurrent_queries_fails_no_query(
-    make_opensearch_retriever: RetrieverFactory,
+    make_opensearch_retriever: RetrieverFactory, tenancy: str
 ) -> None:
-    retriever = await make_opensearch_retriever()
+    retriever = await make_opensearch_retriever(tenancy=tenancy)
     tenant = "swap"
     for n in range(20):
         await retriever.upsert_document(tenant, doc(f"s{n}", [f"swap test {n}"], [200 + n]))
-    old = await retriever.current_index()
+    old = await retriever.current_index(tenant)
     request = SearchRequest(tenant, "swap test", unit_vector(205), k=5)
     stop = asyncio.Event()
     results: list[int] = []
@@ -281,15 +312,16 @@ async def test_alias_swap_under_concurrent_queries_fails_no_query(
 
     queriers = [asyncio.create_task(query_until_stopped()) for _ in range(4)]
     try:
-        new, previous = await retriever.rebuild_index()
+        new, previous = await retriever.rebuild_index(tenant)
         await asyncio.sleep(0.2)  # let queries run against the new index too
     finally:
         stop.set()
         await asyncio.gather(*queriers)  # any failed query raises here
 
-    assert previous == old != new == await retriever.current_index()
+    assert previous == old != new == await retriever.current_index(tenant)
+    assert new.endswith("-v2") and new.startswith(retriever.config.tenant_alias(tenant))
     assert results and all(n == 5 for n in results)
-    await retriever.drop_index(old)
+    await retriever.drop_index(old, tenant)
     assert await retriever.stats(tenant) == (20, 20)
 
 
@@ -571,13 +603,16 @@ async def bulk_rejecting_proxy(
 
 
 @asynccontextmanager
-async def retriever_via(url: str, attempts: int) -> AsyncIterator[OpenSearchRetriever]:
+async def retriever_via(
+    url: str, attempts: int, **overrides: Any
+) -> AsyncIterator[OpenSearchRetriever]:
     config = OpenSearchConfig(
         hosts=(url,),
         alias=f"qgtest-proxy-{uuid.uuid4().hex[:8]}",
         dimension=TEST_DIMENSION,
         bulk_max_attempts=attempts,
         use_server_side_rrf="off",
+        **overrides,
     )
     async with OpenSearchRetriever(config) as retriever:
         try:
@@ -597,7 +632,8 @@ async def test_rejected_bulk_writes_are_retried_until_stored(
         stored = await retriever.upsert_document("t", doc("busy", ["a", "b", "c"], [1, 2, 3]))
 
         assert stored is True
-        assert calls == ["rejected", "rejected", "forwarded"]
+        # The hidden chunks (rejected twice, then stored), then the flip that shows them.
+        assert calls == ["rejected", "rejected", "forwarded", "forwarded"]
         assert await retriever.stats("t") == (1, 3)
 
 
@@ -649,3 +685,212 @@ async def test_stored_state_of_a_large_document_is_read_past_one_page(
     smaller = doc("big", ["the only chunk left"], [7], rev="2")
     assert await opensearch_retriever.upsert_document(tenant, smaller)
     assert await opensearch_retriever.stats(tenant) == (1, 1)
+
+
+# -- tenancy of statistics -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tenancy_mode", ["shared", "index_per_tenant"])
+async def test_membership_oracle_is_open_on_shared_and_closed_on_index_per_tenant(
+    make_opensearch_retriever: RetrieverFactory,
+    tenancy_mode: Literal["shared", "index_per_tenant"],
+) -> None:
+    """tests/fixtures/tenancy.py: which of its own documents ranks first tells the prober whether
+    another tenant's documents hold a word, when (and only when) BM25 statistics are shared."""
+    retriever = await make_opensearch_retriever(tenancy=tenancy_mode, use_server_side_rrf="off")
+    await tenancy.seed_prober(retriever, TEST_DIMENSION)
+    before = await tenancy.observe(retriever, TEST_DIMENSION)
+    assert before.first == "p1#0"
+
+    await tenancy.seed_other(retriever, TEST_DIMENSION)
+    after = await tenancy.observe(retriever, TEST_DIMENSION)
+
+    if tenancy_mode == "shared":
+        assert after.first == "p2#0"  # the leak, reproduced: "zorblax" is in others' documents
+    else:
+        assert after.bm25 == before.bm25  # the same order and the same scores
+    # k-NN with the tenant filter inside: the prober's dense ranking and cosines are unchanged
+    # in both modes (exact on this small filtered set; see docs/opensearch.md for HNSW).
+    assert [c for c, _ in after.dense] == [c for c, _ in before.dense]
+    assert [s for _, s in after.dense] == pytest.approx([s for _, s in before.dense])
+
+
+async def test_index_per_tenant_gives_each_tenant_its_own_index(
+    opensearch_retriever: OpenSearchRetriever, opensearch_url: str
+) -> None:
+    await opensearch_retriever.upsert_document("own-a", doc("a", ["alpha"], [1]))
+    await opensearch_retriever.upsert_document("own-b", doc("b", ["beta"], [2]))
+
+    index_a = await opensearch_retriever.current_index("own-a")
+    index_b = await opensearch_retriever.current_index("own-b")
+
+    assert index_a != index_b
+    for index, tenant in ((index_a, "own-a"), (index_b, "own-b")):
+        count = opensearch_request(opensearch_url, f"/{index}/_count")["count"]
+        assert count == 1, tenant
+        # The tenant id itself never appears in an index name (names are visible cluster-wide).
+        assert tenant not in index
+
+
+# -- empty documents and atomic writes -------------------------------------------------------
+
+
+async def test_an_empty_document_is_refused_and_nothing_of_its_batch_is_written(
+    opensearch_retriever: OpenSearchRetriever,
+) -> None:
+    tenant = f"empty-{uuid.uuid4().hex[:6]}"
+    empty = Document("headings-only", "Title", "h", ())
+    with pytest.raises(EmptyDocument) as refused:
+        await opensearch_retriever.upsert_documents(tenant, [doc("fine", ["words"], [1]), empty])
+    assert refused.value.doc_id == "headings-only"
+    assert await opensearch_retriever.stats(tenant) == (0, 0)
+    assert await opensearch_retriever.generation(tenant) == 0
+
+
+@asynccontextmanager
+async def bulk_killing_proxy(
+    upstream: str, forward: int, *, after_forwarding: bool = False
+) -> AsyncIterator[tuple[str, list[str], asyncio.Event]]:
+    """An HTTP proxy in front of the real node that forwards the first `forward` bulk calls and
+    then drops the connection of every later one (before forwarding it, or, with
+    `after_forwarding`, after the node applied it) until the yielded event is set.
+    Yields (url, log of bulk calls, heal)."""
+    calls: list[str] = []
+    heal = asyncio.Event()
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        bulk = request.path.endswith("/_bulk")
+        kill = bulk and not heal.is_set() and len(calls) >= forward
+        if bulk:
+            calls.append("killed" if kill else "forwarded")
+        if kill and not after_forwarding:
+            assert request.transport is not None
+            request.transport.abort()
+            return web.Response(status=499)
+        async with (
+            aiohttp.ClientSession() as session,
+            session.request(
+                request.method,
+                upstream + request.path_qs,
+                data=body,
+                headers={"content-type": request.headers.get("content-type", "application/json")},
+            ) as response,
+        ):
+            payload = await response.read()
+            if kill:
+                assert request.transport is not None
+                request.transport.abort()
+            return web.Response(
+                body=payload,
+                status=response.status,
+                headers={"content-type": response.headers["content-type"]},
+            )
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield f"http://127.0.0.1:{port}", calls, heal
+    finally:
+        await runner.cleanup()
+
+
+async def raw_chunks(url: str, retriever: OpenSearchRetriever, tenant: str) -> list[Json]:
+    """Every stored chunk of the tenant, hidden ones included, read past the retriever."""
+    index = retriever.config.tenant_alias(tenant)
+    opensearch_request(url, f"/{index}/_refresh")  # hidden chunks are written unrefreshed
+    found = opensearch_request(url, f"/{index}/_search?size=100&_source=chunk_id,text,pending")
+    return [h["_source"] for h in found["hits"]["hits"]]
+
+
+@pytest.mark.parametrize("tenancy_mode", ["shared", "index_per_tenant"])
+async def test_a_multi_batch_upsert_killed_part_way_leaves_the_old_version_and_a_retry_converges(
+    opensearch_url: str, tenancy_mode: str
+) -> None:
+    old = doc("d", [f"old {n}" for n in range(5)], list(range(5)))
+    new = doc("d", [f"new {n}" for n in range(7)], list(range(10, 17)), rev="2")
+    # Batches of 2 chunks: the new version takes 4 bulk requests, then the flip; the proxy
+    # forwards the old version's 3 + 1 and the new version's first 2, then kills the rest.
+    async with (
+        bulk_killing_proxy(opensearch_url, forward=4 + 2) as (url, calls, heal),
+        retriever_via(url, attempts=2, bulk_batch_size=2, tenancy=tenancy_mode) as retriever,
+    ):
+        assert await retriever.upsert_document("t", old) is True
+        generation = await retriever.generation("t")
+
+        with pytest.raises(BackendUnavailable):
+            await retriever.upsert_document("t", new)
+
+        assert calls[6:] == ["killed", "killed"]  # the third batch and its one retry
+        # Part of the new version is stored, hidden; readers see the old version whole.
+        assert any(c["pending"] for c in await raw_chunks(opensearch_url, retriever, "t"))
+        read = await retriever.document_chunks("t", "d")
+        assert [h.text for h in read] == [f"old {n}" for n in range(5)]
+        hits = await retriever.search(SearchRequest("t", "old new", unit_vector(12), k=20))
+        assert sorted(h.text for h in hits) == [f"old {n}" for n in range(5)]
+        assert await retriever.stats("t") == (1, 5)
+        assert await retriever.content_hash("t", "d") == "d-1"
+        assert await retriever.generation("t") == generation
+
+        heal.set()
+        assert await retriever.upsert_document("t", new) is True  # never "unchanged"
+
+        read = await retriever.document_chunks("t", "d")
+        assert [h.text for h in read] == [f"new {n}" for n in range(7)]
+        assert await retriever.stats("t") == (1, 7)
+        assert await retriever.content_hash("t", "d") == "d-2"
+        assert await retriever.generation("t") == generation + 1
+        stored = await raw_chunks(opensearch_url, retriever, "t")
+        assert sorted(c["text"] for c in stored) == [f"new {n}" for n in range(7)]
+        assert not any(c["pending"] for c in stored)
+        assert await retriever.upsert_document("t", new) is False
+
+
+async def test_a_flip_applied_but_unanswered_bumps_the_generation_and_a_retry_agrees(
+    opensearch_url: str,
+) -> None:
+    new = doc("d", ["new text"], [2], rev="2")
+    # Old version: 1 + 1 bulk calls; the new version's hidden chunks forwarded; its flip reaches
+    # the node, which applies it, and the answer is lost.
+    async with (
+        bulk_killing_proxy(opensearch_url, forward=3, after_forwarding=True) as (url, calls, heal),
+        retriever_via(url, attempts=1) as retriever,
+    ):
+        await retriever.upsert_document("t", doc("d", ["old text"], [1]))
+        generation = await retriever.generation("t")
+
+        with pytest.raises(BackendUnavailable):
+            await retriever.upsert_document("t", new)
+
+        # The change is visible, so the cached answers of the old content must already be gone.
+        assert await retriever.generation("t") == generation + 1
+        assert [h.text for h in await retriever.document_chunks("t", "d")] == ["new text"]
+        heal.set()
+        assert await retriever.upsert_document("t", new) is False  # stored: nothing to redo
+        assert calls == ["forwarded", "forwarded", "forwarded", "killed"]
+
+
+async def test_a_delete_killed_part_way_hides_the_document_and_a_retry_finishes_it(
+    opensearch_url: str,
+) -> None:
+    async with (
+        bulk_killing_proxy(opensearch_url, forward=2 + 1) as (url, _calls, heal),
+        retriever_via(url, attempts=1) as retriever,
+    ):
+        await retriever.upsert_document("t", doc("d", ["one", "two"], [1, 2]))
+
+        with pytest.raises(BackendUnavailable):  # the chunks are hidden, their deletion killed
+            await retriever.delete_document("t", "d")
+
+        assert await retriever.document_chunks("t", "d") == []
+        assert await retriever.content_hash("t", "d") is None  # readers see no document
+        heal.set()
+        assert await retriever.delete_document("t", "d") is True
+        assert await retriever.delete_document("t", "d") is False
+        assert await retriever.stats("t") == (0, 0)
+        assert await raw_chunks(opensearch_url, retriever, "t") == []
