@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import http.client
+import json
 import uuid
+from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import requests
@@ -92,3 +96,78 @@ def test_an_empty_document_body_is_422(gw: GatewayProcess) -> None:
     resp = put(gw, "empty", "   ")
     assert resp.status_code == 422
     assert "text" in resp.json()["error"]["message"]
+
+
+def test_a_document_with_no_passage_is_422_and_changes_nothing(gw: GatewayProcess) -> None:
+    doc_id = f"headings-{uuid.uuid4().hex[:6]}"
+    resp = put(gw, doc_id, "# Acme headings\n\n## Only headings\n\n### Nothing under them\n")
+    assert resp.status_code == 422
+    assert "no passage" in resp.json()["error"]["message"]
+    url = f"{gw.url}/v1/documents/{doc_id}"
+    assert requests.delete(url, headers=gw.headers(), timeout=30).status_code == 404
+
+
+# -- document ids: one canonical form, sent byte for byte (requests and urllib3 would rewrite
+# escapes and dot segments before they reach the gateway) --------------------------------------
+
+
+def raw(gw: GatewayProcess, method: str, raw_id: str, text: str = "") -> tuple[int, Any]:
+    url = urlsplit(gw.url)
+    conn = http.client.HTTPConnection(url.hostname or "", url.port, timeout=30)
+    body = json.dumps({"text": text}) if method == "PUT" else None
+    try:
+        conn.request(method, f"/v1/documents/{raw_id}", body=body, headers=gw.headers())
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read())
+    finally:
+        conn.close()
+
+
+def test_a_slash_and_its_escape_name_one_document(gateway: GatewayProcess) -> None:
+    name = f"guides/setup-{uuid.uuid4().hex[:6]}.md"
+    text = "The Acme router is set up from its web page."
+    status, created = raw(gateway, "PUT", name.replace("/", "%2F"), text)
+    assert status == 201 and created["doc_id"] == name
+    assert raw(gateway, "PUT", name, text)[1]["result"] == "unchanged"
+    assert raw(gateway, "DELETE", name.replace("/", "%2f"))[1]["result"] == "deleted"
+    assert raw(gateway, "DELETE", name)[0] == 404
+
+
+def test_an_id_is_percent_decoded_once_and_nfc_normalised(gateway: GatewayProcess) -> None:
+    suffix = uuid.uuid4().hex[:6]
+    status, once = raw(gateway, "PUT", f"a%252Fb-{suffix}", "Acme notes, decoded once.")
+    assert status == 201 and once["doc_id"] == f"a%2Fb-{suffix}"
+    text = "The Acme cafe menu."
+    status, decomposed = raw(gateway, "PUT", f"cafe%CC%81-{suffix}", text)
+    assert status == 201 and decomposed["doc_id"] == f"caf\u00e9-{suffix}"
+    assert raw(gateway, "PUT", f"caf%C3%A9-{suffix}", text)[1]["result"] == "unchanged"
+
+
+@pytest.mark.parametrize(
+    ("raw_id", "rule"),
+    [
+        ("a%00b", "control"),
+        ("a%0Db", "control"),  # (a %0A never matches the route: 404)
+        ("a%1Bb", "control"),
+        ("a%E2%80%8Bb", "format"),  # a zero-width space
+        ("a%E2%80%AEb", "format"),  # a right-to-left override
+        ("%20a", "whitespace"),
+        ("a%09", "control"),
+        ("a%20", "whitespace"),
+        ("a%ZZ", "%XX"),
+        ("a%2", "%XX"),
+        ("%C3%28", "UTF-8"),
+        ("a//b", "segment"),
+        ("a/./b", "segment"),
+        ("a%2F..%2Fb", "segment"),
+        ("a/", "segment"),
+        ("x" * 513, "512"),
+    ],
+)
+def test_an_id_breaking_a_rule_is_422_naming_it(
+    gateway: GatewayProcess, raw_id: str, rule: str
+) -> None:
+    for method in ("PUT", "DELETE"):
+        status, body = raw(gateway, method, raw_id, "Some Acme text.")
+        assert status == 422, body
+        assert body["error"]["message"].startswith("doc_id: ") and rule in body["error"]["message"]
