@@ -12,6 +12,8 @@ Two classes of work share the one encoder:
   slice at a time, only when no query is waiting, round robin across bulk callers. A query
   therefore waits for at most one slice, never for a whole 500-chunk document (measured before
   this: a 450 KB PUT held the embedding thread for 25 s and other tenants' queries got 503s).
+  Slices of 16 chunks made queries under a write flood wait ~2 s on 2 cores; 4 keeps the
+  victim of tests/e2e/test_admission_load.py at p99 ~1.2 s.
 
 Isolation: texts are sanitised before batching (a lone UTF-16 surrogate, which the tokenizer
 refuses, becomes U+FFFD), and when a coalesced batch fails anyway each caller is retried alone,
@@ -75,7 +77,7 @@ class CoalescingEmbedder:
         max_batch: int = 64,
         *,
         bulk_threshold: int = 8,
-        bulk_slice: int = 16,
+        bulk_slice: int = 4,
     ) -> None:
         self._inner = inner
         self._max_batch = max_batch
