@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from backends.errors import BackendError
+from backends.errors import BackendError, BackendUnavailable, UpstreamError
 from gateway.errors import GatewayError
 from gateway.guard import request_guard
 from gateway.pipeline import QueryRequest, RequestContext
@@ -77,7 +77,7 @@ async def stream_answer(
     except Exception as exc:
         if not response.prepared:
             raise  # nothing sent yet: an ordinary JSON error with its status
-        await _end_with_error(response, fmt, exc)
+        await _end_with_error(response, fmt, exc, query.id)
         return response
     finally:
         preparing.cancel()  # a no-op when done; stops the work when the client went away
@@ -89,7 +89,7 @@ async def stream_answer(
                 chunk = fmt.delta(item) if isinstance(item, str) else fmt.done(item)
                 await response.write(chunk)
     except Exception as exc:
-        await _end_with_error(response, fmt, exc)
+        await _end_with_error(response, fmt, exc, query.id)
         return response
     await response.write_eof()
     return response
@@ -124,19 +124,35 @@ async def _open(request: web.Request, response: web.StreamResponse, fmt: StreamF
     await response.write(fmt.opening())
 
 
-async def _end_with_error(response: web.StreamResponse, fmt: StreamFormat, exc: Exception) -> None:
+# What a client reads when a stream fails after its headers went out: stable, and never the
+# text of a library's exception (it can carry hosts, keys' names, upstream bodies). The detail
+# goes to the log line, with the request id the client got in `X-Request-Id`.
+STREAM_ERRORS: dict[type[BackendError], tuple[str, str]] = {
+    BackendUnavailable: ("unavailable", "a dependency is unavailable; try again"),
+    UpstreamError: ("upstream_error", "the model's upstream failed; try again"),
+}
+_BACKEND_ERROR = ("unavailable", "a dependency failed; try again")
+_INTERNAL_ERROR = ("internal_error", "the answer failed; try again")
+
+
+async def _end_with_error(
+    response: web.StreamResponse, fmt: StreamFormat, exc: Exception, request_id: str
+) -> None:
     """Headers are out: the stream ends with an error event, never a silent cut."""
     if isinstance(exc, ConnectionError):
         raise exc  # the client went away: nobody to tell
+    extra = {"request_id": request_id, "error": str(exc), "error_class": type(exc).__name__}
     if isinstance(exc, GatewayError):
-        kind, message = exc.type, str(exc)
+        kind, message = exc.type, exc.message  # written for the client
+        log.warning("stream ended by an error", extra=extra)
     elif isinstance(exc, BackendError):
-        kind, message = "unavailable", str(exc)
+        kind, message = next(
+            (v for cls, v in STREAM_ERRORS.items() if isinstance(exc, cls)), _BACKEND_ERROR
+        )
+        log.warning("stream ended by an error", extra=extra)
     else:
-        log.exception("stream failed", exc_info=exc)
-        kind, message = "internal_error", "the answer failed; try again"
-    if kind != "internal_error":
-        log.warning("stream ended by an error", extra={"error": message})
+        kind, message = _INTERNAL_ERROR
+        log.exception("stream failed", exc_info=exc, extra=extra)
     await response.write(fmt.error(kind, message))
     await response.write_eof()
 

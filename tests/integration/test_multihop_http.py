@@ -129,8 +129,12 @@ async def test_a_model_failure_after_the_stream_opened_ends_it_with_an_error_eve
     assert resp.status == 200  # the headers had gone out with the first keep-alive
     raw = (await resp.read()).decode()
     assert ": keep-alive" in raw
-    assert "event: error" in raw
     assert "event: done" not in raw
+    event = raw.split("event: error\ndata: ", 1)[1].split("\n", 1)[0]
+    # a stable message, never the library's exception text (litellm's, the upstream's body)
+    assert json.loads(event) == {
+        "error": {"type": "upstream_error", "message": "the model's upstream failed; try again"}
+    }
 
 
 async def test_a_fast_failure_keeps_its_status(client: TestClient[Any, Any]) -> None:
