@@ -358,7 +358,7 @@ class Pipeline:
             tenant.id,
             self.routes,
             allow_force_route=tenant.allow_force_route,
-            whole_corpus_allowed=not tenant.per_user_access,
+            whole_corpus_allowed=tenant.allow_full_context,
         )
 
     async def _key(self, request: QueryRequest) -> str | None:

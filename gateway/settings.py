@@ -9,6 +9,7 @@ model keys by the name of the environment variable that holds them.
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -31,6 +32,8 @@ from backends.retrieval.opensearch import OpenSearchConfig
 from routers.agent import AgentConfig
 from routers.rules import RouterConfig
 from routers.types import Route
+
+log = logging.getLogger(__name__)
 
 _FROZEN = ConfigDict(extra="forbid", frozen=True)
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
@@ -108,8 +111,31 @@ class TenantConfig(BaseModel):
     api_key_sha256: tuple[str, ...] = Field(min_length=1)
     # May a request name its own route instead of "auto"?
     allow_force_route: bool = True
-    # Documents carry per-user access rules: never put the whole corpus in one context.
-    per_user_access: bool = False
+    # May a question be answered from the tenant's whole corpus at once (full context, when
+    # `router.full_context` is on and the corpus fits)? All that it controls: the gateway has
+    # no per-user access rules; a tenant whose documents need them must not share one corpus.
+    allow_full_context: bool = True
+
+    @model_validator(mode="before")
+    @classmethod
+    def _deprecated_per_user_access(cls, data: Any) -> Any:
+        """`per_user_access: true` was the old spelling of `allow_full_context: false`: it
+        still loads, with a warning, since it promised more than it ever did."""
+        if not isinstance(data, dict) or "per_user_access" not in data:
+            return data
+        data = dict(data)
+        old = data.pop("per_user_access")
+        if not isinstance(old, bool):
+            raise ValueError("per_user_access (deprecated) must be true or false")
+        if "allow_full_context" in data and data["allow_full_context"] is old:
+            raise ValueError("per_user_access (deprecated) contradicts allow_full_context")
+        data.setdefault("allow_full_context", not old)
+        log.warning(
+            "tenants: per_user_access is deprecated and only ever disabled full-context "
+            "answers; write allow_full_context: %s instead",
+            str(not old).lower(),
+        )
+        return data
 
     @field_validator("api_key_sha256", mode="before")
     @classmethod
