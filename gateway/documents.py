@@ -27,7 +27,7 @@ from gateway.handlers import parse_body
 from gateway.ingest.chunker import sections
 from gateway.ingest.pipeline import ingest_documents
 from gateway.ingest.readers import RawDocument
-from gateway.schemas import NonBlankStr
+from gateway.schemas import CleanStr, NonBlankStr
 
 MAX_DOC_ID_CHARS = 512
 MAX_DOCUMENT_CHARS = 500_000
@@ -61,7 +61,7 @@ def canonical_doc_id(raw: str) -> str:
 class DocumentBody(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
-    title: str = Field(default="", max_length=1000)
+    title: CleanStr = Field(default="", max_length=1000)
     # Blank text is refused: DELETE is how a document is removed.
     text: NonBlankStr = Field(max_length=MAX_DOCUMENT_CHARS)
 

@@ -8,6 +8,8 @@ from collections.abc import Awaitable
 from typing import TypeVar
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 
@@ -26,15 +28,36 @@ from gateway.wire import QueryResult, decision_body, query_body
 Model = TypeVar("Model", bound=BaseModel)
 
 
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def load_json(raw: bytes) -> object:
+    """The body as JSON, or 400 saying why not: strict UTF-8 and standard JSON only (no NaN or
+    Infinity), integers of at most 4,300 digits, nesting under Python's recursion limit."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadRequest(f"the body is not valid UTF-8: {exc.reason} at byte {exc.start}") from exc
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        raise BadRequest(f"the body is not valid JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise BadRequest("the body is not valid JSON: nested too deeply") from exc
+    except ValueError as exc:  # NaN, Infinity, an integer over 4,300 digits
+        reason = "an integer with over 4,300 digits" if "digits" in str(exc) else str(exc)
+        raise BadRequest(f"the body is not valid JSON: {reason}") from exc
+
+
 async def parse_body(request: web.Request, model: type[Model]) -> Model:
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
         raise PayloadTooLarge(f"request body over {request.client_max_size} bytes") from exc
-    try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"the body is not valid JSON: {exc}") from exc
+    except (HttpProcessingError, RequestPayloadError) as exc:  # corrupt gzip/deflate, chunks
+        raise BadRequest("the request body cannot be decoded (Content-Encoding?)") from exc
+    data = load_json(raw)
     if not isinstance(data, dict):
         raise BadRequest("the body must be a JSON object")
     try:

@@ -17,6 +17,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Middleware
+from aiohttp.web_protocol import RequestPayloadError
 from aiohttp.web_urldispatcher import SystemRoute
 
 from backends.errors import BackendUnavailable, UpstreamError
@@ -271,6 +272,8 @@ async def _read_body(request: web.Request, timeout_s: float) -> None:
         raise ClientGone("the client closed the connection during the body") from exc
     except HttpProcessingError as exc:  # a corrupt gzip/deflate body, a broken chunked body
         raise BadRequest(f"the request body cannot be decoded: {exc.message}") from exc
+    except RequestPayloadError as exc:  # how aiohttp's reader reports the same (zlib's error)
+        raise BadRequest("the request body cannot be decoded (Content-Encoding?)") from exc
 
 
 def _http_kind(status: int) -> str:

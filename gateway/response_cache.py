@@ -51,7 +51,10 @@ def cache_key(scope: CacheScope, query: str, history: tuple[Message, ...]) -> st
         ensure_ascii=False,
     )
     # The tenant stays readable in the key so an operator can purge one tenant by prefix.
-    return f"qg:{scope.tenant}:{hashlib.sha256(material.encode()).hexdigest()}"
+    # Client text is clean by now (gateway/text.py); a rewrite from the model may not be, so a
+    # lone surrogate is hashed as it is rather than failing the request.
+    digest = hashlib.sha256(material.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"qg:{scope.tenant}:{digest}"
 
 
 class ResponseCache:

@@ -46,7 +46,12 @@ def _bearer(authorization: str | None) -> str:
     scheme, _, key = authorization.partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
         raise Unauthorized("malformed Authorization header: expected 'Bearer <key>'")
-    return key.strip()
+    key = key.strip()
+    # aiohttp keeps bytes that are not UTF-8 as lone surrogates (not printable), which no key
+    # can hash to a configured digest.
+    if not key.isprintable():
+        raise Unauthorized("malformed Authorization header: the key is not printable UTF-8")
+    return key
 
 
 def effective_tenants(settings: Settings) -> tuple[TenantConfig, ...]:

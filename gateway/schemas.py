@@ -4,16 +4,24 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+)
+
+from gateway.text import clean_text
 
 RequestedRoute = Literal["auto", "direct", "lookup", "multihop"]
 
 
-class HistoryMessage(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
-
-    role: Literal["system", "user", "assistant"]
-    content: str
+def _clean(value: object) -> object:
+    # Before the type check, so max_length counts the clean text; a non-string is left for the
+    # strict type check to refuse.
+    return clean_text(value) if isinstance(value, str) else value
 
 
 def _not_blank(value: str) -> str:
@@ -22,7 +30,16 @@ def _not_blank(value: str) -> str:
     return value
 
 
-NonBlankStr = Annotated[str, AfterValidator(_not_blank)]
+# Every text a client sends is one of these: normalised once, here (see gateway/text.py).
+CleanStr = Annotated[str, BeforeValidator(_clean)]
+NonBlankStr = Annotated[str, BeforeValidator(_clean), AfterValidator(_not_blank)]
+
+
+class HistoryMessage(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    role: Literal["system", "user", "assistant"]
+    content: CleanStr
 
 
 class RouteBody(BaseModel):
@@ -42,7 +59,7 @@ class TextPart(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow", frozen=True)
 
     type: Literal["text"]
-    text: str
+    text: CleanStr
 
 
 class ChatMessage(BaseModel):
@@ -51,6 +68,9 @@ class ChatMessage(BaseModel):
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+
+    # Cleaned here rather than by the union's str member, so an error names just the field.
+    _clean_content = field_validator("content", mode="before")(_clean)
 
     def text(self) -> str:
         if isinstance(self.content, list):
