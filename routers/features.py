@@ -18,6 +18,12 @@ _IDENTIFIER = re.compile(
 # Wider than _IDENTIFIER, which is frozen with the trained router's artifact (changing a feature
 # means retraining): any hyphen- or underscore-joined token with a digit in it (ZX-F92A8D, A1_B2).
 _CODE = re.compile(r"\b(?=[\w-]*\d)[A-Za-z0-9]+(?:[-_][A-Za-z0-9]+)+\b")
+# _CODE's lookahead rescans the rest of a hyphenated run from every word in it: quadratic in the
+# run's length ("a-" * 4000 took 0.86 s on the event loop). So it only sees runs of word
+# characters and hyphens (the most it can reach) of at most 64 characters: the same matches as on
+# the whole text for those, linear overall; a longer run is not an identifier.
+_RUN = re.compile(r"[\w-]+")
+_MAX_CODE_RUN = 64
 _QUOTED = re.compile(r"\"[^\"]{2,}\"|'[^']{3,}'")
 _GREETING = re.compile(
     r"^\s*(hi|hello|hey|yo|good (morning|afternoon|evening)|thanks|thank you|thx|cheers|bye|"
@@ -41,11 +47,20 @@ _SUPERLATIVE = re.compile(
     r"earliest|latest|biggest|longest|shortest|\w+est)\b",
     re.IGNORECASE,
 )
+_CHAIN_BEFORE = (
+    r"and then|after that|whose|of the (person|city|country|company|team|one) (that|who|which)"
+)
+_CHAIN_AFTER = r"the same|in total|combined|sum of|average of|how many of"
 _CHAIN = re.compile(
-    r"\b(and then|after that|whose|of the (person|city|country|company|team|one) (that|who|which)"
-    r"|where .* was born|the same|in total|combined|sum of|average of|how many of)\b",
+    rf"\b({_CHAIN_BEFORE}|where .* was born|{_CHAIN_AFTER})\b",
     re.IGNORECASE,
 )
+# `where .* was born` rescans to the end of the line from every "where": quadratic. _chain_count
+# gives _CHAIN's count in linear time: it matches at most once a line, from the first "where" to
+# the last " was born", so only that stretch of the line is searched with it.
+_CHAIN_BUT_BORN = re.compile(rf"\b({_CHAIN_BEFORE}|{_CHAIN_AFTER})\b", re.IGNORECASE)
+_WHERE = re.compile(r"\bwhere ", re.IGNORECASE)
+_WAS_BORN = re.compile(r" was born\b", re.IGNORECASE)
 _AGGREGATE = re.compile(r"\b(how many|total|sum|average|mean|median|count|list)\b", re.I)
 _WH = re.compile(r"\b(who|what|when|where|which|why|how)\b", re.IGNORECASE)
 
@@ -66,7 +81,7 @@ _COUNTERS: dict[str, tuple[Callable[[str], int], float]] = {
     "quantifiers": (_count(_QUANTIFIER), 0.5),
     "compare": (_count(_COMPARE), 0.5),
     "superlative": (_count(_SUPERLATIVE), 1.0),
-    "chain": (_count(_CHAIN), 0.5),
+    "chain": (lambda text: _chain_count(text), 0.5),
     "aggregate": (_count(_AGGREGATE), 0.5),
     "wh_words": (_count(_WH), 1.0),
     "questions": (lambda text: text.count("?"), 1.0),
@@ -74,6 +89,22 @@ _COUNTERS: dict[str, tuple[Callable[[str], int], float]] = {
 }
 
 FEATURE_NAMES: tuple[str, ...] = (*_COUNTERS, "length", "greeting", "meta")
+
+
+def _chain_count(text: str) -> int:
+    """len(_CHAIN.findall(text)), linear in the text's length (`.` stops at a newline)."""
+    count = 0
+    for line in text.split("\n"):
+        where = _WHERE.search(line)
+        borns = list(_WAS_BORN.finditer(line))
+        born = borns[-1] if borns else None
+        if where is None or born is None or born.start() < where.end():
+            count += len(_CHAIN_BUT_BORN.findall(line))
+            continue
+        # The first "where" matches through the last " was born"; none can match after it.
+        count += len(_CHAIN.findall(line[: born.end()]))
+        count += len(_CHAIN_BUT_BORN.findall(line[born.end() :]))
+    return count
 
 
 def lexical_features(text: str) -> dict[str, float]:
@@ -89,5 +120,11 @@ def lexical_features(text: str) -> dict[str, float]:
 
 def identifiers_in(text: str) -> list[str]:
     """Identifier-like tokens (error codes, SKUs, snake_case names): lexical search wins here."""
-    found = _IDENTIFIER.findall(text) + _CODE.findall(text)
+    codes = [
+        code
+        for run in _RUN.findall(text)
+        if len(run) <= _MAX_CODE_RUN
+        for code in _CODE.findall(run)
+    ]
+    found = _IDENTIFIER.findall(text) + codes
     return list(dict.fromkeys(found))

@@ -14,7 +14,6 @@ Order, each step able to override the one before:
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, replace
 
 from routers.features import identifiers_in
@@ -163,7 +162,7 @@ def _matches(
     return (
         (not when.tenants or tenant in when.tenants)
         and (not when.routes or classification.route in when.routes)
-        and (when.query_regex is None or re.search(when.query_regex, query) is not None)
+        and when.query_matches(query)
         and when.min_confidence <= classification.confidence <= when.max_confidence
         and (when.has_identifiers is None or when.has_identifiers == has_ids)
     )

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 TokenCounter = Callable[[str], int]
 
-HEADING = re.compile(r"^\s{0,3}(#{1,6})\s+(.+?)\s*#*\s*$")  # an ATX markdown heading line
+# An ATX markdown heading line: its level and its text, the closing #s still on (see heading).
+HEADING = re.compile(r"^\s{0,3}(#{1,6})\s+(.+)$")
 _PARAGRAPH_BREAK = re.compile(r"\n\s*\n")
 # A sentence ends at . ! or ? followed by whitespace; good enough for prose, and code or lists
 # without punctuation fall through to the word level.
@@ -95,15 +96,28 @@ def sections(text: str, title: str) -> list[tuple[tuple[str, ...], str]]:
     for line in text.splitlines():
         if line.lstrip().startswith("```"):
             in_code = not in_code  # a '#' inside a code block is a comment, not a heading
-        heading = None if in_code else HEADING.match(line)
-        if heading is None:
+        found = None if in_code else heading(line)
+        if found is None:
             lines.append(line)
             continue
         flush()
-        level = len(heading.group(1))
-        path = [(lvl, name) for lvl, name in path if lvl < level] + [(level, heading.group(2))]
+        level, name = found
+        path = [(lvl, n) for lvl, n in path if lvl < level] + [(level, name)]
     flush()
     return out
+
+
+def heading(line: str) -> tuple[int, str] | None:
+    r"""(level, text) of a markdown heading line ("## Title ##" -> (2, "Title")), else None.
+
+    The closing sequence is stripped here, not by the pattern: `(.+?)\s*#*\s*$` backtracked
+    cubically on a long run of spaces (a heading line with 8,000 took minutes, holding the GIL).
+    """
+    match = HEADING.match(line)
+    if match is None:
+        return None
+    raw = match.group(2)
+    return len(match.group(1)), raw.rstrip().rstrip("#").rstrip() or raw[:1]
 
 
 def _chunk_section(body: str, config: ChunkingConfig, count: TokenCounter) -> list[str]:

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.ingest.chunker import HEADING
+from gateway.ingest.chunker import heading
 
 SUFFIXES = (".md", ".txt", ".jsonl")
 
@@ -50,8 +50,8 @@ def read_file(path: Path, root: Path) -> Iterator[RawDocument]:
 def title_of(text: str, fallback: str) -> str:
     """The first markdown heading, else the fallback (the file's stem)."""
     for line in text.splitlines():
-        if match := HEADING.match(line):
-            return match.group(2)
+        if found := heading(line):
+            return found[1]
     return fallback
 
 
