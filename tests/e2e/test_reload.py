@@ -66,15 +66,21 @@ def unwatched(
 def watched_patient(
     fake_upstream: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[GatewayProcess]:
-    """A watched gateway whose request deadline outlasts a queue of LOAD_REQUESTS: on a small
-    shared machine, embedding them all takes longer than the default minute, and the deadline
-    is not what the load test is about."""
+    """A watched gateway whose request deadline and admission limits outlast a queue of
+    LOAD_REQUESTS from one tenant: on a small shared machine, embedding them all takes longer
+    than the default minute, and neither the deadline nor the tenant's fair share is what the
+    load test is about."""
+    pool = {
+        f"admission__queries__{name}": LOAD_REQUESTS
+        for name in ("max_inflight", "max_queued", "tenant_max_inflight", "tenant_max_queued")
+    }
     yield from _gateway(
         fake_upstream,
         tmp_path,
         monkeypatch,
         reload_poll_s=POLL_S,
         request_timeout_s=LOAD_DEADLINE_S,
+        **pool,
     )
 
 
