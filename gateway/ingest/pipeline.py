@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 
@@ -22,6 +23,8 @@ Progress = Callable[[int, int], None]  # (documents done, documents in total)
 EMBED_BATCH = 256  # chunks per embedder call: enough to batch well, small enough to report
 LOOKUP_BATCH = 500  # documents per lookup of stored content hashes
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(slots=True)
 class IngestReport:
@@ -29,6 +32,8 @@ class IngestReport:
     updated: int = 0
     unchanged: int = 0
     deleted: int = 0
+    # Documents that yield no passage (headings only): never stored, a backend refuses them.
+    empty: int = 0
     chunks: int = 0  # chunks written (of added and updated documents)
 
     def as_dict(self) -> dict[str, int]:
@@ -109,6 +114,10 @@ async def _prepare(
     # Pure-Python work that grows with the text (a 500k-char document: ~150 ms): off the loop,
     # so a large PUT does not stall every other request.
     chunks = await asyncio.to_thread(chunk_document, raw.doc_id, raw.title, raw.text, chunking)
+    if not chunks:
+        log.warning("document has no passage to index, skipped", extra={"doc_id": raw.doc_id})
+        report.empty += 1
+        return None
     return _Pending(raw, digest, stored is None, chunks)
 
 

@@ -103,7 +103,8 @@ def test_wiki_sample_has_every_article_keyed_by_title() -> None:
 
 async def test_first_ingest_adds_every_document(index: EmbeddedRetriever) -> None:
     report = await ingest_documents("t", docs(5), FakeEmbedder(), index)
-    assert report.as_dict() == {"added": 5, "updated": 0, "unchanged": 0, "deleted": 0, "chunks": 5}
+    expected = {"added": 5, "updated": 0, "unchanged": 0, "deleted": 0, "empty": 0, "chunks": 5}
+    assert report.as_dict() == expected
     assert await index.stats("t") == (5, 5)
     assert await index.content_hash("t", "d0") == content_hash("Doc 0", "Text of document 0, v1.")
 
@@ -187,3 +188,16 @@ async def test_a_version_that_landed_first_counts_as_unchanged(tmp_path: Path) -
         await ingest_documents("t", docs(2), FakeEmbedder(), index)
         report = await ingest_documents("t", docs(2), FakeEmbedder(), index)
     assert (report.unchanged, report.added, report.chunks) == (2, 0, 0)
+
+
+async def test_a_document_without_a_passage_is_skipped_not_fatal_to_its_batch(
+    tmp_path: Path,
+) -> None:
+    docs = [
+        RawDocument("headings", "Headings", "# Only\n\n## Headings\n"),
+        RawDocument("real", "Real", "Some real text about routers."),
+    ]
+    async with EmbeddedRetriever(tmp_path / "index.sqlite3") as index:
+        report = await ingest_documents("t", docs, FakeEmbedder(), index)
+        assert (report.added, report.empty) == (1, 1)
+        assert await index.content_hash("t", "headings") is None
