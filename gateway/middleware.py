@@ -138,11 +138,14 @@ def error_middleware(metrics: Metrics) -> Middleware:
             outcome, error = _gateway_outcome(exc), exc.message
             response = error_response(exc.status, exc.type, exc.message, exc.retry_after_s)
         except BackendUnavailable as exc:
+            # The detail (a client library's text) goes to the log line, never to the client.
             outcome, error = "unavailable", str(exc)
-            response = error_response(503, "unavailable", str(exc), exc.retry_after_s)
+            message = f"{exc.backend} is unavailable; try again"
+            response = error_response(503, "unavailable", message, exc.retry_after_s)
         except UpstreamError as exc:
             outcome, error = "upstream_error", str(exc)
-            response = error_response(503, "upstream_error", str(exc), 5)
+            message = f"{exc.backend} answered with an error; try again"
+            response = error_response(503, "upstream_error", message, 5)
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise

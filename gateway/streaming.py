@@ -38,7 +38,8 @@ class StreamFormat(Protocol):
 def sse(data: Any, event: str | None = None) -> bytes:
     payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
     prefix = f"event: {event}\n" if event else ""
-    return f"{prefix}data: {payload}\n\n".encode()
+    # A model can emit a lone surrogate; it must not break the stream (it becomes "?").
+    return f"{prefix}data: {payload}\n\n".encode(errors="replace")
 
 
 class QueryStreamFormat:

@@ -16,6 +16,7 @@ Designed behaviour per dependency:
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 import uuid
@@ -33,6 +34,7 @@ DEADLINE_S = 5.0
 SLACK_S = 3.0
 WORKERS = 6
 COOLDOWN_S = 1.0
+LIBRARY_TEXT = re.compile(r"[A-Za-z]+(Error|Exception)\b|Traceback|aiohttp|httpx|urllib3")
 
 
 @dataclass(frozen=True)
@@ -127,6 +129,8 @@ def assert_designed(outcomes: list[Outcome]) -> None:
         if o.status == 503:
             error = o.body["error"]
             assert isinstance(error, dict) and error["type"], o.body
+            # a stable message, never a client library's exception text
+            assert not LIBRARY_TEXT.search(str(error["message"])), o.body
             assert o.retry_after is not None and int(o.retry_after) > 0, o.body
 
 
