@@ -95,6 +95,9 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
         host=server.host,
         port=server.port,
         shutdown_timeout=server.shutdown_grace_s,
+        # A client that hangs up stops its request's work (an agent loop, model calls): nobody
+        # would read the answer, and the tenant would still pay for it.
+        handler_cancellation=True,
         access_log=None,
         print=lambda msg: log.info(msg),
     )

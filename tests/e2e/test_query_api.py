@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 import uuid
 
+import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fixtures.gateway import GatewayProcess
+from tests.fixtures.upstream import calls_for
 
 
 def query(gw: GatewayProcess, text: str, tenant: str = "acme", **body: object) -> requests.Response:
@@ -236,3 +240,16 @@ def metric(gw: GatewayProcess, from_route: str, to_route: str) -> float:
         and sample.labels["from_route"] == from_route
         and sample.labels["to_route"] == to_route
     )
+
+
+def test_a_client_that_hangs_up_stops_the_agent_and_its_model_calls(
+    gateway: GatewayProcess, fake_upstream: str
+) -> None:
+    key = uuid.uuid4().hex
+    search = {"name": "search", "arguments": {"query": "Acme warranty"}}
+    directive = {"key": key, "delay_ms": 700, "turns": [{"tool_calls": [search]}]}
+    body = {"query": f"Acme warranty? [[fake:{json.dumps(directive)}]]", "route": "multihop"}
+    with pytest.raises(requests.Timeout):
+        requests.post(f"{gateway.url}/v1/query", json=body, headers=gateway.headers(), timeout=1)
+    time.sleep(3)  # four more slow turns would have run by now
+    assert asyncio.run(calls_for(fake_upstream, key)) <= 2
