@@ -40,24 +40,39 @@ class Citer:
         self._count = count
         self.order: list[int] = []  # cited source numbers, first citation first
         self.dropped = 0
+        # The character before the text being rewritten (a stream arrives in pieces).
+        self._before = ""
 
     def rewrite(self, text: str) -> str:
-        return _BRACKET.sub(self._bracket, text)
+        before, self._before = self._before, text[-1:] or self._before
+        return _BRACKET.sub(
+            lambda m: self._bracket(m, text[m.start() - 1] if m.start() else before), text
+        )
 
-    def _bracket(self, match: re.Match[str]) -> str:
+    def _bracket(self, match: re.Match[str], before: str) -> str:
         tokens = [t for t in _TOKEN_SEPARATOR.split(match.group(1)) if t]
         sources = [self._source(t) for t in tokens]
-        if not tokens or any(s is None for s in sources):
-            return match.group(0)  # not a citation: "[sic]", "[see below]"
+        ours = any(self._is_ours(t) for t in tokens)
+        # `items[0]`, `x[1][2]`: an index, not a citation, unless it holds one of our markers.
+        indexing = before.isalnum() or before in "_])"
+        if not tokens or (not ours and (indexing or any(s is None for s in sources))):
+            return match.group(0)  # not a citation: "[sic]", "[see below]", "a[0]"
+        # Prose mixed into a bracket of ours ("[tag-1, page 4]") is dropped, not counted.
+        prose = any(n is None for n in sources)
         out = []
         for n in sources:
             if not n:
-                self.dropped += 1
+                self.dropped += not prose
                 continue
             if n not in self.order:
                 self.order.append(n)
             out.append(f"[{self.order.index(n) + 1}]")
         return "".join(out)
+
+    def _is_ours(self, token: str) -> bool:
+        return (
+            bool(MARKER_SHAPE.fullmatch(token)) and token.casefold().rpartition("-")[0] == self._tag
+        )
 
     def _source(self, token: str) -> int | None:
         """The issued source a token cites; 0 for a citation of none; None: not a citation."""

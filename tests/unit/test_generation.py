@@ -104,7 +104,10 @@ def test_a_streamed_estimate_earlier_in_the_loop_stays_flagged() -> None:
     assert finish(earlier, completion(f"Paris {m(1)}.")).usage_estimated
 
 
-STREAMED = f"A {m(2)} b [sic] c [9]{m(1)}, [ {m(3)}] and [{TAG}-1, {TAG}-2] [unclosed {m(2)}."
+STREAMED = (
+    f"A {m(2)} b [sic] c [9]{m(1)}, [ {m(3)}] and [{TAG}-1, {TAG}-2] [unclosed {m(2)}. "
+    f"Code: items[0] and x[12][3]; see [{TAG}-3, page 4]."
+)
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 7, 11, len(STREAMED)])
@@ -115,6 +118,19 @@ def test_a_streamed_answer_is_rewritten_exactly_as_the_whole_text(size: int) -> 
     whole = finish(GEN, completion(STREAMED))
     assert whole.text.startswith(shown)
     assert "[sic]" in shown and "[9]" not in shown and TAG not in shown
+    assert "items[0] and x[12][3]" in shown
+
+
+def test_an_index_after_a_word_is_not_a_citation() -> None:
+    answer = finish(GEN, completion(f"Use items[0] and x[12] {m(1)}."))
+    assert answer.text == "Use items[0] and x[12] [1]."
+    assert "removed" not in answer.text
+
+
+def test_prose_mixed_into_a_bracket_of_ours_never_leaks_the_tag() -> None:
+    answer = finish(GEN, completion(f"Two years [{TAG}-2, page 4]."))
+    assert answer.text == "Two years [1]."
+    assert [c.doc_id for c in answer.citations] == ["d2"]
 
 
 def test_a_direct_stream_is_passed_through() -> None:
