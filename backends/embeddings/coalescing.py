@@ -78,11 +78,17 @@ class CoalescingEmbedder:
         *,
         bulk_threshold: int = 8,
         bulk_slice: int = 4,
+        bulk_every: int = 4,
     ) -> None:
         self._inner = inner
         self._max_batch = max_batch
         self._bulk_threshold = bulk_threshold
         self._bulk_slice = bulk_slice
+        # Under a steady query load a bulk slice still runs after this many query batches,
+        # so document writes slow down rather than starve.
+        self._bulk_every = bulk_every
+        self._batches_since_slice = 0
+        self._task: asyncio.Task[None] | None = None
         self._queue: list[_Waiting] = []
         self._bulk: deque[_Bulk] = deque()
         self._running = False
@@ -108,15 +114,18 @@ class CoalescingEmbedder:
     def _start(self) -> None:
         if not self._running:
             self._running = True
-            asyncio.get_running_loop().create_task(self._drain())
+            self._task = asyncio.get_running_loop().create_task(self._drain())
 
     async def _drain(self) -> None:
         try:
             while True:
-                batch = self._take()
+                owed = self._bulk and self._batches_since_slice >= self._bulk_every
+                batch = [] if owed else self._take()
                 if batch:
+                    self._batches_since_slice += 1
                     await self._run(batch)
                 elif (job := self._next_bulk()) is not None:
+                    self._batches_since_slice = 0
                     await self._run_slice(job)
                 else:
                     return
@@ -180,6 +189,8 @@ class CoalescingEmbedder:
             start = end
 
     async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
         await self._inner.aclose()
 
 

@@ -62,6 +62,12 @@ class LiteLLMEmbedder:
                 timeout=self._config.timeout_s,
                 max_retries=0,  # honoured by other providers; see DEFAULT_MAX_RETRIES above
             )
+        except openai.APIStatusError as exc:
+            if exc.status_code == 429 or exc.status_code >= 500:
+                raise BackendUnavailable(_BACKEND, f"{self.model_id}: {exc.status_code}") from exc
+            # The provider refused these inputs: the service is up, and a batch shared with
+            # others is retried caller by caller so only the bad input fails.
+            raise UpstreamError(_BACKEND, f"{self.model_id}: refused ({exc.status_code})") from exc
         except (openai.APIError, TimeoutError, ConnectionError) as exc:
             raise BackendUnavailable(_BACKEND, f"{self.model_id}: {type(exc).__name__}") from exc
         return self._to_matrix(response.data, len(texts))

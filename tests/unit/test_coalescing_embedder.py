@@ -1,5 +1,6 @@
 import asyncio
 from collections.abc import Sequence
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -159,3 +160,23 @@ async def test_a_caller_that_has_gone_is_not_embedded() -> None:
     assert await embedder.embed(["after"]) is not None
     assert ["gone"] not in inner.batches
     assert all("x" not in b for b in inner.batches)
+
+
+async def test_a_steady_query_load_slows_bulk_work_but_never_starves_it() -> None:
+    inner = SlowCountingEmbedder()
+    embedder = CoalescingEmbedder(inner, bulk_threshold=2, bulk_slice=2, bulk_every=2)
+    bulk = asyncio.ensure_future(embedder.embed(["doc"] * 6))
+    stop = asyncio.Event()
+
+    async def queries() -> None:
+        while not stop.is_set():
+            await embedder.embed(["q"])
+
+    flood = [asyncio.ensure_future(queries()) for _ in range(3)]
+    vectors = await asyncio.wait_for(bulk, timeout=5)
+    stop.set()
+    await asyncio.gather(*flood)
+    assert vectors.shape == (6, 2)
+    # after the first slice, never more than two query batches between two bulk slices
+    slices = [i for i, b in enumerate(inner.batches) if b[0] == "doc"]
+    assert all(b - a <= 3 for a, b in pairwise(slices))

@@ -39,9 +39,10 @@ async def test_rows_are_unit_vectors_in_input_order_across_batches(fake_upstream
     assert embedder.model_id == "openai/fake-embed"
 
 
-async def test_rejected_request_is_backend_unavailable(fake_upstream: str) -> None:
+async def test_rejected_inputs_are_an_upstream_error_not_an_outage(fake_upstream: str) -> None:
+    # so a coalesced batch holding them is retried caller by caller, and only they fail
     embedder = build_embedder(remote_config(fake_upstream))
-    with pytest.raises(BackendUnavailable):
+    with pytest.raises(UpstreamError, match="refused"):
         await embedder.embed(['x [[fake:{"status": 400}]]'])
 
 
