@@ -169,10 +169,14 @@ async def test_a_steady_query_load_slows_bulk_work_but_never_starves_it() -> Non
     stop = asyncio.Event()
 
     async def queries() -> None:
+        # a new query every millisecond: some are always waiting when a batch ends
+        pending = []
         while not stop.is_set():
-            await embedder.embed(["q"])
+            pending.append(asyncio.ensure_future(embedder.embed(["q"])))
+            await asyncio.sleep(0.001)
+        await asyncio.gather(*pending)
 
-    flood = [asyncio.ensure_future(queries()) for _ in range(3)]
+    flood = [asyncio.ensure_future(queries())]
     vectors = await asyncio.wait_for(bulk, timeout=5)
     stop.set()
     await asyncio.gather(*flood)
