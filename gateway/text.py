@@ -12,19 +12,36 @@ so the cache key, the tokenizer, the classifier and the backends only ever see c
 - the result is in Unicode NFC, so one text has one spelling (a decomposed "é" matches "é").
 
 A text that is blank after this is refused where blank text is (the query, a document's text).
+
+Document ids have one canonical form wherever they come from (the HTTP path, a file ingested
+by the CLI, a jsonl record's `id`), so one id is one document: `doc_id` checks a decoded id
+and returns it in NFC; `canonical_doc_id` first percent-decodes a raw URL path remainder
+exactly once (UTF-8). `/` is part of an id (ingested files are named by relative path), so
+`a/b` and `a%2Fb` are the one id `a/b`, and `a%252Fb` is the id `a%2Fb`. Refused, naming the
+rule: a `%` that starts no `%XX` escape, bytes that are not UTF-8, control or format
+characters, leading or trailing whitespace, an empty, `.` or `..` segment (clients and proxies
+rewrite those), more than `MAX_DOC_ID_CHARS` characters.
 """
 
 from __future__ import annotations
 
 import re
 import unicodedata
+from urllib.parse import unquote_to_bytes
+
+from backends.retrieval.base import MAX_DOC_ID_CHARS
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]+")
+_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
+# Control (Cc), format (Cf: zero-width and bidi marks), surrogate, private-use, unassigned,
+# and line/paragraph separators: invisible or unprintable in an id.
+_REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
 
 
 class InvalidText(ValueError):
-    """Text that cannot be normalised (lone surrogates); the message is safe to show."""
+    """Text that cannot be normalised (lone surrogates) or an id breaking a rule; the message
+    is safe to show."""
 
 
 def clean_text(value: str) -> str:
@@ -40,3 +57,30 @@ def clean_text(value: str) -> str:
     if value.isascii():
         return value  # ASCII is already NFC, and most traffic is ASCII
     return unicodedata.normalize("NFC", value)
+
+
+def canonical_doc_id(raw: str) -> str:
+    """The canonical id of a raw (still percent-encoded) URL path remainder; raises
+    InvalidText naming the rule it breaks."""
+    if _BAD_ESCAPE.search(raw):
+        raise InvalidText("doc_id: a '%' must start a %XX escape (write '%' as %25)")
+    try:
+        decoded = unquote_to_bytes(raw).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidText("doc_id: percent-escapes must decode to UTF-8") from exc
+    return doc_id(decoded)
+
+
+def doc_id(value: str) -> str:
+    """The canonical (NFC) form of a decoded document id; raises InvalidText naming the rule
+    it breaks."""
+    canonical = unicodedata.normalize("NFC", value)
+    if not 1 <= len(canonical) <= MAX_DOC_ID_CHARS:
+        raise InvalidText(f"doc_id: 1 to {MAX_DOC_ID_CHARS} characters")
+    if any(unicodedata.category(c) in _REFUSED_CATEGORIES for c in canonical):
+        raise InvalidText("doc_id: no control, format or unassigned characters")
+    if canonical != canonical.strip():
+        raise InvalidText("doc_id: no leading or trailing whitespace")
+    if any(segment in ("", ".", "..") for segment in canonical.split("/")):
+        raise InvalidText("doc_id: no empty, '.' or '..' segment between slashes")
+    return canonical

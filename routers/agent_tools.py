@@ -24,7 +24,13 @@ from typing import Any
 from backends.embeddings.base import Embedder
 from backends.errors import BackendError
 from backends.llm.base import ToolCall
-from backends.retrieval.base import MAX_DOCUMENT_CHUNKS, Hit, Retriever, SearchRequest
+from backends.retrieval.base import (
+    MAX_DOC_ID_CHARS,
+    MAX_DOCUMENT_CHUNKS,
+    Hit,
+    Retriever,
+    SearchRequest,
+)
 from routers.generation import citation_from_hit
 from routers.grading import content_words
 from routers.prompts import (
@@ -40,7 +46,6 @@ log = logging.getLogger(__name__)
 
 MAX_QUERY_CHARS = 300
 MAX_SEARCH_K = 10
-MAX_DOC_ID_CHARS = 512
 _CHUNK_NUMBER = re.compile(r"#(\d+)$")
 
 # JSON-schema function specs: the form litellm takes for every provider and translates.

@@ -42,6 +42,7 @@ class EmptyDocument(ValueError):
 
 
 RRF_K = 60
+MAX_DOC_ID_CHARS = 512  # the longest document id the gateway accepts (HTTP, CLI, agent tools)
 # Most chunks one `document_chunks` call returns: enough to read on, small enough for a prompt.
 MAX_DOCUMENT_CHUNKS = 200
 

@@ -1,4 +1,10 @@
-"""Reading documents from disk: .md, .txt, and .jsonl of {"id", "title", "text"}."""
+"""Reading documents from disk: .md, .txt, and .jsonl of {"id", "title", "text"}.
+
+What the CLI ingests passes the rules the HTTP API applies (`gateway.text`): ids (a file's
+relative path, a record's `id`) are canonical document ids, so a file named in NFD is stored
+under the NFC id the API uses, and titles and texts are cleaned like a client's. What breaks a
+rule is refused with a ValueError naming the file (and line) and the rule.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.ingest.chunker import heading
+from gateway.text import InvalidText, clean_text, doc_id
 
 SUFFIXES = (".md", ".txt", ".jsonl")
 
@@ -43,8 +50,25 @@ def read_file(path: Path, root: Path) -> Iterator[RawDocument]:
     if path.suffix == ".jsonl":
         yield from _jsonl_documents(path, text)
         return
-    doc_id = path.relative_to(root).as_posix()
-    yield RawDocument(doc_id, title_of(text, path.stem), text)
+    relative = path.relative_to(root).as_posix()
+    yield _document(f"{path}", relative, title_of(text, path.stem), text)
+
+
+def _document(where: str, raw_id: str, title: str, text: str) -> RawDocument:
+    """The document with a canonical id and clean title and text, or a ValueError saying
+    `where` and which rule it breaks."""
+    try:
+        canonical = doc_id(raw_id)
+    except InvalidText as exc:
+        raise ValueError(f"{where}: {exc}") from exc
+    return RawDocument(canonical, _clean(where, "title", title), _clean(where, "text", text))
+
+
+def _clean(where: str, field: str, value: str) -> str:
+    try:
+        return clean_text(value)
+    except InvalidText as exc:
+        raise ValueError(f"{where}: {field} {exc}") from exc
 
 
 def title_of(text: str, fallback: str) -> str:
@@ -66,4 +90,4 @@ def _jsonl_documents(path: Path, text: str) -> Iterator[RawDocument]:
             raise ValueError(f"{path}:{number}: want a JSON object with id and text") from exc
         if not all(isinstance(f, str) for f in fields):
             raise ValueError(f"{path}:{number}: id, title and text must be strings")
-        yield RawDocument(*fields)
+        yield _document(f"{path}:{number}", *fields)

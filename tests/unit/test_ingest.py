@@ -201,3 +201,43 @@ async def test_a_document_without_a_passage_is_skipped_not_fatal_to_its_batch(
         report = await ingest_documents("t", docs, FakeEmbedder(), index)
         assert (report.added, report.empty) == (1, 1)
         assert await index.content_hash("t", "headings") is None
+
+
+def test_reader_ids_and_texts_follow_the_api_s_rules(tmp_path: Path) -> None:
+    (tmp_path / "cafe\u0301.md").write_text("# Cafe\u0301\n\nMenu\x00 and\r\nprices.")
+    rows = [{"id": "re\u0301sume\u0301", "title": "T\x07", "text": "body\x1b"}]
+    (tmp_path / "docs.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    found = {d.doc_id: d for d in read_paths([tmp_path])}
+    # The NFC ids `PUT /v1/documents/caf%C3%A9.md` (or its NFD spelling) reaches.
+    assert found["caf\u00e9.md"] == RawDocument(
+        "caf\u00e9.md", "Caf\u00e9", "# Caf\u00e9\n\nMenu and\nprices."
+    )
+    assert found["r\u00e9sum\u00e9"] == RawDocument("r\u00e9sum\u00e9", "T", "body")
+
+
+@pytest.mark.parametrize(
+    ("record", "message"),
+    [
+        ({"id": "a\x00b", "text": "x"}, "doc_id: no control"),
+        ({"id": "a\u200bb", "text": "x"}, "doc_id: no control, format"),
+        ({"id": " a", "text": "x"}, "doc_id: no leading or trailing whitespace"),
+        ({"id": "a/../b", "text": "x"}, "doc_id: no empty, '.' or '..' segment"),
+        ({"id": "a" * 513, "text": "x"}, "doc_id: 1 to 512 characters"),
+        ({"id": "a", "title": "\ud800", "text": "x"}, "title contains a lone UTF-16 surrogate"),
+        ({"id": "a", "text": "x\udc00"}, "text contains a lone UTF-16 surrogate"),
+    ],
+)
+def test_reader_refuses_an_id_or_text_the_api_refuses_naming_the_line(
+    tmp_path: Path, record: dict[str, str], message: str
+) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"id": "ok", "text": "fine"}\n' + json.dumps(record) + "\n")
+    with pytest.raises(ValueError, match=r"bad\.jsonl:2: ") as refused:
+        list(read_paths([path]))
+    assert message in str(refused.value)
+
+
+def test_reader_refuses_a_file_whose_name_is_no_document_id(tmp_path: Path) -> None:
+    (tmp_path / "bell\x07.md").write_text("text")
+    with pytest.raises(ValueError, match=r"bell\x07\.md: doc_id: no control"):
+        list(read_paths([tmp_path]))

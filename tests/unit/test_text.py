@@ -7,7 +7,7 @@ from pydantic import ValidationError
 
 from gateway.documents import DocumentBody
 from gateway.schemas import ChatBody, QueryBody
-from gateway.text import InvalidText, clean_text
+from gateway.text import InvalidText, canonical_doc_id, clean_text, doc_id
 
 
 @pytest.mark.parametrize(
@@ -72,3 +72,38 @@ def test_text_that_cannot_be_cleaned_names_its_field(
     with pytest.raises(ValidationError) as exc:
         model.model_validate(data)
     assert field in _fields(exc)
+
+
+@pytest.mark.parametrize(
+    ("raw", "canonical"),
+    [
+        ("a/b", "a/b"),
+        ("a%2Fb", "a/b"),
+        ("a%252Fb", "a%2Fb"),
+        ("caf%C3%A9", "caf\u00e9"),
+        ("cafe%CC%81", "caf\u00e9"),  # NFD to NFC
+    ],
+)
+def test_a_document_id_has_one_canonical_form(raw: str, canonical: str) -> None:
+    assert canonical_doc_id(raw) == canonical
+    assert doc_id(canonical) == canonical
+
+
+@pytest.mark.parametrize(
+    ("raw", "rule"),
+    [
+        ("100%", "%XX escape"),
+        ("%FF", "UTF-8"),
+        ("a%00b", "no control"),
+        ("a%E2%80%8Bb", "no control, format"),
+        ("%20a", "whitespace"),
+        ("a//b", "segment"),
+        ("./a", "segment"),
+        ("a" * 513, "1 to 512"),
+        ("", "1 to 512"),
+    ],
+)
+def test_a_document_id_breaking_a_rule_is_refused_naming_it(raw: str, rule: str) -> None:
+    with pytest.raises(InvalidText, match=r"^doc_id: ") as refused:
+        canonical_doc_id(raw)
+    assert rule in str(refused.value)
