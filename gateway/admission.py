@@ -36,11 +36,14 @@ from gateway.settings import AdmissionConfig, PoolLimits
 class TenantOverShare(TooManyRequests):
     """The tenant already has its share of this pool running and waiting."""
 
+    outcome = "shed_tenant"
+
 
 class Saturated(ServiceUnavailable):
     """The process has no room for more work of this class."""
 
     type = "overloaded"
+    outcome = "shed_process"
 
 
 def _deadline_passed(waited: bool) -> DeadlineExceeded:
@@ -73,8 +76,10 @@ class Pool:
         self._turns: deque[str] = deque()  # tenants with waiters, in round-robin order
         self.queued = 0
 
-    def inflight(self, tenant: str) -> int:
-        return self._inflight[tenant]
+    def configure(self, limits: PoolLimits, config: AdmissionConfig) -> None:
+        """New limits (a reload): waiters that now fit run at once, not when a request ends."""
+        self._limits, self._retry_after_s = limits, config.retry_after_s
+        self._dispatch()
 
     @asynccontextmanager
     async def admit(
@@ -89,7 +94,8 @@ class Pool:
     async def _acquire(
         self, tenant: str, deadline: float, limits: PoolLimits, config: AdmissionConfig
     ) -> None:
-        self._limits, self._retry_after_s = limits, config.retry_after_s
+        if (limits, config.retry_after_s) != (self._limits, self._retry_after_s):
+            self.configure(limits, config)
         loop = asyncio.get_running_loop()
         now = loop.time()
         if now >= deadline:
@@ -193,9 +199,10 @@ class Pool:
         while self.running < limits.max_inflight:
             waiter = self._next_waiter(limits, now)
             if waiter is None:
-                return
+                break
             self._grant(waiter.tenant)
             waiter.granted.set_result(None)
+        self._report()  # waiters may have expired without a grant
 
     def _next_waiter(self, limits: PoolLimits, now: float) -> _Waiter | None:
         for _ in range(len(self._turns)):
@@ -228,6 +235,7 @@ class Pool:
         self.queued -= len(queue) - len(kept)
         queue.clear()
         queue.extend(kept)
+        self._report()
 
     def _prune(self, now: float) -> None:
         for tenant in list(self._queues):
@@ -250,6 +258,7 @@ class Pool:
         if not self._queues[heaviest]:
             self._drop_tenant(heaviest)
         victim.granted.set_exception(self._over_share())
+        self._report()
         return True
 
     def _report(self) -> None:
@@ -267,3 +276,8 @@ class Admission:
 
     def pool(self, kind: str) -> Pool:
         return self.queries if kind == "queries" else self.writes
+
+    def configure(self, config: AdmissionConfig) -> None:
+        """Apply reloaded limits to both pools at once."""
+        self.queries.configure(config.queries, config)
+        self.writes.configure(config.writes, config)

@@ -19,15 +19,34 @@ from gateway.handlers import (
     handle_readyz,
     handle_route,
 )
+from gateway.limits import limits_middleware
 from gateway.metrics import Metrics
-from gateway.middleware import admission_middleware, error_middleware, request_id_middleware
+from gateway.middleware import error_middleware, request_id_middleware
 from gateway.openai_compat import handle_chat_completions
 from gateway.reload import Prepare, as_is, live_config
-from gateway.runtime import build_runtime
+from gateway.runtime import Runtime, build_runtime
 from gateway.services import open_services
 from gateway.settings import Settings
 
 log = logging.getLogger(__name__)
+
+
+class AdmittingHolder(RuntimeHolder):
+    """The active Runtime; a reload that changes the admission limits applies them at once,
+    so waiters that fit the raised limits run now, not when some request ends."""
+
+    def __init__(self, runtime: Runtime, admission: Admission) -> None:
+        self._admission = admission
+        super().__init__(runtime)
+
+    @property
+    def current(self) -> Runtime:
+        return self._current
+
+    @current.setter
+    def current(self, runtime: Runtime) -> None:
+        self._current = runtime
+        self._admission.configure(runtime.settings.server.admission)
 
 
 def create_app(
@@ -41,7 +60,7 @@ def create_app(
         middlewares=[
             request_id_middleware(),
             error_middleware(metrics),
-            admission_middleware(admission),
+            limits_middleware(admission),
         ],
     )
     app[METRICS] = metrics
@@ -50,7 +69,7 @@ def create_app(
         async with open_services(settings, metrics) as services:
             app[SERVICES] = services
             runtime = build_runtime(settings, services)
-            app[RUNTIME] = RuntimeHolder(runtime)
+            app[RUNTIME] = AdmittingHolder(runtime, admission)
             metrics.config_info.labels(settings.version).set(1)
             log.info("ready", extra={"config_version": settings.version})
             yield

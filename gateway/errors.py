@@ -1,6 +1,8 @@
 """Gateway errors: each carries its HTTP status and a message safe to show the client.
 
 One middleware turns them into `{"error": {"type", "message"}}`; handlers raise, never format.
+`outcome` names the error's class in the request accounting where its status alone does not
+(`gateway.accounting`); `detail` is for the log line only, never the client.
 """
 
 from __future__ import annotations
@@ -9,11 +11,15 @@ from __future__ import annotations
 class GatewayError(Exception):
     status = 500
     type = "internal_error"
+    outcome: str | None = None  # None: the outcome of `status`
 
-    def __init__(self, message: str, *, retry_after_s: int | None = None) -> None:
+    def __init__(
+        self, message: str, *, retry_after_s: int | None = None, detail: str | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.retry_after_s = retry_after_s
+        self.detail = detail
 
 
 class BadRequest(GatewayError):
@@ -61,9 +67,15 @@ class RequestTimeout(GatewayError):
 
     status = 408
     type = "request_timeout"
+    outcome = "body_timeout"
 
 
 class DeadlineExceeded(ServiceUnavailable):
     """The request's own deadline passed before it was answered."""
 
     type = "deadline_exceeded"
+    outcome = "deadline"
+
+
+class ClientGone(ConnectionResetError):
+    """The client closed the connection while we read its request."""

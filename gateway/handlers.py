@@ -8,16 +8,15 @@ from collections.abc import Awaitable
 from typing import TypeVar
 
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.web_protocol import RequestPayloadError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 
 from backends.errors import BackendError
 from backends.llm.base import Message
 from gateway.appkeys import METRICS, RUNTIME, SERVICES
-from gateway.errors import BadRequest, PayloadTooLarge, Unprocessable
+from gateway.errors import BadRequest, Unprocessable
 from gateway.guard import request_guard
+from gateway.limits import read_body
 from gateway.pipeline import QueryRequest
 from gateway.runtime import Runtime
 from gateway.schemas import QueryBody, RouteBody
@@ -51,13 +50,9 @@ def load_json(raw: bytes) -> object:
 
 
 async def parse_body(request: web.Request, model: type[Model]) -> Model:
-    try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge as exc:
-        raise PayloadTooLarge(f"request body over {request.client_max_size} bytes") from exc
-    except (HttpProcessingError, RequestPayloadError) as exc:  # corrupt gzip/deflate, chunks
-        raise BadRequest("the request body cannot be decoded (Content-Encoding?)") from exc
-    data = load_json(raw)
+    # Already read by the limits middleware (then this returns it at once).
+    server = request.app[RUNTIME].current.settings.server
+    data = load_json(await read_body(request, server.body_read_timeout_s))
     if not isinstance(data, dict):
         raise BadRequest("the body must be a JSON object")
     try:

@@ -9,20 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 from typing import Any, Protocol
 
 from aiohttp import web
 
 from backends.errors import BackendError, BackendUnavailable, UpstreamError
-from gateway.errors import GatewayError
+from gateway.accounting import current_record, failure_of
 from gateway.guard import request_guard
 from gateway.pipeline import QueryRequest, RequestContext
 from gateway.runtime import Runtime
 from gateway.settings import ServerConfig
 from gateway.wire import QueryResult, query_body
-
-log = logging.getLogger(__name__)
 
 
 class StreamFormat(Protocol):
@@ -78,7 +75,7 @@ async def stream_answer(
     except Exception as exc:
         if not response.prepared:
             raise  # nothing sent yet: an ordinary JSON error with its status
-        await _end_with_error(response, fmt, exc, query.id)
+        await _end_with_error(response, fmt, exc)
         return response
     finally:
         preparing.cancel()  # a no-op when done; stops the work when the client went away
@@ -90,7 +87,7 @@ async def stream_answer(
                 chunk = fmt.delta(item) if isinstance(item, str) else fmt.done(item)
                 await response.write(chunk)
     except Exception as exc:
-        await _end_with_error(response, fmt, exc, query.id)
+        await _end_with_error(response, fmt, exc)
         return response
     await response.write_eof()
     return response
@@ -127,7 +124,8 @@ async def _open(request: web.Request, response: web.StreamResponse, fmt: StreamF
 
 # What a client reads when a stream fails after its headers went out: stable, and never the
 # text of a library's exception (it can carry hosts, keys' names, upstream bodies). The detail
-# goes to the log line, with the request id the client got in `X-Request-Id`.
+# goes to the request's one log line (the outcome middleware's), with the request id the client
+# got in `X-Request-Id`, and the request is counted with its real outcome, not its 200.
 STREAM_ERRORS: dict[type[BackendError], tuple[str, str]] = {
     BackendUnavailable: ("unavailable", "a dependency is unavailable; try again"),
     UpstreamError: ("upstream_error", "the model's upstream failed; try again"),
@@ -136,24 +134,21 @@ _BACKEND_ERROR = ("unavailable", "a dependency failed; try again")
 _INTERNAL_ERROR = ("internal_error", "the answer failed; try again")
 
 
-async def _end_with_error(
-    response: web.StreamResponse, fmt: StreamFormat, exc: Exception, request_id: str
-) -> None:
+async def _end_with_error(response: web.StreamResponse, fmt: StreamFormat, exc: Exception) -> None:
     """Headers are out: the stream ends with an error event, never a silent cut."""
     if isinstance(exc, ConnectionError):
         raise exc  # the client went away: nobody to tell
-    extra = {"request_id": request_id, "error": str(exc), "error_class": type(exc).__name__}
-    if isinstance(exc, GatewayError):
-        kind, message = exc.type, exc.message  # written for the client
-        log.warning("stream ended by an error", extra=extra)
-    elif isinstance(exc, BackendError):
+    failure = failure_of(exc, client_gone=False)
+    if (record := current_record.get()) is not None:
+        record.failure = failure
+    if isinstance(exc, BackendError):
         kind, message = next(
             (v for cls, v in STREAM_ERRORS.items() if isinstance(exc, cls)), _BACKEND_ERROR
         )
-        log.warning("stream ended by an error", extra=extra)
+    elif failure.bug is None:
+        kind, message = failure.kind, failure.message  # written for the client
     else:
         kind, message = _INTERNAL_ERROR
-        log.exception("stream failed", exc_info=exc, extra=extra)
     await response.write(fmt.error(kind, message))
     await response.write_eof()
 

@@ -20,14 +20,18 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from backends.retrieval.base import Vector
+from backends.errors import BackendUnavailable
+from backends.retrieval.base import EmptyDocument, Vector
 from gateway.app import create_app
-from gateway.appkeys import METRICS
+from gateway.appkeys import METRICS, RUNTIME, SERVICES
+from gateway.reload import RELOADER
+from gateway.runtime import build_runtime
 from gateway.settings import Settings, hash_api_key
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 KEYS = {"acme": "key-adm-acme-01", "globex": "key-adm-globex-02", "initech": "key-adm-ini-03"}
+ADMIN_KEY = "key-adm-admin-04"
 QUERY = "POST /v1/query"
 PUT = "PUT /v1/documents/{doc_id}"
 _SLEEP = re.compile(r"SLEEP([0-9.]+)")
@@ -76,6 +80,7 @@ async def app_client(
             "request_timeout_s": 1.5,
             "write_timeout_s": 1.5,
             "body_read_timeout_s": 0.3,
+            "sse_keepalive_s": 0.1,  # a slow stream opens early: its failures are events
             "admission": {
                 "queries": {
                     "max_inflight": 2,
@@ -87,6 +92,7 @@ async def app_client(
             },
         },
         tenants=[{"id": t, "api_key_sha256": hash_api_key(k)} for t, k in KEYS.items()],
+        admin_api_key_sha256=hash_api_key(ADMIN_KEY),
         router={"classifier": "heuristic", "escalation": {"enabled": False}},
         cache={"backend": "off"},
     )
@@ -123,7 +129,7 @@ def request_lines(caplog: pytest.LogCaptureFixture, request_id: str) -> list[log
     return [
         r
         for r in caplog.records
-        if r.name == "gateway.middleware" and getattr(r, "request_id", None) == request_id
+        if r.name == "gateway.accounting" and getattr(r, "request_id", None) == request_id
     ]
 
 
@@ -316,3 +322,196 @@ async def test_probes_and_metrics_bypass_admission(
         resp = await client.get(path)
         assert resp.status == 200
     await asyncio.gather(*slow)
+
+
+# -- outcomes of streams, bodies, handlers' own timeouts, the admin endpoint, reloaded limits --
+
+
+def _sse_events(raw: str) -> list[tuple[str, str]]:
+    events = []
+    for frame in raw.split("\n\n"):
+        lines = frame.splitlines()
+        event = next((ln[7:] for ln in lines if ln.startswith("event: ")), "")
+        data = next((ln[6:] for ln in lines if ln.startswith("data: ")), "")
+        if event:
+            events.append((event, data))
+    return events
+
+
+async def _stream(client: TestClient[Any, Any], query: str) -> tuple[int, str, str]:
+    body = {"query": query, "route": "lookup", "stream": True}
+    resp = await client.post("/v1/query", json=body, headers=auth("acme"))
+    return resp.status, await resp.text(), resp.headers["X-Request-Id"]
+
+
+async def test_a_stream_ended_by_an_error_is_counted_with_its_outcome_and_logged_once(
+    app_client: tuple[TestClient[Any, Any], ScriptedEmbedder],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    client, _ = app_client
+    caplog.set_level(logging.INFO)
+    retriever = client.app[SERVICES].retriever
+
+    async def down(*args: Any, **kwargs: Any) -> Any:
+        await asyncio.sleep(0.3)  # past sse_keepalive_s: the stream is open, status 200 sent
+        raise BackendUnavailable("index", "connection refused by 10.0.0.7:9200")
+
+    monkeypatch.setattr(retriever, "search", down)
+    ok, unavailable = outcome(client, QUERY, "ok"), outcome(client, QUERY, "unavailable")
+    status, text, request_id = await _stream(client, "What does Acme sell?")
+    assert status == 200
+    assert _sse_events(text)[-1][0] == "error", text
+    assert "10.0.0.7" not in text
+    assert outcome(client, QUERY, "unavailable") == unavailable + 1
+    assert outcome(client, QUERY, "ok") == ok
+    lines = request_lines(caplog, request_id)
+    assert len(lines) == 1, [r.getMessage() for r in lines]
+    assert lines[0].__dict__["outcome"] == "unavailable"
+    assert "10.0.0.7" in lines[0].__dict__["error"]  # the detail goes to the log only
+    assert not [r for r in caplog.records if r.getMessage().startswith("stream")]
+
+    # Past its deadline while the stream is open: counted as the deadline it is.
+    monkeypatch.undo()
+    deadline = outcome(client, QUERY, "deadline")
+    status, text, request_id = await _stream(client, "SLEEP2 a slow stream")
+    assert status == 200
+    event, data = _sse_events(text)[-1]
+    assert event == "error" and "deadline_exceeded" in data, text
+    assert outcome(client, QUERY, "deadline") == deadline + 1
+    lines = request_lines(caplog, request_id)
+    assert len(lines) == 1 and lines[0].__dict__["outcome"] == "deadline"
+    await asyncio.sleep(0.6)  # the encoder finishes the slow text before the next test
+
+
+async def test_a_timeout_of_a_write_handler_s_own_is_not_reported_as_the_deadline(
+    app_client: tuple[TestClient[Any, Any], ScriptedEmbedder], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client, _ = app_client
+
+    async def times_out(*args: Any, **kwargs: Any) -> bool:
+        raise TimeoutError  # a backend's own timeout that escaped its seam: a bug, not ours
+
+    monkeypatch.setattr(client.app[SERVICES].retriever, "delete_document", times_out)
+    endpoint = "DELETE /v1/documents/{doc_id}"
+    deadline, error = outcome(client, endpoint, "deadline"), outcome(client, endpoint, "error")
+    resp = await client.delete("/v1/documents/whatever", headers=auth("acme"))
+    assert resp.status == 500
+    assert outcome(client, endpoint, "deadline") == deadline
+    assert outcome(client, endpoint, "error") == error + 1
+
+
+async def test_a_body_that_cannot_be_decoded_gets_a_stable_400(
+    app_client: tuple[TestClient[Any, Any], ScriptedEmbedder], caplog: pytest.LogCaptureFixture
+) -> None:
+    client, _ = app_client
+    caplog.set_level(logging.INFO)
+    body = b"certainly not gzip"
+    head = _post(len(body)).replace(b"\r\n\r\n", b"\r\nContent-Encoding: gzip\r\n\r\n")
+    reader, writer = await _raw(client, head)
+    await asyncio.sleep(0.05)  # after the headers: the gateway, not the parser, answers
+    writer.write(body)
+    await writer.drain()
+    response = await asyncio.wait_for(reader.read(), 5)
+    writer.close()
+    assert b" 400 " in response.split(b"\r\n", 1)[0], response
+    assert response.endswith(
+        b'{"error": {"type": "bad_request", "message": '
+        b'"the request body cannot be decoded (Content-Encoding?)"}}'
+    ), response
+    line = [r for r in caplog.records if getattr(r, "status", None) == 400][-1]
+    assert line.__dict__["error"].startswith("the request body cannot be decoded")
+
+
+async def test_a_document_with_no_passage_is_422_and_nothing_is_written(
+    app_client: tuple[TestClient[Any, Any], ScriptedEmbedder], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client, _ = app_client
+    retriever = client.app[SERVICES].retriever
+    url = "/v1/documents/headings"
+    resp = await client.put(url, json={"text": "Initech staplers."}, headers=auth("initech"))
+    assert resp.status in (200, 201)
+    generation = (await resp.json())["generation"]
+    resp = await client.put(url, json={"text": "# Only\n\n## headings\n"}, headers=auth("initech"))
+    assert resp.status == 422
+    message = (await resp.json())["error"]["message"]
+    assert message == "text: no passage to index (headings only?); add body text"
+    assert await retriever.generation("initech") == generation
+    chunks = await retriever.document_chunks("initech", "headings")
+    assert [c.text for c in chunks] == ["Initech staplers."]
+
+    # The backend's own refusal gets the same answer.
+    async def refuse(tenant: str, documents: Sequence[Any]) -> list[bool]:
+        raise EmptyDocument(documents[0].doc_id)
+
+    monkeypatch.setattr(retriever, "upsert_documents", refuse)
+    resp = await client.put(url, json={"text": "New text."}, headers=auth("initech"))
+    assert resp.status == 422
+    assert (await resp.json())["error"]["message"] == message
+
+
+def _admin() -> dict[str, str]:
+    return {"Authorization": f"Bearer {ADMIN_KEY}"}
+
+
+async def test_admin_reload_has_a_body_read_timeout_and_a_deadline(
+    app_client: tuple[TestClient[Any, Any], ScriptedEmbedder], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client, _ = app_client
+    endpoint = "POST /admin/reload"
+    resp = await client.post("/admin/reload", headers=_admin())
+    assert resp.status == 422  # started without a config file: nothing to reload
+    # A slow body: 408 after body_read_timeout_s.
+    timeouts = outcome(client, endpoint, "body_timeout")
+    head = (
+        f"POST /admin/reload HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN_KEY}\r\n"
+        "Content-Length: 100\r\n\r\n"
+    ).encode()
+    reader, writer = await _raw(client, head + b"{")
+    status_line = await asyncio.wait_for(reader.readline(), 5)
+    writer.close()
+    assert b" 408 " in status_line
+    assert outcome(client, endpoint, "body_timeout") == timeouts + 1
+
+    # A reload that hangs: 503 at the request deadline.
+    async def hangs(trigger: str) -> Any:
+        await asyncio.sleep(30)
+
+    monkeypatch.setattr(client.app[RELOADER], "reload", hangs)
+    deadlines = outcome(client, endpoint, "deadline")
+    started = asyncio.get_running_loop().time()
+    resp = await client.post("/admin/reload", headers=_admin())
+    assert resp.status == 503
+    assert (await resp.json())["error"]["type"] == "deadline_exceeded"
+    assert asyncio.get_running_loop().time() - started < 3
+    assert outcome(client, endpoint, "deadline") == deadlines + 1
+
+
+async def test_raised_limits_dispatch_waiters_at_once(
+    app_client: tuple[TestClient[Any, Any], ScriptedEmbedder],
+) -> None:
+    client, _ = app_client
+    holder = client.app[RUNTIME]
+    active = holder.current
+    settings = active.settings
+    queries = settings.server.admission.queries.model_copy(update={"max_inflight": 4})
+    admission = settings.server.admission.model_copy(update={"queries": queries})
+    server = settings.server.model_copy(update={"admission": admission})
+    raised = build_runtime(settings.model_copy(update={"server": server}), client.app[SERVICES])
+
+    def gauge(name: str) -> float:
+        return sample(client, name, pool="queries")
+
+    busy = [asyncio.ensure_future(ask(client, t, f"SLEEP0.4 {t} busy")) for t in ("acme", "globex")]
+    await asyncio.sleep(0.1)
+    waiting = asyncio.ensure_future(ask(client, "initech", "What does Initech make?"))
+    await asyncio.sleep(0.05)
+    assert (gauge("querygate_admission_queued"), gauge("querygate_admission_inflight")) == (1, 2)
+    try:
+        holder.current = raised  # what a reload does
+        assert gauge("querygate_admission_queued") == 0
+        assert gauge("querygate_admission_inflight") == 3
+    finally:
+        holder.current = active
+    await asyncio.gather(*busy, waiting)
+    await asyncio.sleep(0.3)

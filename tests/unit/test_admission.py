@@ -8,6 +8,7 @@ import pytest
 
 from gateway.admission import Pool, Saturated, TenantOverShare
 from gateway.errors import DeadlineExceeded
+from gateway.metrics import Metrics
 from gateway.settings import AdmissionConfig, PoolLimits
 
 CONFIG = AdmissionConfig(max_queue_wait_s=5, retry_after_s=2)
@@ -142,3 +143,44 @@ async def test_a_cancelled_waiter_leaves_no_trace() -> None:
     running.release.set()
     await running.task
     assert (pool.running, pool.queued) == (0, 0)
+
+
+async def test_raised_limits_dispatch_waiters_at_once() -> None:
+    pool, lim = Pool("queries"), limits(inflight=1, t_inflight=1)
+    running = Held(pool, "a", lim)
+    waiting = Held(pool, "b", lim)
+    await settle()
+    assert not waiting.ran.is_set()
+    pool.configure(limits(inflight=2, t_inflight=1), CONFIG)  # a reload; nobody finished
+    await settle()
+    assert waiting.ran.is_set() and (pool.running, pool.queued) == (2, 0)
+    for h in (running, waiting):
+        h.release.set()
+    await asyncio.gather(running.task, waiting.task)
+
+
+async def test_the_gauges_follow_every_change_of_the_queue() -> None:
+    metrics = Metrics()
+    pool, lim = Pool("writes", metrics), limits(inflight=1, queued=2, t_inflight=1, t_queued=2)
+
+    def gauges() -> tuple[float | None, float | None]:
+        get = metrics.registry.get_sample_value
+        return (
+            get("querygate_admission_inflight", {"pool": "writes"}),
+            get("querygate_admission_queued", {"pool": "writes"}),
+        )
+
+    running = Held(pool, "a", lim)
+    heavy = [Held(pool, "a", lim) for _ in range(2)]
+    await settle()
+    assert gauges() == (1, 2)
+    pool._push_out("b")  # a's newest waiter makes room (what a newcomer does)
+    assert gauges() == (1, 1)
+    pool._prune(later(60))  # a's other waiter is past its deadline
+    assert gauges() == (1, 0) and pool.queued == 0
+    for h in heavy:
+        with pytest.raises((TenantOverShare, DeadlineExceeded)):
+            await h.task
+    running.release.set()
+    await running.task
+    assert gauges() == (0, 0)
