@@ -18,18 +18,8 @@ from collections.abc import Iterator
 
 import aiohttp
 import pytest
-import yaml
 
-from tests.fixtures.gateway import (
-    DATA,
-    KEYS,
-    GatewayProcess,
-    free_port,
-    gateway_config,
-    run_cli,
-    stop_gateway,
-    wait_healthy,
-)
+from tests.fixtures.gateway import KEYS, GatewayProcess, start_gateway, stop_gateway
 
 LOAD_S = 12.0
 DEADLINE_S = 5.0
@@ -39,47 +29,25 @@ WORDS = "acme router fan warranty cable shipping invoice refund gizmo widget blu
 
 @pytest.fixture(scope="module")
 def loaded_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    import os
-    import subprocess
-    import sys
-
-    from tests.fixtures.gateway import REPO_ROOT
-
-    workdir = tmp_path_factory.mktemp("admission-load")
-    port = free_port()
-    config = gateway_config(workdir / "data", port, None)
-    config["server"] = {
-        "port": port,
-        "max_body_bytes": 1_048_576,
-        "request_timeout_s": DEADLINE_S,
-        "write_timeout_s": 20,
-        "shutdown_grace_s": 5,
-        "admission": {
-            "queries": {
-                "max_inflight": 8,
-                "max_queued": 16,
-                "tenant_max_inflight": 4,
-                "tenant_max_queued": 4,
+    overrides = {
+        "server": {
+            "max_body_bytes": 1_048_576,
+            "request_timeout_s": DEADLINE_S,
+            "write_timeout_s": 20,
+            "shutdown_grace_s": 5,
+            "admission": {
+                "queries": {
+                    "max_inflight": 8,
+                    "max_queued": 16,
+                    "tenant_max_inflight": 4,
+                    "tenant_max_queued": 4,
+                },
             },
         },
+        "cache": {"backend": "off"},  # every query does the full work
     }
-    config["cache"] = {"backend": "off"}  # every query does the full work
-    config_path = workdir / "config.yaml"
-    config_path.write_text(yaml.safe_dump(config))
-    for tenant in ("acme", "globex"):
-        done = run_cli(config_path, "ingest", "--tenant", tenant, str(DATA / tenant))
-        assert done.returncode == 0, done.stderr[-3000:]
-    log_path = workdir / "gateway.log"
-    with log_path.open("wb") as log_file:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "--config", str(config_path), "serve"],
-            cwd=REPO_ROOT,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-    gw = GatewayProcess(f"http://127.0.0.1:{port}", proc, log_path, config_path)
-    wait_healthy(gw)
+    workdir = tmp_path_factory.mktemp("admission-load")
+    gw = start_gateway(workdir, None, overrides=overrides)
     yield gw
     stop_gateway(gw)
 
