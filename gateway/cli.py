@@ -119,7 +119,13 @@ def _ingest(settings: Settings, args: argparse.Namespace) -> int:
     if not args.paths and not args.sample_corpus:
         print("nothing to ingest: give paths or --sample-corpus", file=sys.stderr)
         return 2
-    report = asyncio.run(_ingest_async(settings, args.tenant, args.paths, args.sample_corpus))
+    from gateway.ingest.readers import UnreadableInput
+
+    try:
+        report = asyncio.run(_ingest_async(settings, args.tenant, args.paths, args.sample_corpus))
+    except UnreadableInput as exc:
+        print(f"cannot ingest: {exc}", file=sys.stderr)
+        return 2
     print(json.dumps(report))
     return 0
 

@@ -3,7 +3,7 @@
 What the CLI ingests passes the rules the HTTP API applies (`gateway.text`): ids (a file's
 relative path, a record's `id`) are canonical document ids, so a file named in NFD is stored
 under the NFC id the API uses, and titles and texts are cleaned like a client's. What breaks a
-rule is refused with a ValueError naming the file (and line) and the rule.
+rule is refused with an UnreadableInput naming the file (and line) and the rule.
 """
 
 from __future__ import annotations
@@ -17,6 +17,10 @@ from gateway.ingest.chunker import heading
 from gateway.text import InvalidText, clean_text, doc_id
 
 SUFFIXES = (".md", ".txt", ".jsonl")
+
+
+class UnreadableInput(ValueError):
+    """A file or line that cannot be ingested as it is; the message names it and the rule."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +46,7 @@ def read_paths(paths: Iterable[Path]) -> Iterator[RawDocument]:
         elif path.suffix in SUFFIXES:
             yield from read_file(path, root=path.parent)
         else:
-            raise ValueError(f"{path}: not a directory or a {', '.join(SUFFIXES)} file")
+            raise UnreadableInput(f"{path}: not a directory or a {', '.join(SUFFIXES)} file")
 
 
 def read_file(path: Path, root: Path) -> Iterator[RawDocument]:
@@ -55,12 +59,12 @@ def read_file(path: Path, root: Path) -> Iterator[RawDocument]:
 
 
 def _document(where: str, raw_id: str, title: str, text: str) -> RawDocument:
-    """The document with a canonical id and clean title and text, or a ValueError saying
+    """The document with a canonical id and clean title and text, or an UnreadableInput saying
     `where` and which rule it breaks."""
     try:
         canonical = doc_id(raw_id)
     except InvalidText as exc:
-        raise ValueError(f"{where}: {exc}") from exc
+        raise UnreadableInput(f"{where}: {exc}") from exc
     return RawDocument(canonical, _clean(where, "title", title), _clean(where, "text", text))
 
 
@@ -68,7 +72,7 @@ def _clean(where: str, field: str, value: str) -> str:
     try:
         return clean_text(value)
     except InvalidText as exc:
-        raise ValueError(f"{where}: {field} {exc}") from exc
+        raise UnreadableInput(f"{where}: {field} {exc}") from exc
 
 
 def title_of(text: str, fallback: str) -> str:
@@ -87,7 +91,7 @@ def _jsonl_documents(path: Path, text: str) -> Iterator[RawDocument]:
             record = json.loads(line)
             fields = (record["id"], record.get("title") or record["id"], record["text"])
         except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
-            raise ValueError(f"{path}:{number}: want a JSON object with id and text") from exc
+            raise UnreadableInput(f"{path}:{number}: want a JSON object with id and text") from exc
         if not all(isinstance(f, str) for f in fields):
-            raise ValueError(f"{path}:{number}: id, title and text must be strings")
+            raise UnreadableInput(f"{path}:{number}: id, title and text must be strings")
         yield _document(f"{path}:{number}", *fields)

@@ -69,3 +69,14 @@ def _wait_ready(port: int) -> None:
         except requests.ConnectionError:
             time.sleep(0.2)
     raise AssertionError("querygate serve did not start")
+
+
+def test_an_unreadable_file_exits_2_naming_it_without_a_traceback(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(f"data_dir: {tmp_path / 'data'}\n")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "ok", "text": "fine"}\nnot json\n')
+    done = run_cli(config, "ingest", "--tenant", "t", str(bad))
+    assert done.returncode == 2, done.stderr
+    assert "bad.jsonl:2" in done.stderr
+    assert "Traceback" not in done.stderr
