@@ -7,12 +7,15 @@ Contract shared by every implementation:
   score = sum over arms of weight / (rrf_k + rank), rank starting at 1, ties broken by chunk id.
 - `document_chunks` reads one document back in reading order: by the n of its chunk ids
   `<doc_id>#<n>` as a number (#10 follows #9), ids whose n is not a number last, then by id.
-- Writes are per document: `upsert_document` replaces all of a document's chunks atomically as
-  seen by readers and is a no-op when the content hash is unchanged; every change bumps the
-  tenant's generation, which cached answers are keyed on. A write that failed is never taken
-  for a stored one: retrying it writes again and converges on the new version. A document
-  without chunks is refused with `EmptyDocument` (DELETE is how a document is removed), before
-  anything of its batch is written.
+- Writes are per document: `upsert_document` replaces all of a document's chunks and is a no-op
+  when the content hash is unchanged; every change bumps the tenant's generation, which cached
+  answers are keyed on, once the change is visible. Whether readers can see old and new chunks
+  together is the backend's to state: never in the embedded index (one transaction); in
+  OpenSearch for milliseconds while a write is applied, and until a settling write when two
+  processes write one document at once (docs/opensearch.md). A write that failed is never taken
+  for a stored one: retrying it writes again (or makes a generation bump that was lost) and
+  converges on the new version. A document without chunks is refused with `EmptyDocument`
+  (DELETE is how a document is removed), before anything of its batch is written.
 - Tenancy of statistics: what one tenant stores never changes another tenant's ranking where a
   backend isolates tenants (embedded always; OpenSearch with `tenancy: index_per_tenant`).
 - Failures of the underlying service surface as `backends.errors.BackendUnavailable`.
@@ -126,7 +129,8 @@ class Retriever(Protocol):
         ...
 
     async def delete_document(self, tenant: str, doc_id: str) -> bool:
-        """Remove every chunk of a document; False when it did not exist."""
+        """Remove every chunk of a document; False when readers saw none of it (leftovers of
+        a failed write are still removed)."""
         ...
 
     async def content_hash(self, tenant: str, doc_id: str) -> str | None:

@@ -14,11 +14,23 @@ Layout in the cluster, all named from `OpenSearchConfig.alias` (say `qg`):
 - `qg-meta` holds one document per tenant with its generation counter.
 - `qg-rrf` is the server-side RRF search pipeline, created only when neural-search is installed.
 
-Writes are atomic per document as readers see them: a new version's chunks are indexed hidden
-(`pending: true`, under `_id`s that include its content hash, so they never overwrite the old
-version's), then one `_bulk` per document un-hides them and deletes every other chunk of the
-document. A document counts as stored with hash H only when every chunk it has is visible and
-carries H, so a write that failed anywhere is written again by a retry, never "unchanged".
+Writes replace a document whole, with a short window (docs/opensearch.md, "Writes"): a new
+version's chunks are indexed hidden (`pending: true`, under `_id`s that include its content hash,
+so they never overwrite the old version's), then one `_bulk` per document (the flip) un-hides them
+and deletes every other chunk of the document. A `_bulk` is applied item by item, not as a
+transaction: a scheduled refresh that lands while the flip runs shows readers old and new chunks
+together (or a document short of some chunks) until the flip's own refresh, milliseconds later.
+Two processes writing one document at once can both flip; each then settles the document on one
+deterministic winner (highest flip stamp, then content hash) and deletes the other's visible
+chunks, so both versions are visible only between the second flip and its settling. A document
+counts as stored with hash H only when every chunk it has is visible and carries H, so a write
+that failed anywhere is written again by a retry, never "unchanged"; a retry that finds the
+flip applied but its generation bump lost makes the bump.
+
+With `tenancy: index_per_tenant`, `ensure_index` refuses to start while the shared alias (the
+`shared` layout) still holds chunks: serving would start every tenant empty.
+`migrate_shared_to_per_tenant` (`python -m backends.retrieval.opensearch migrate-tenancy CONFIG`)
+moves them, tenant by tenant, idempotently and resumably.
 
 Every call has a bounded timeout and no transport retries, so a down or slow node surfaces as
 `BackendUnavailable` quickly; only bulk writes retry (bounded) on 429/5xx.
@@ -273,6 +285,24 @@ class _RetryableBulk(Exception):
         self.pending = pending
 
 
+class SharedChunksNotMigrated(UpstreamError):
+    """`tenancy: index_per_tenant` over a cluster whose shared alias still holds chunks.
+
+    Serving would start every tenant empty (and /readyz green), so the retriever refuses."""
+
+    def __init__(self, alias: str, chunks: int) -> None:
+        super().__init__(
+            BACKEND,
+            f"tenancy is index_per_tenant but the shared alias {alias!r} holds {chunks} chunks "
+            "(written with tenancy: shared); every tenant would start empty. Either set "
+            "retrieval.opensearch.tenancy: shared to keep serving them, or move them with "
+            "`python -m backends.retrieval.opensearch migrate-tenancy CONFIG` (gateways "
+            "stopped; idempotent, resumable), or delete that alias's indices and re-ingest",
+        )
+        self.alias = alias
+        self.chunks = chunks
+
+
 class _Conflict(Exception):
     """A concurrent writer bumped the generation first; read again and retry."""
 
@@ -282,9 +312,15 @@ class _Stored:
     """A stored document as a write needs it: its chunks' keys, hashes and visibility."""
 
     chunk_keys: list[str] = field(default_factory=list)
-    visible_keys: set[str] = field(default_factory=set)
-    visible_hashes: set[str] = field(default_factory=set)
+    # Visible chunks' keys by content hash, and the highest flip stamp (the generation the flip
+    # expected to produce) among each hash's visible chunks.
+    visible: dict[str, list[str]] = field(default_factory=dict)
+    stamps: dict[str, int] = field(default_factory=dict)
     hidden_hashes: set[str] = field(default_factory=set)
+
+    @property
+    def visible_keys(self) -> set[str]:
+        return {key for keys in self.visible.values() for key in keys}
 
     @property
     def content_hash(self) -> str:
@@ -292,10 +328,18 @@ class _Stored:
         version (a flip that failed part-way), so that a retry writes the document again.
         Hidden chunks of another version (staging that failed) do not count: they are invisible
         and the next write of the document deletes them."""
-        if len(self.visible_hashes) != 1:
+        if len(self.visible) != 1:
             return ""
-        (visible,) = self.visible_hashes
+        (visible,) = self.visible
         return "" if visible in self.hidden_hashes else visible
+
+    def losers(self) -> list[str]:
+        """Visible keys of every version but the winner's (highest stamp, then hash): what
+        two writers that both flipped leave, and what settling deletes."""
+        if len(self.visible) < 2:
+            return []
+        winner = max(self.visible, key=lambda h: (self.stamps.get(h, 0), h))
+        return [key for h, keys in self.visible.items() if h != winner for key in keys]
 
 
 class OpenSearchRetriever:
@@ -334,8 +378,35 @@ class OpenSearchRetriever:
     async def ensure_index(self) -> None:
         """Create the template, the first index version, the alias and the meta index if absent.
 
-        Safe to run from every gateway replica at once: each step is idempotent.
+        Safe to run from every gateway replica at once: each step is idempotent. Raises
+        `SharedChunksNotMigrated` (before creating anything) when tenancy is index_per_tenant
+        and the shared layout's alias still holds chunks.
         """
+        await self._refuse_unmigrated_shared()
+        await self._bootstrap()
+        self._ready = True
+
+    async def _refuse_unmigrated_shared(self) -> None:
+        """index_per_tenant must not start over chunks still behind the shared alias."""
+        if self.config.tenancy != "index_per_tenant":
+            return
+        chunks = await self._shared_chunk_count()
+        if chunks:
+            raise SharedChunksNotMigrated(self.config.alias, chunks)
+
+    async def _shared_chunk_count(self) -> int:
+        """Chunks readers of the `shared` layout would see (hidden leftovers do not count)."""
+        alias = self.config.alias
+        with _translated("ensure_index"):
+            if not await self._client.indices.exists_alias(name=alias):
+                return 0
+            response = await self._client.count(
+                index=alias, body={"query": _VISIBLE}, ignore_unavailable=True
+            )
+        return int(response["count"])
+
+    async def _bootstrap(self) -> None:
+        """Template, mapping additions, the shared alias (shared mode), meta index, pipeline."""
         cfg = self.config
         with _translated("ensure_index"):
             # Lookups and the template use the short read timeout, so a hung node fails the first
@@ -365,7 +436,6 @@ class OpenSearchRetriever:
                     body=_rrf_pipeline(),
                     timeout=cfg.write_timeout_s,
                 )
-        self._ready = True
 
     async def _create_alias(self, alias: str) -> None:
         """`<alias>-v1` behind `alias`, unless the alias exists. Idempotent under races: the
@@ -387,6 +457,16 @@ class OpenSearchRetriever:
             return alias
         with _translated("ensure_tenant_index"):
             await self._create_alias(alias)
+            # A concurrent first write may have found the index created but its shard not yet
+            # started (searches then fail with 503): wait for it, once per tenant and process.
+            await self._client.cluster.health(
+                index=alias,
+                wait_for_status="yellow",
+                # 2.19 reports a new index yellow while its one primary is still initializing.
+                wait_for_no_initializing_shards=True,
+                params={"timeout": f"{int(self.config.write_timeout_s * 1000)}ms"},
+                request_timeout=self.config.write_timeout_s + 1,
+            )
         self._tenant_aliases.add(alias)
         return alias
 
@@ -446,14 +526,73 @@ class OpenSearchRetriever:
             aliases = await self._client.indices.get_alias(name=alias)
         return str(next(iter(aliases)))
 
-    async def tenant_indices(self) -> dict[str, str]:
-        """Every versioned alias of this layout and the index behind it."""
+    async def migrate_shared_to_per_tenant(self, timeout_s: float = 3600.0) -> dict[str, int]:
+        """Move every tenant's chunks from the shared alias into the tenant's own index.
+
+        For index_per_tenant, with every gateway on this alias stopped (a `shared` gateway
+        writing meanwhile could lose its write). Per tenant: `_reindex` its visible chunks
+        (term filter) into its current index under the same `_id`s, then delete the tenant's
+        chunks from the shared index; at the end the emptied shared indices and alias go. Each
+        step overwrites or deletes by id, so a run that stopped anywhere is finished by running
+        it again. Generations are kept: the content readers see does not change.
+        Returns the chunks copied per tenant.
+        """
         cfg = self.config
-        with _translated("tenant_indices"):
-            found = await self._client.indices.get_alias(
-                index=f"{cfg.alias}-v*,{cfg.alias}-t*", ignore_unavailable=True
+        if cfg.tenancy != "index_per_tenant":
+            raise ValueError("migrate_shared_to_per_tenant needs tenancy: index_per_tenant")
+        await self._bootstrap()
+        copied: dict[str, int] = {}
+        while tenants := await self._shared_tenants():
+            for tenant in tenants:
+                if tenant in copied:
+                    raise UpstreamError(BACKEND, f"migration: chunks of {tenant!r} came back")
+                copied[tenant] = await self._migrate_tenant(tenant, timeout_s)
+        with _translated("migrate"):
+            if await self._client.indices.exists_alias(name=cfg.alias):
+                behind = await self._client.indices.get_alias(name=cfg.alias)
+                # Hidden leftovers of failed writes are all that can remain: nobody reads them.
+                await self._client.indices.delete(
+                    index=",".join(behind), request_timeout=cfg.write_timeout_s
+                )
+        self._ready = True
+        return copied
+
+    async def _shared_tenants(self, page: int = 100) -> list[str]:
+        """Up to `page` tenants with visible chunks behind the shared alias."""
+        if not await self._shared_chunk_count():
+            return []
+        body = {
+            "size": 0,
+            "query": _VISIBLE,
+            "aggs": {"tenants": {"terms": {"field": "tenant", "size": page}}},
+        }
+        with _translated("migrate"):
+            response = await self._client.search(index=self.config.alias, body=body)
+        return [str(b["key"]) for b in response["aggregations"]["tenants"]["buckets"]]
+
+    async def _migrate_tenant(self, tenant: str, timeout_s: float) -> int:
+        cfg = self.config
+        with _translated("migrate"):
+            await self._create_alias(cfg.tenant_alias(tenant))
+            self._tenant_aliases.add(cfg.tenant_alias(tenant))
+            dest = await self.current_index(tenant)
+            query: Json = {"bool": {"filter": [{"term": {"tenant": tenant}}, _VISIBLE]}}
+            done = await self._client.reindex(
+                body={"source": {"index": cfg.alias, "query": query}, "dest": {"index": dest}},
+                refresh=True,
+                wait_for_completion=True,
+                request_timeout=timeout_s,
             )
-        return {alias: index for index, entry in found.items() for alias in entry["aliases"]}
+            if done.get("failures"):
+                raise UpstreamError(BACKEND, f"migration of a tenant: {done['failures'][:1]}")
+            await self._client.delete_by_query(
+                index=cfg.alias,
+                body={"query": {"term": {"tenant": tenant}}},
+                refresh=True,
+                conflicts="proceed",
+                request_timeout=timeout_s,
+            )
+        return int(done["total"])
 
     async def rebuild_index(self, tenant: str | None = None) -> tuple[str, str]:
         """Copy the live index into a new version (current template) and swap the alias to it.
@@ -606,6 +745,9 @@ class OpenSearchRetriever:
 
     async def content_hashes(self, tenant: str, doc_ids: Sequence[str]) -> dict[str, str]:
         stored = await self._stored(tenant, doc_ids)
+        # Idempotent ingest skips what this reports as stored: a flip that landed with its bump
+        # lost must not be skipped with answers of the old content still cached.
+        await self._bump_if_behind(tenant, list(stored.values()))
         # A document none of whose chunks readers see (a delete that failed part-way) is absent.
         return {
             doc_id: entry.content_hash for doc_id, entry in stored.items() if entry.visible_keys
@@ -668,22 +810,31 @@ class OpenSearchRetriever:
         old = [stored.get(d.doc_id, _Stored()) for d in documents]
         changed = [o.content_hash != d.content_hash for o, d in zip(old, documents, strict=True)]
         if not any(changed):
+            # An earlier attempt's flip may have landed with its bump lost: make the bump.
+            await self._bump_if_behind(tenant, old)
             return changed
-        # Informational stamp on the chunks: the generation this change is expected to produce.
-        generation = await self.generation(tenant) + 1
         staged: list[Json] = []
         flips: list[list[Json]] = []
         for document, previous, change in zip(documents, old, changed, strict=True):
             if change:
-                hidden, flip = self._document_ops(index, tenant, document, generation, previous)
+                hidden, flip = self._document_ops(index, tenant, document, previous)
                 staged += hidden
                 flips.append(flip)
         # 1. The new versions' chunks, hidden from every reader: a failure here leaves the old
         # versions whole. No refresh: nobody may see them yet, the flip refreshes.
-        await self._bulk(staged, refresh="false")
         try:
-            # 2. Per document, un-hide its new chunks and delete all others in one request.
-            await self._flip(flips)
+            await self._bulk(staged, refresh="false")
+        except BaseException:
+            # Hidden chunks still count in the index's BM25 statistics: take back what landed.
+            await self._discard_after_failure(index, staged)
+            raise
+        try:
+            # 2. Per document, un-hide its new chunks and delete all others in one request,
+            # stamped with the generation the change is expected to produce (read just now).
+            await self._flip(flips, await self.generation(tenant) + 1)
+            # 3. A concurrent writer of the same document may have flipped too: keep one.
+            written = [d.doc_id for d, c in zip(documents, changed, strict=True) if c]
+            await self._settle(index, tenant, written)
         except BaseException:
             # Part of a flip may be visible: retire the tenant's cached answers all the same.
             await self._bump_after_failure(tenant)
@@ -702,16 +853,17 @@ class OpenSearchRetriever:
             self._check_vector(chunk.embedding)
 
     def _document_ops(
-        self, index: str, tenant: str, document: Document, generation: int, previous: _Stored
+        self, index: str, tenant: str, document: Document, previous: _Stored
     ) -> tuple[list[Json], list[Json]]:
         """(index ops for the new version's hidden chunks, the document's flip ops)."""
         hidden: list[Json] = []
         flip: list[Json] = []
         new_keys: set[str] = set()
+        visible = previous.visible_keys
         for chunk in document.chunks:
             key = chunk_key(tenant, document.doc_id, document.content_hash, chunk.chunk_id)
             new_keys.add(key)
-            if key in previous.visible_keys:
+            if key in visible:
                 continue  # this version's chunk, made visible by an earlier, partial attempt
             hidden += [
                 {"index": {"_index": index, "_id": key}},
@@ -723,7 +875,7 @@ class OpenSearchRetriever:
                     "section": chunk.section,
                     "text": chunk.text,
                     "content_hash": document.content_hash,
-                    "generation": generation,
+                    "generation": 0,  # stamped by the flip
                     "pending": True,
                     "embedding": chunk.embedding.astype(float).tolist(),
                 },
@@ -732,16 +884,41 @@ class OpenSearchRetriever:
         stale = sorted(set(previous.chunk_keys) - new_keys)
         return hidden, flip + _delete_ops(index, stale)
 
-    async def _flip(self, flips: list[list[Json]]) -> None:
-        """Send each document's flip whole; small ones share a request."""
+    async def _flip(self, flips: list[list[Json]], stamp: int) -> None:
+        """Send each document's flip whole; small ones share a request. `stamp` goes on every
+        chunk it un-hides: a retry that finds it above the tenant's generation knows the flip
+        landed without its bump."""
         batch: list[Json] = []
         for flip in flips:
+            for line in flip:
+                if "doc" in line:
+                    line["doc"]["generation"] = stamp
             if batch and len(batch) + len(flip) > 2 * _FLIP_BATCH:
                 await self._bulk_whole(batch)
                 batch = []
             batch += flip
         if batch:
             await self._bulk_whole(batch)
+
+    async def _settle(self, index: str, tenant: str, doc_ids: Sequence[str]) -> None:
+        """Leave one version of each document visible: two writers of one document can both
+        flip; both settle on the same deterministic winner, so the last to settle converges."""
+        stored = await self._stored(tenant, doc_ids)
+        losers = [key for entry in stored.values() for key in entry.losers()]
+        if losers:
+            await self._bulk(_delete_ops(index, losers))
+
+    async def _bump_if_behind(self, tenant: str, stored: Sequence[_Stored]) -> None:
+        stamp = max((max(s.stamps.values(), default=0) for s in stored), default=0)
+        if stamp > await self.generation(tenant):
+            await self._bump_generation(tenant)
+
+    async def _discard_after_failure(self, index: str, staged: list[Json]) -> None:
+        """Best effort: delete the hidden chunks a failed staging may have left (the node may
+        be down: then the document's next write or delete removes them)."""
+        keys = [str(line["index"]["_id"]) for line in staged if "index" in line]
+        with contextlib.suppress(Exception):
+            await asyncio.shield(self._bulk(_delete_ops(index, keys), refresh="false"))
 
     async def _bump_after_failure(self, tenant: str) -> None:
         """Best effort: the node may be down, and the caller's error is the one to raise."""
@@ -759,18 +936,20 @@ class OpenSearchRetriever:
                 entry = found.setdefault(source["doc_id"], _Stored())
                 key = str(hit["_id"])
                 entry.chunk_keys.append(key)
+                content_hash = str(source["content_hash"])
                 if source.get("pending", False):
-                    entry.hidden_hashes.add(str(source["content_hash"]))
+                    entry.hidden_hashes.add(content_hash)
                 else:
-                    entry.visible_keys.add(key)
-                    entry.visible_hashes.add(str(source["content_hash"]))
+                    entry.visible.setdefault(content_hash, []).append(key)
+                    stamp = int(source.get("generation", 0))
+                    entry.stamps[content_hash] = max(entry.stamps.get(content_hash, 0), stamp)
         return found
 
     async def _hits_of(self, tenant: str, doc_ids: list[str]) -> AsyncIterator[Json]:
         """Every chunk of the documents, paged with search_after (no result-window limit)."""
         body: Json = {
             "size": _LOOKUP_PAGE,
-            "_source": ["doc_id", "content_hash", "pending"],
+            "_source": ["doc_id", "content_hash", "pending", "generation"],
             "query": {
                 "bool": {"filter": [{"term": {"tenant": tenant}}, {"terms": {"doc_id": doc_ids}}]}
             },
@@ -792,39 +971,28 @@ class OpenSearchRetriever:
             body["search_after"] = hits[-1]["sort"]
 
     async def delete_document(self, tenant: str, doc_id: str) -> bool:
-        """Hide every chunk in one request, then delete them: readers lose the document at
-        once, and a delete that failed part-way leaves hidden chunks that a retry finds."""
-        await self._ensure_ready()
-        index = self.config.tenant_alias(tenant)
-        ids = await self._chunk_ids(tenant, doc_id)
-        if not ids:
+        """Hide every visible chunk in one request, then delete every chunk, hidden ones too:
+        readers lose the document at once, and a delete that failed part-way leaves hidden
+        chunks that a retry finds. False when readers saw no chunk of it (the gateway's 404),
+        even when hidden chunks (a failed staging, a half-done delete) were cleaned up."""
+        entry = (await self._stored(tenant, [doc_id])).get(doc_id)
+        if entry is None:
             return False
+        index = self.config.tenant_alias(tenant)
         hide: list[Json] = []
-        for key in ids:
+        for key in sorted(entry.visible_keys):
             hide += [{"update": {"_index": index, "_id": key}}, {"doc": {"pending": True}}]
         try:
-            await self._bulk_whole(hide)
-            await self._bulk(_delete_ops(index, ids))
+            if hide:
+                await self._bulk_whole(hide)
+            await self._bulk(_delete_ops(index, entry.chunk_keys))
         except BaseException:
             await self._bump_after_failure(tenant)
             raise
+        # Also when only hidden chunks were left: they may be a half-done delete whose hide
+        # was visible and whose bump was lost.
         await self._bump_generation(tenant)
-        return True
-
-    async def _chunk_ids(self, tenant: str, doc_id: str) -> list[str]:
-        body = {
-            "size": MAX_CHUNKS_PER_DOCUMENT,
-            "_source": False,
-            "query": _doc_filter(tenant, doc_id),
-        }
-        with _translated("chunk_ids"):
-            response = await self._client.search(
-                index=self.config.tenant_alias(tenant),
-                body=body,
-                ignore_unavailable=True,
-                request_timeout=self.config.write_timeout_s,
-            )
-        return [str(h["_id"]) for h in response["hits"]["hits"]]
+        return bool(hide)
 
     async def _bump_generation(self, tenant: str) -> int:
         """Increment the tenant's counter with optimistic concurrency (no scripting needed)."""
@@ -1032,3 +1200,33 @@ def _error_type(exc: TransportError) -> str | None:
     if isinstance(info, dict) and isinstance(info.get("error"), dict):
         return str(info["error"].get("type"))
     return None
+
+
+async def _migrate_tenancy(config: OpenSearchConfig) -> dict[str, int]:
+    async with OpenSearchRetriever(config) as retriever:
+        return await retriever.migrate_shared_to_per_tenant()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m backends.retrieval.opensearch migrate-tenancy CONFIG`: the one-off move of a
+    `shared` deployment's chunks to `index_per_tenant` (stop the gateways first)."""
+    import argparse
+    import json
+    from pathlib import Path
+
+    from gateway.settings import load_settings  # the entry point reads the gateway's config
+
+    parser = argparse.ArgumentParser(prog="python -m backends.retrieval.opensearch")
+    parser.add_argument("command", choices=["migrate-tenancy"])
+    parser.add_argument("config", type=Path, nargs="?", help="the gateway's YAML config")
+    args = parser.parse_args(argv)
+    config = load_settings(args.config).retrieval.opensearch
+    if config.tenancy != "index_per_tenant":
+        parser.error("retrieval.opensearch.tenancy must be index_per_tenant to migrate to it")
+    copied = asyncio.run(_migrate_tenancy(config))
+    print(json.dumps({"tenants": len(copied), "chunks": sum(copied.values())}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 from pydantic import ValidationError
 
-from backends.errors import BackendUnavailable
+from backends.errors import BackendError, BackendUnavailable, UpstreamError
 from backends.retrieval.base import (
     MAX_DOCUMENT_CHUNKS,
     RRF_K,
@@ -33,6 +33,7 @@ from backends.retrieval.opensearch import (
     Json,
     OpenSearchConfig,
     OpenSearchRetriever,
+    SharedChunksNotMigrated,
     normalise_query,
 )
 from tests.fixtures import tenancy
@@ -111,7 +112,8 @@ async def test_first_use_creates_the_index_layout(
             expected = config.alias if tenancy == "shared" else config.tenant_alias("t")
             assert expected.startswith(config.alias)
             assert await retriever.current_index("t") == f"{expected}-v1"
-            assert await retriever.tenant_indices() == {expected: f"{expected}-v1"}
+            behind = opensearch_request(opensearch_url, f"/_alias/{expected}")
+            assert list(behind) == [f"{expected}-v1"]
         finally:
             await retriever.drop_all()
 
@@ -647,7 +649,8 @@ async def test_bulk_retries_are_bounded_and_end_in_backend_unavailable(
         with pytest.raises(BackendUnavailable):
             await retriever.upsert_document("t", doc("never", ["a"], [1]))
 
-        assert calls == ["rejected", "rejected"]
+        # The staging twice, then the best-effort discard of what may have landed, twice.
+        assert calls == ["rejected"] * 4
         assert await retriever.generation("t") == 0
 
 
@@ -749,21 +752,33 @@ async def test_an_empty_document_is_refused_and_nothing_of_its_batch_is_written(
 
 @asynccontextmanager
 async def bulk_killing_proxy(
-    upstream: str, forward: int, *, after_forwarding: bool = False
+    upstream: str,
+    forward: int,
+    *,
+    after_forwarding: bool = False,
+    kills: int | None = None,
+    kill_bumps: bool = False,
 ) -> AsyncIterator[tuple[str, list[str], asyncio.Event]]:
     """An HTTP proxy in front of the real node that forwards the first `forward` bulk calls and
     then drops the connection of every later one (before forwarding it, or, with
-    `after_forwarding`, after the node applied it) until the yielded event is set.
-    Yields (url, log of bulk calls, heal)."""
+    `after_forwarding`, after the node applied it) until the yielded event is set, or for the
+    next `kills` bulk calls only. `kill_bumps` also drops every generation write (a PUT to the
+    meta index) before it is forwarded, until healed. Yields (url, log of bulk calls, heal)."""
     calls: list[str] = []
     heal = asyncio.Event()
 
     async def handle(request: web.Request) -> web.StreamResponse:
         body = await request.read()
         bulk = request.path.endswith("/_bulk")
-        kill = bulk and not heal.is_set() and len(calls) >= forward
+        killing = len(calls) >= forward and (kills is None or len(calls) < forward + kills)
+        kill = bulk and not heal.is_set() and killing
         if bulk:
             calls.append("killed" if kill else "forwarded")
+        bump = request.method == "PUT" and "-meta/_doc/" in request.path
+        if kill_bumps and bump and not heal.is_set():
+            assert request.transport is not None
+            request.transport.abort()
+            return web.Response(status=499)
         if kill and not after_forwarding:
             assert request.transport is not None
             request.transport.abort()
@@ -826,7 +841,8 @@ async def test_a_multi_batch_upsert_killed_part_way_leaves_the_old_version_and_a
         with pytest.raises(BackendUnavailable):
             await retriever.upsert_document("t", new)
 
-        assert calls[6:] == ["killed", "killed"]  # the third batch and its one retry
+        # The third batch and its one retry, then the discard of what landed (and its retry).
+        assert calls[6:] == ["killed"] * 4
         # Part of the new version is stored, hidden; readers see the old version whole.
         assert any(c["pending"] for c in await raw_chunks(opensearch_url, retriever, "t"))
         read = await retriever.document_chunks("t", "d")
@@ -889,8 +905,166 @@ async def test_a_delete_killed_part_way_hides_the_document_and_a_retry_finishes_
 
         assert await retriever.document_chunks("t", "d") == []
         assert await retriever.content_hash("t", "d") is None  # readers see no document
+        generation = await retriever.generation("t")
         heal.set()
-        assert await retriever.delete_document("t", "d") is True
+        # Readers saw no document any more (404), but the retry still removes the hidden chunks.
+        assert await retriever.delete_document("t", "d") is False
+        assert await retriever.generation("t") == generation + 1
         assert await retriever.delete_document("t", "d") is False
         assert await retriever.stats("t") == (0, 0)
         assert await raw_chunks(opensearch_url, retriever, "t") == []
+
+
+@pytest.mark.parametrize("retry", ["upsert", "content_hashes"])
+async def test_a_flip_applied_whose_bump_was_lost_is_bumped_by_the_retry(
+    opensearch_url: str, retry: str
+) -> None:
+    new = doc("d", ["new text"], [2], rev="2")
+    # The flip reaches the node and is applied, its answer is lost, and the best-effort bump
+    # after the failure is lost too: cached answers of the old content are still current.
+    async with (
+        bulk_killing_proxy(opensearch_url, forward=3, after_forwarding=True, kill_bumps=True) as (
+            url,
+            _calls,
+            heal,
+        ),
+        retriever_via(url, attempts=1) as retriever,
+    ):
+        heal.set()
+        await retriever.upsert_document("t", doc("d", ["old text"], [1]))
+        generation = await retriever.generation("t")
+        heal.clear()
+
+        with pytest.raises(BackendUnavailable):
+            await retriever.upsert_document("t", new)
+
+        assert [h.text for h in await retriever.document_chunks("t", "d")] == ["new text"]
+        assert await retriever.generation("t") == generation
+        heal.set()
+        # Either way a retry finds the document stored (the gateway's ingest asks for hashes
+        # first and skips what is stored), and either way it makes the lost bump.
+        if retry == "upsert":
+            assert await retriever.upsert_document("t", new) is False
+        else:
+            assert await retriever.content_hashes("t", ["d"]) == {"d": "d-2"}
+        assert await retriever.generation("t") == generation + 1
+        assert await retriever.upsert_document("t", new) is False
+        assert await retriever.generation("t") == generation + 1  # once only
+
+
+async def test_a_failed_staging_takes_back_its_hidden_chunks(opensearch_url: str) -> None:
+    # Batches of 2: the new version's first two batches land hidden, the third is killed, and
+    # the discard that follows is forwarded.
+    async with (
+        bulk_killing_proxy(opensearch_url, forward=2, kills=1) as (url, calls, _heal),
+        retriever_via(url, attempts=1, bulk_batch_size=2) as retriever,
+    ):
+        with pytest.raises(BackendUnavailable):
+            await retriever.upsert_document("t", doc("d", list("abcde"), [0, 1, 2, 3, 4]))
+
+        # The discard: 5 deletes, 4 lines (2 x bulk_batch_size) a request.
+        assert calls == ["forwarded", "forwarded", "killed", "forwarded", "forwarded"]
+        assert await raw_chunks(opensearch_url, retriever, "t") == []
+        assert await retriever.generation("t") == 0
+
+
+async def test_deleting_a_document_readers_never_saw_is_false_and_removes_its_hidden_chunks(
+    opensearch_url: str,
+) -> None:
+    # The staging's second batch is killed, and so is the discard: hidden chunks stay behind.
+    async with (
+        bulk_killing_proxy(opensearch_url, forward=1) as (url, _calls, heal),
+        retriever_via(url, attempts=1, bulk_batch_size=1) as retriever,
+    ):
+        with pytest.raises(BackendUnavailable):
+            await retriever.upsert_document("t", doc("d", ["a", "b"], [1, 2]))
+        assert [c["pending"] for c in await raw_chunks(opensearch_url, retriever, "t")] == [True]
+        heal.set()
+
+        assert await retriever.delete_document("t", "d") is False
+
+        assert await raw_chunks(opensearch_url, retriever, "t") == []
+
+
+async def test_two_writers_of_one_document_settle_on_one_whole_version(
+    opensearch_url: str, make_opensearch_retriever: RetrieverFactory
+) -> None:
+    """Two processes (two clients) write different versions of one document at once, so both
+    can flip; whatever the interleaving, readers are left with one version, whole."""
+    first = await make_opensearch_retriever(use_server_side_rrf="off")
+    second = OpenSearchRetriever(first.config)
+    try:
+        for n in range(8):
+            a = doc("d", [f"a{n} one", f"a{n} two"], [1, 2], rev=f"a{n}")
+            b = doc("d", [f"b{n} one", f"b{n} two", f"b{n} three"], [3, 4, 5], rev=f"b{n}")
+            results = await asyncio.gather(
+                first.upsert_document("t", a),
+                second.upsert_document("t", b),
+                return_exceptions=True,
+            )
+            # A writer may fail when the other deleted its hidden chunks (a retry converges).
+            assert all(r is True or isinstance(r, UpstreamError) for r in results), results
+            texts = sorted(h.text for h in await first.document_chunks("t", "d"))
+            assert texts in (sorted(c.text for c in a.chunks), sorted(c.text for c in b.chunks))
+            stored = await first.content_hash("t", "d")
+            assert stored == (a.content_hash if texts[0].startswith("a") else b.content_hash)
+    finally:
+        await second.aclose()
+
+
+# -- from tenancy: shared to index_per_tenant ------------------------------------------------
+
+
+async def test_index_per_tenant_refuses_to_start_over_chunks_of_the_shared_layout(
+    make_opensearch_retriever: RetrieverFactory,
+) -> None:
+    shared = await make_opensearch_retriever(tenancy="shared", use_server_side_rrf="off")
+    await shared.upsert_document("t", doc("d", ["kept"], [1]))
+    upgraded = OpenSearchRetriever(replace_config(shared.config, tenancy="index_per_tenant"))
+    try:
+        with pytest.raises(SharedChunksNotMigrated) as refused:
+            await upgraded.ensure_index()
+        message = str(refused.value)
+        assert "tenancy: shared" in message and "migrate-tenancy" in message
+        # /readyz (ping) and every request fail with it instead of serving empty tenants.
+        with pytest.raises(BackendError, match="shared alias"):
+            await upgraded.ping()
+        with pytest.raises(SharedChunksNotMigrated):
+            await upgraded.search(SearchRequest("t", "kept", unit_vector(1)))
+    finally:
+        await upgraded.aclose()
+
+
+async def test_migration_moves_each_tenant_into_its_own_index_and_is_idempotent(
+    make_opensearch_retriever: RetrieverFactory, opensearch_url: str
+) -> None:
+    shared = await make_opensearch_retriever(tenancy="shared", use_server_side_rrf="off")
+    await shared.upsert_documents("a", [doc("d1", ["alpha one"], [1]), doc("d2", ["two"], [2])])
+    await shared.upsert_document("b", doc("d1", ["beta", "gamma"], [3, 4]))
+    generations = {t: await shared.generation(t) for t in ("a", "b")}
+    upgraded = OpenSearchRetriever(replace_config(shared.config, tenancy="index_per_tenant"))
+    try:
+        assert await upgraded.migrate_shared_to_per_tenant() == {"a": 2, "b": 2}
+
+        await upgraded.ensure_index()
+        assert await upgraded.stats("a") == (2, 2)
+        assert await upgraded.stats("b") == (1, 2)
+        assert await upgraded.content_hashes("a", ["d1", "d2"]) == {"d1": "d1-1", "d2": "d2-1"}
+        hits = await upgraded.search(SearchRequest("a", "alpha", unit_vector(1), k=5))
+        assert ids(hits)[0] == "d1#0"
+        assert {t: await upgraded.generation(t) for t in ("a", "b")} == generations
+        aliases = opensearch_request(opensearch_url, f"/_alias/{shared.config.alias}*")
+        assert not any(shared.config.alias in entry["aliases"] for entry in aliases.values())
+        # A run that stopped after copying (the shared copy still there) is finished by
+        # running again: same ids, so nothing is doubled.
+        await shared.ensure_index()  # the shared alias again, as before the first run
+        await shared.upsert_document("b", doc("d1", ["beta", "gamma"], [3, 4]))
+        assert await upgraded.migrate_shared_to_per_tenant() == {"b": 2}
+        assert await upgraded.migrate_shared_to_per_tenant() == {}
+        assert await upgraded.stats("b") == (1, 2)
+    finally:
+        await upgraded.aclose()
+
+
+def replace_config(config: OpenSearchConfig, **changes: Any) -> OpenSearchConfig:
+    return config.model_copy(update=changes)
