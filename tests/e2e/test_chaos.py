@@ -27,7 +27,14 @@ from dataclasses import dataclass
 import pytest
 import requests
 
-from tests.fixtures.gateway import GatewayProcess, TcpProxy, start_gateway, stop_gateway
+from tests.fixtures.gateway import (
+    GatewayProcess,
+    TcpProxy,
+    opensearch_retrieval,
+    proxied,
+    start_gateway,
+    stop_gateway,
+)
 
 DEADLINE_S = 5.0
 # What a client may wait beyond the gateway's deadline: scheduling on a busy 2-core machine.
@@ -47,32 +54,19 @@ class Outcome:
 
 @pytest.fixture(scope="module")
 def upstream_proxy(fake_upstream: str) -> Iterator[TcpProxy]:
-    proxy = TcpProxy(fake_upstream.removeprefix("http://").removesuffix("/v1"))
-    proxy.start()
-    yield proxy
-    proxy.stop()
+    yield from proxied(fake_upstream.removesuffix("/v1"))
 
 
 @pytest.fixture(scope="module")
 def search_proxy(opensearch_url: str) -> Iterator[TcpProxy]:
-    proxy = TcpProxy(opensearch_url.removeprefix("http://"))
-    proxy.start()
-    yield proxy
-    proxy.stop()
+    yield from proxied(opensearch_url)
 
 
 @pytest.fixture(scope="module")
 def chaotic(
     upstream_proxy: TcpProxy, search_proxy: TcpProxy, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[GatewayProcess]:
-    retrieval = {
-        "backend": "opensearch",
-        "opensearch": {
-            "hosts": [f"http://127.0.0.1:{search_proxy.port}"],
-            "alias": f"qg-chaos-{uuid.uuid4().hex[:8]}",
-            "search_timeout_s": 1.0,
-        },
-    }
+    retrieval = opensearch_retrieval(search_proxy, "qg-chaos")
     tier = {"timeout_s": 2.0, "cooldown_after": 3, "cooldown_s": COOLDOWN_S}
     overrides = {
         "server": {"request_timeout_s": DEADLINE_S},
