@@ -1,4 +1,4 @@
-"""`querygate`: serve, ingest, route. Every command reads the same configuration."""
+"""`querygate`: serve, ingest, route, eval. Every command reads the same configuration."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
-    handler = {"serve": _serve, "ingest": _ingest, "route": _route}[args.command]
+    handler = {"serve": _serve, "ingest": _ingest, "route": _route, "eval": _eval}[args.command]
     return handler(settings, args)
 
 
@@ -58,7 +58,45 @@ def _parser() -> argparse.ArgumentParser:
     route = sub.add_parser("route", help="explain the routing decision for a question")
     route.add_argument("question")
     route.add_argument("--tenant", default="demo", help="whose routing rules apply")
+
+    evaluate = sub.add_parser(
+        "eval", help="measure this configuration's routing or retrieval on labelled questions"
+    )
+    kinds = evaluate.add_subparsers(dest="evaluation", required=True)
+    routes = kinds.add_parser(
+        "routes",
+        help='route accuracy on JSONL lines {"question", "route", "history"?}',
+        description="Classifier and policy only: no LLM is called, nothing is answered.",
+    )
+    routes.add_argument("file", type=Path)
+    routes.add_argument("--tenant", default="demo", help="whose routing rules apply")
+    routes.add_argument(
+        "--with-escalation",
+        action="store_true",
+        help="run each lookup's retrieval and evidence grade on the tenant's index; "
+        "escalated ones count as multihop",
+    )
+    retrieval = kinds.add_parser(
+        "retrieval",
+        help='recall@k and MRR@10 on JSONL lines {"question", "relevant": [doc_id, ...]}',
+        description="BM25, dense and fused search of the tenant's index, as a lookup makes it.",
+    )
+    retrieval.add_argument("file", type=Path)
+    retrieval.add_argument("--tenant", required=True)
+    retrieval.add_argument("--k", type=_positive, default=10, help="recall@k (default 10)")
+    for kind in (routes, retrieval):
+        kind.add_argument("--json", action="store_true", help="print the report as JSON")
+        kind.add_argument(
+            "--show", type=_positive, default=10, help="worst misroutes / misses to list"
+        )
     return parser
+
+
+def _positive(value: str) -> int:
+    number = int(value)
+    if not 1 <= number <= 100:
+        raise argparse.ArgumentTypeError("want an integer from 1 to 100")
+    return number
 
 
 def with_demo_key(settings: Settings, announce: bool = True) -> Settings:
@@ -183,4 +221,37 @@ def _route(settings: Settings, args: argparse.Namespace) -> int:
         return decision_body(decide(classification, "auto", args.question, policy))
 
     print(json.dumps(asyncio.run(explain()), indent=2))
+    return 0
+
+
+def _eval(settings: Settings, args: argparse.Namespace) -> int:
+    from backends.errors import BackendError
+    from gateway import evaluation
+
+    try:
+        if args.evaluation == "routes":
+            report = asyncio.run(
+                evaluation.evaluate_routes(
+                    settings,
+                    args.file,
+                    args.tenant,
+                    with_escalation=args.with_escalation,
+                    show=args.show,
+                )
+            )
+            text = evaluation.render_routes
+        else:
+            report = asyncio.run(
+                evaluation.evaluate_retrieval(
+                    settings, args.file, args.tenant, k=args.k, show=args.show
+                )
+            )
+            text = evaluation.render_retrieval
+    except (evaluation.EvalError, ConfigError) as exc:
+        print(f"cannot evaluate: {exc}", file=sys.stderr)
+        return 2
+    except BackendError as exc:
+        print(f"cannot evaluate: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(evaluation.finite(report), indent=2) if args.json else text(report))
     return 0
