@@ -30,9 +30,9 @@ def build_retriever(settings: Settings, dimension: int) -> Retriever:
                 f"retrieval.opensearch.dimension is {config.dimension}, "
                 f"but the embedding model gives {dimension}"
             )
-        return OpenSearchRetriever(config)
+        return OpenSearchRetriever(config.model_copy(update={"fusion": settings.retrieval.fusion}))
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    return EmbeddedRetriever(settings.data_dir / "index.sqlite3")
+    return EmbeddedRetriever(settings.data_dir / "index.sqlite3", fusion=settings.retrieval.fusion)
 
 
 async def _bootstrap(retriever: Retriever) -> None:

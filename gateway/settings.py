@@ -28,6 +28,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from backends.embeddings.config import EmbeddingsConfig
 from backends.llm.base import Tier, TierConfig
+from backends.retrieval.base import DEFAULT_FUSION, FusionMethod
 from backends.retrieval.opensearch import OpenSearchConfig
 from routers.agent import AgentConfig
 from routers.rules import RouterConfig
@@ -189,6 +190,10 @@ class RetrievalConfig(BaseModel):
     dense_weight: float = Field(default=1.0, ge=0)
     # Identifiers (error codes, SKUs) are found by exact terms, not by meaning.
     identifier_lexical_weight: float = Field(default=2.0, ge=0)
+    # How hybrid search fuses BM25 and k-NN: "minmax" (scores scaled per arm, weighted sum; never
+    # below its better arm on bench/retrieval_eval.py's two benchmarks), "rrf" or "zscore".
+    # Applies to both backends (docs/opensearch.md, "Fusion").
+    fusion: FusionMethod = DEFAULT_FUSION
     opensearch: OpenSearchConfig = OpenSearchConfig()
 
 

@@ -3,8 +3,16 @@
 Contract shared by every implementation:
 - Every read and write names a tenant, and the tenant filter is applied *inside* both the
   lexical and the dense query, never after them: a tenant can never receive another's chunk.
-- `search(mode="hybrid")` fuses the BM25 and k-NN rankings with reciprocal rank fusion,
-  score = sum over arms of weight / (rrf_k + rank), rank starting at 1, ties broken by chunk id.
+- `search(mode="hybrid")` fuses the BM25 and k-NN rankings by `SearchRequest.fusion` (None: the
+  retriever's configured method), ties broken by chunk id (`fuse`):
+  - "rrf": score = sum over arms of weight / (rrf_k + rank), rank starting at 1;
+  - "minmax": each arm's scores scaled to [0, 1] over its own candidates (best 1, worst 0, an
+    arm whose candidates all score alike gives 1), score = sum of weight x scaled score, an arm
+    that missed the chunk adding 0; times 1 / (rrf_k + 1), so that a chunk both arms rank first
+    scores what it does under RRF, (lexical_weight + dense_weight) / (rrf_k + 1), which is the
+    scale `routers.grading` reads agreement on;
+  - "zscore": as "minmax" with each arm's scores standardised (mean 0, sd 1; sd 0 gives 0) and
+    an arm that missed the chunk adding its lowest standardised score.
 - `document_chunks` reads one document back in reading order: by the n of its chunk ids
   `<doc_id>#<n>` as a number (#10 follows #9), ids whose n is not a number last, then by id.
 - Writes are per document: `upsert_document` replaces all of a document's chunks and is a no-op
@@ -31,6 +39,10 @@ import numpy as np
 import numpy.typing as npt
 
 RetrievalMode = Literal["hybrid", "bm25", "dense"]
+FusionMethod = Literal["rrf", "minmax", "zscore"]
+# The gateway's default (`retrieval.fusion`), chosen by bench/retrieval_eval.py on its tuning
+# split: never below the better arm's recall@10 there (docs/opensearch.md, "Fusion").
+DEFAULT_FUSION: FusionMethod = "minmax"
 Vector = npt.NDArray[np.float32]
 
 
@@ -99,6 +111,8 @@ class SearchRequest:
     # How deep each arm ranks before fusion.
     candidates: int = 50
     extra: dict[str, str] = field(default_factory=dict)
+    # How the two arms are fused; None: the retriever's configured method (`retrieval.fusion`).
+    fusion: FusionMethod | None = None
 
 
 class Retriever(Protocol):
@@ -180,3 +194,56 @@ def rrf_fuse(
         for rank, item in enumerate(ids, start=1):
             scores[item] = scores.get(item, 0.0) + weight / (rrf_k + rank)
     return sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))
+
+
+@dataclass(frozen=True, slots=True)
+class ArmRanking:
+    """One arm's candidates, best first, with the arm's own higher-is-better scores."""
+
+    ids: Sequence[str]
+    scores: Sequence[float]
+    weight: float = 1.0
+
+
+def fuse(
+    arms: Sequence[ArmRanking], method: FusionMethod, rrf_k: int = RRF_K
+) -> list[tuple[str, float]]:
+    """Fuse the arms' rankings by `method` (see the module docstring): (id, score) best first,
+    ties broken by id. The one implementation both backends' client-side paths call."""
+    if method == "rrf":
+        return rrf_fuse([(list(a.ids), a.weight) for a in arms], rrf_k)
+    scores: dict[str, float] = {}
+    floors = 0.0  # what the arms add for a chunk none of them found; only chunks found count
+    normalised: list[tuple[ArmRanking, dict[str, float], float]] = []
+    for arm in arms:
+        values = _minmax(arm.scores) if method == "minmax" else _zscores(arm.scores)
+        missing = 0.0 if method == "minmax" or not values else min(values)
+        normalised.append((arm, dict(zip(arm.ids, values, strict=True)), missing))
+        floors += arm.weight * missing
+    for _, by_id, _ in normalised:
+        for item in by_id:
+            scores.setdefault(item, floors)
+    for arm, by_id, missing in normalised:
+        for item in scores:
+            scores[item] += arm.weight * (by_id.get(item, missing) - missing)
+    scale = 1.0 / (rrf_k + 1)
+    return sorted(((i, s * scale) for i, s in scores.items()), key=lambda kv: (-kv[1], kv[0]))
+
+
+def _minmax(scores: Sequence[float]) -> list[float]:
+    if not scores:
+        return []
+    low, high = min(scores), max(scores)
+    if high == low:
+        return [1.0] * len(scores)
+    return [(s - low) / (high - low) for s in scores]
+
+
+def _zscores(scores: Sequence[float]) -> list[float]:
+    if not scores:
+        return []
+    values = np.asarray(scores, dtype=np.float64)
+    sd = float(values.std())
+    if sd == 0.0:
+        return [0.0] * len(scores)
+    return [float(v) for v in (values - values.mean()) / sd]

@@ -40,13 +40,16 @@ import numpy as np
 
 from backends.errors import BackendUnavailable
 from backends.retrieval.base import (
+    DEFAULT_FUSION,
+    ArmRanking,
     Document,
+    FusionMethod,
     Hit,
     SearchRequest,
     Vector,
     document_chunk_limit,
+    fuse,
     refuse_empty,
-    rrf_fuse,
 )
 from backends.retrieval.stopwords import without_stopwords
 
@@ -212,9 +215,15 @@ class EmbeddedRetriever:
     name = BACKEND
 
     def __init__(
-        self, path: Path, *, max_query_chars: int = 1000, max_query_terms: int = 32
+        self,
+        path: Path,
+        *,
+        max_query_chars: int = 1000,
+        max_query_terms: int = 32,
+        fusion: FusionMethod = DEFAULT_FUSION,
     ) -> None:
         self._path = path
+        self._fusion = fusion
         self._max_query_chars = max_query_chars
         self._max_query_terms = max_query_terms
         self._db: sqlite3.Connection | None = None
@@ -268,8 +277,12 @@ class EmbeddedRetriever:
             arms["bm25"] = (self._bm25(db, request, query), request.lexical_weight)
         if request.mode != "bm25":
             arms["dense"] = (self._dense(db, request), request.dense_weight)
-        fused = rrf_fuse([([str(i) for i in r.ids], w) for r, w in arms.values()])
-        top = [(int(key), score) for key, score in fused[: request.k]]
+        method = request.fusion or self._fusion
+        rankings = [
+            ArmRanking([str(i) for i in r.ids], [r.scores[i] for i in r.ids], w)
+            for r, w in arms.values()
+        ]
+        top = [(int(key), score) for key, score in fuse(rankings, method)[: request.k]]
         return self._hits(db, request.tenant, top, {name: r for name, (r, _) in arms.items()})
 
     def _fts(self, db: sqlite3.Connection, tenant: str) -> str | None:

@@ -61,14 +61,17 @@ from tenacity import (
 
 from backends.errors import BackendUnavailable, UpstreamError
 from backends.retrieval.base import (
+    DEFAULT_FUSION,
     RRF_K,
+    ArmRanking,
     Document,
+    FusionMethod,
     Hit,
     SearchRequest,
     Vector,
     document_chunk_limit,
+    fuse,
     refuse_empty,
-    rrf_fuse,
 )
 from backends.retrieval.stopwords import without_stopwords
 
@@ -138,6 +141,10 @@ class OpenSearchConfig(BaseModel):
     hnsw_m: int = Field(default=16, ge=2, le=100)
     hnsw_ef_construction: int = Field(default=128, ge=2, le=4096)
     use_server_side_rrf: Literal["auto", "on", "off"] = "auto"
+    # How hybrid search fuses its arms when a request does not say (`retrieval.fusion` sets it).
+    # Only "rrf" with equal weights runs server-side; "minmax"/"zscore" fuse client-side with
+    # `backends.retrieval.base.fuse`, the embedded index's own function (docs/opensearch.md).
+    fusion: FusionMethod = DEFAULT_FUSION
     fields: tuple[str, ...] = ("title^2", "title.ids^2", "section", "text", "text.ids^1.5")
     max_query_chars: int = Field(default=2000, ge=1, le=100_000)
     # Lucene caps the clauses of a whole query (1024 by default); terms x fields must stay below.
@@ -644,7 +651,8 @@ class OpenSearchRetriever:
         bm25 = self._bm25_body(request, text) if text and request.mode != "dense" else None
         dense = self._knn_body(request) if request.mode != "bm25" else None
         equal_weights = request.lexical_weight == 1.0 and request.dense_weight == 1.0
-        if bm25 and dense and equal_weights and await self._use_server_rrf():
+        rrf = (request.fusion or self.config.fusion) == "rrf"
+        if bm25 and dense and rrf and equal_weights and await self._use_server_rrf():
             return await self._search_server_rrf(request, text)
         return await self._search_client_rrf(request, bm25, dense)
 
@@ -665,9 +673,11 @@ class OpenSearchRetriever:
             name: _arm_hits(res) for (name, _), res in zip(arms, response["responses"], strict=True)
         }
         weights = {"bm25": request.lexical_weight, "dense": request.dense_weight}
-        fused = rrf_fuse(
-            [([h["_id"] for h in hits], weights[name]) for name, hits in ranked.items()]
-        )
+        rankings = [
+            ArmRanking([h["_id"] for h in hits], [float(h["_score"]) for h in hits], weights[name])
+            for name, hits in ranked.items()
+        ]
+        fused = fuse(rankings, request.fusion or self.config.fusion)
         return _best_first(_to_hits(fused, ranked))[: request.k]
 
     async def _search_server_rrf(self, request: SearchRequest, text: str) -> list[Hit]:

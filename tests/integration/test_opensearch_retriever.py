@@ -136,7 +136,7 @@ async def test_hybrid_fuses_both_arms_with_rrf(
     await opensearch_retriever.upsert_document(
         tenant, doc("guide", ["a paraphrase only vectors find", "more prose"], [13, 14])
     )
-    request = SearchRequest(tenant, "flux capacitor", unit_vector(13), k=4)
+    request = SearchRequest(tenant, "flux capacitor", unit_vector(13), k=4, fusion="rrf")
 
     hits = await opensearch_retriever.search(request)
 
@@ -182,7 +182,9 @@ async def test_server_side_rrf_matches_client_side(
         await server.upsert_document(tenant, doc(f"d{n}", texts, [100 + 2 * n, 101 + 2 * n]))
     try:
         for query, seed in [("alpha report", 104), ("gamma delta", 111), ("epsilon", 120)]:
-            request = SearchRequest(tenant, query, unit_vector(seed), k=8, candidates=20)
+            request = SearchRequest(
+                tenant, query, unit_vector(seed), k=8, candidates=20, fusion="rrf"
+            )
             on_server = await server.search(request)
             on_client = await client.search(request)
             assert ids(on_server) == ids(on_client), query

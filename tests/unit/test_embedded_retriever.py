@@ -95,7 +95,9 @@ async def test_dense_ranks_by_cosine(index: EmbeddedRetriever) -> None:
 
 async def test_hybrid_scores_are_weighted_rrf(index: EmbeddedRetriever) -> None:
     await index.upsert_document("t", doc("d", ["alpha words", "beta words"], [1, 2]))
-    request = SearchRequest("t", "alpha", unit_vector(2), lexical_weight=2.0, dense_weight=0.5)
+    request = SearchRequest(
+        "t", "alpha", unit_vector(2), lexical_weight=2.0, dense_weight=0.5, fusion="rrf"
+    )
     hits = {h.chunk_id: h for h in await index.search(request)}
     alpha, beta = hits["d#0"], hits["d#1"]
     assert (alpha.bm25_rank, alpha.dense_rank) == (1, 2)
