@@ -4,6 +4,13 @@ and what the classifiers cost to run.
     python bench/route_eval.py                 # the held-out test part of FanOutQA dev
     python bench/route_eval.py --final-test    # once, at the end: the FanOutQA test file
 
+Also, after the dev table: the style-shifted held-out set (`routers/data/style_shift_eval.jsonl`,
+written by `scripts/generate_router_data.py` from templates and entities its training file does
+not use), and calibration: the top-label expected calibration error (10 bins) of the shipped
+router on the dev test part and on the style-shifted set, as shipped and after a temperature
+fitted on the dev VAL part (NLL); the temperature is measured here, not applied to the artifact
+(and is meaningless for an artifact fitted on val, which the report says).
+
 Data: the test part of the split made by `scripts/train_router.py` (by parent id, so no parent or
 sub-question of it was trained or tuned on): FanOutQA parents = multihop, their leaf sub-questions =
 lookup, plus the held-out lines of the synthetic direct set. The "fanoutqa acc" column leaves the
@@ -51,13 +58,17 @@ from routers.learned import CLASSES, LearnedClassifier  # noqa: E402
 from routers.types import Route  # noqa: E402
 from scripts.train_router import (  # noqa: E402
     Example,
+    expected_calibration_error,
     fanoutqa_path,
+    fit_temperature,
     labels_of,
     load_examples,
     metrics,
+    style_shift_examples,
 )
 
 I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
 BOOTSTRAP_SAMPLES = 1000
 BOOTSTRAP_SEED = 20240601
 TIMING_PASSES = 5
@@ -188,6 +199,78 @@ def dev_test_report(args: argparse.Namespace, embedder: MiniLMEmbedder) -> None:
     preds, overheads = baseline_predictions(texts, vectors, y, embedder.model_id)
     print_table(examples, y, preds, route_costs(args))
     _print_overhead(overheads)
+    style_and_calibration_report(embedder)
+
+
+def probabilities(classifier: LearnedClassifier, texts: Sequence[str], vectors: Vector) -> F64:
+    """Every class's probability (CLASSES order) per text."""
+    rows = [
+        [classifier.classify(t, v).scores[str(c)] for c in CLASSES]
+        for t, v in zip(texts, vectors, strict=True)
+    ]
+    return np.array(rows, dtype=np.float64)
+
+
+def _tempered(probs: F64, temperature: float) -> F64:
+    # log p differs from the logits by a per-row constant, which a softmax ignores.
+    logits = np.log(np.maximum(probs, 1e-300)) / temperature
+    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return np.asarray(shifted / shifted.sum(axis=1, keepdims=True), dtype=np.float64)
+
+
+def style_and_calibration_report(embedder: MiniLMEmbedder) -> None:
+    classifier = LearnedClassifier.load(embedding_model_id=embedder.model_id)
+    dev = load_examples()
+    parts = {
+        "dev val": [e for e in dev if e.split == "val"],
+        "dev test": [e for e in dev if e.split == "test"],
+        "style-shifted": style_shift_examples(),
+    }
+    probs = {
+        name: probabilities(
+            classifier, [e.text for e in ex], embedder.embed_sync([e.text for e in ex])
+        )
+        for name, ex in parts.items()
+    }
+    temperature = fit_temperature(
+        np.log(np.maximum(probs["dev val"], 1e-300)), labels_of(parts["dev val"])
+    )
+    style = parts["style-shifted"]
+    y = labels_of(style)
+    pred = probs["style-shifted"].argmax(axis=1).astype(np.int64)
+    groups = [e.group for e in style]
+    print(f"\nstyle-shifted held-out set ({len(style)} rows, each its own bootstrap group):")
+    multihop = CLASSES.index(Route.MULTIHOP)
+    for label, route in (
+        ("multihop recall", Route.MULTIHOP),
+        ("lookup flagged multihop", Route.LOOKUP),
+        ("direct flagged multihop", Route.DIRECT),
+    ):
+        rows = y == CLASSES.index(route)
+        flagged = (pred[rows] == multihop).astype(np.int64)
+        low, high = bootstrap(
+            [g for g, r in zip(groups, rows, strict=True) if r],
+            flagged,
+            flagged,
+            lambda a, _: float(a.mean()),
+        )
+        print(f"  {label:<26}{flagged.mean():.3f} [{low:.3f},{high:.3f}]  (n={int(rows.sum())})")
+    low, high = bootstrap(groups, y, pred, _accuracy)
+    print(f"  {'accuracy':<26}{_accuracy(y, pred):.3f} [{low:.3f},{high:.3f}]")
+    for generator in sorted({e.generator for e in style}):
+        rows = np.array([e.generator == generator for e in style])
+        accuracy = _accuracy(y[rows], pred[rows])
+        print(f"    {generator:<26}accuracy {accuracy:.3f} (n={int(rows.sum())})")
+    # The shipped artifact records where it was fitted; a val it was fitted on is in-sample, and a
+    # temperature fitted there only sharpens it (see the artifact's training.fitted_on).
+    fitted_on = classifier.model.training.get("fitted_on", "?")
+    print(f"\ncalibration, top-label ECE (10 bins); T fitted on dev val = {temperature:g}")
+    print(f"  (the router was fitted on {fitted_on}: if that includes val, T is in-sample)")
+    for name in ("dev test", "style-shifted"):
+        labels = labels_of(parts[name])
+        before = expected_calibration_error(probs[name], labels)
+        after = expected_calibration_error(_tempered(probs[name], temperature), labels)
+        print(f"  {name:<16}shipped {before:.3f}   with T {after:.3f}   (n={len(labels)})")
 
 
 def baseline_predictions(

@@ -50,6 +50,7 @@ F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 
 DIRECT_PATH = REPO / "routers" / "data" / "direct_examples.txt"
+STYLE_SHIFT_PATH = REPO / "routers" / "data" / "style_shift_eval.jsonl"
 TRAIN_COMMAND = "python scripts/train_router.py"
 SPLITS = ("train", "val", "test")
 L2_GRID = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
@@ -58,14 +59,18 @@ BIAS_L2 = 1e-6
 NEWTON_MAX_STEPS = 50
 NEWTON_TOLERANCE = 1e-9
 SIGNIFICANT_DIGITS = 6
+TEMPERATURE_RANGE = (0.2, 10.0)
+TEMPERATURE_STEPS = 801
+ECE_BINS = 10
 
 
 @dataclass(frozen=True, slots=True)
 class Example:
     text: str
     route: Route
-    group: str  # the FanOutQA parent id, or "direct"
+    group: str  # the FanOutQA parent id, "direct", or "gen:<generator>:<n>" (generated)
     split: str
+    generator: str = ""  # scripts/generate_router_data.py's generator; "" when not generated
 
 
 def fanoutqa_path(name: str) -> Path:
@@ -128,6 +133,15 @@ def load_examples(dev_path: Path | None = None, direct_path: Path = DIRECT_PATH)
     dev = json.loads((dev_path or fanoutqa_path("fanout-final-dev.json")).read_text("utf-8"))
     examples = fanoutqa_examples(dev)[0] + direct_examples(direct_path)
     return sorted(examples, key=lambda e: (SPLITS.index(e.split), CLASSES.index(e.route), e.text))
+
+
+def style_shift_examples(path: Path = STYLE_SHIFT_PATH) -> list[Example]:
+    """The style-shifted evaluation set of `scripts/generate_router_data.py` (other templates
+    and other entities than its training file): all held out, split "style"."""
+    rows = [json.loads(line) for line in path.read_text("utf-8").splitlines() if line.strip()]
+    return [
+        Example(r["text"], Route(r["route"]), r["group"], "style", r["generator"]) for r in rows
+    ]
 
 
 def labels_of(examples: Sequence[Example]) -> I64:
@@ -200,6 +214,37 @@ def fit_router(x: F64, y: I64, l2: float) -> F64:
     raw = w[:, :-1] / scale
     bias = w[:, -1] - raw @ mean
     return np.column_stack([raw, bias])
+
+
+def softmax_probabilities(weights: F64, x: F64) -> F64:
+    return _softmax(x @ weights.T)
+
+
+def fit_temperature(logits: F64, y: I64) -> float:
+    """The temperature T minimising the NLL of softmax(logits / T) on held-out rows, over
+    TEMPERATURE_STEPS log-spaced values in TEMPERATURE_RANGE: deterministic, and the NLL is
+    unimodal in T. Dividing the weights by T applies it; the argmax (the route) is unchanged."""
+    low, high = np.log(TEMPERATURE_RANGE[0]), np.log(TEMPERATURE_RANGE[1])
+    rows = np.arange(len(y))
+
+    def nll(t: float) -> float:
+        return float(-np.log(np.maximum(_softmax(logits / t)[rows, y], 1e-300)).mean())
+
+    return float(f"{min(np.exp(np.linspace(low, high, TEMPERATURE_STEPS)), key=nll):.4g}")
+
+
+def expected_calibration_error(probs: F64, y: I64, bins: int = ECE_BINS) -> float:
+    """Top-label ECE: |accuracy - mean confidence| per equal-width confidence bin, weighted by
+    the bin's share of the rows."""
+    confidence = probs.max(axis=1)
+    correct = (probs.argmax(axis=1) == y).astype(np.float64)
+    bin_of = np.minimum((confidence * bins).astype(np.int64), bins - 1)
+    total = 0.0
+    for b in range(bins):
+        rows = bin_of == b
+        if rows.any():
+            total += float(rows.mean()) * abs(correct[rows].mean() - confidence[rows].mean())
+    return total
 
 
 def predict(weights: F64, x: F64) -> I64:
