@@ -109,6 +109,10 @@ class EscalationConfig(BaseModel):
     #   lookup-in escalated: + learned 6.3% [1.3,11.7], + signals 9.5% [2.9,16.7]; AUC 0.975.
     #   tests/data/acme: 1 of 10 single-hop escalated ("Where is the serial number printed on an
     #   Acme router?", P 0.505 > 0.382), 3 of 5 two-document questions.
+    # Under the min-max fusion default (retrieval.fusion, since): same command, lookup-in
+    # escalated 8.4% [1.0,19.1], multihop recall 0.979 [0.938,1.000], 29.1% of lookup-out. This
+    # artifact was fitted on RRF-fused hits; refitting it on min-max hits measured worse (17.9%
+    # of lookup-in at recall 1.000), so it was kept: retrain it together with the router.
     # Price: 42.7% of questions whose page the corpus lacks escalate (21.8% before), so
     # route_eval's assumed $/q on the whole test part goes 0.0072 -> 0.0198 (0.0126 -> 0.0156
     # without them); watch querygate_escalations_total{reason="learned_insufficient"}.
