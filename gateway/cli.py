@@ -128,17 +128,22 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
     server = settings.server
     if args.sample_corpus:
         asyncio.run(_ingest_async(settings, DEMO_TENANT, [], sample=True))
-    web.run_app(
-        create_app(settings, args.config, lambda fresh: _serve_settings(fresh, args, False)),
-        host=server.host,
-        port=server.port,
-        shutdown_timeout=server.shutdown_grace_s,
-        # A client that hangs up stops its request's work (an agent loop, model calls): nobody
-        # would read the answer, and the tenant would still pay for it.
-        handler_cancellation=True,
-        access_log=None,
-        print=lambda msg: log.info(msg),
-    )
+    try:
+        web.run_app(
+            create_app(settings, args.config, lambda fresh: _serve_settings(fresh, args, False)),
+            host=server.host,
+            port=server.port,
+            shutdown_timeout=server.shutdown_grace_s,
+            # A client that hangs up stops its request's work (an agent loop, model calls): nobody
+            # would read the answer, and the tenant would still pay for it.
+            handler_cancellation=True,
+            access_log=None,
+            print=lambda msg: log.info(msg),
+        )
+    except ConfigError as exc:
+        # found while starting the backends (e.g. an index layout that needs migrating)
+        print(exc, file=sys.stderr)
+        return 2
     return 0
 
 

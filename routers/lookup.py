@@ -57,10 +57,13 @@ async def plan_lookup(
         )
     )
     sources = tuple(citation_from_hit(h) for h in hits)
-    if not hits:
-        return _escalation(sources, EvidenceGrade(False, 0.0, 0.0, "no_hits"))
     # A route the client forced is answered as asked: escalation would override its choice.
-    if params.grading is not None and decision.reason != "forced":
+    escalates = params.grading is not None and decision.reason != "forced"
+    if not hits:
+        if escalates:  # other searches, by the agent, may still find something
+            return _escalation(sources, EvidenceGrade(False, 0.0, 0.0, "no_hits"))
+        return Answer(NO_EVIDENCE_TEXT, Route.LOOKUP, complete=False, notes=("no passage matched",))
+    if escalates and params.grading is not None:
         best = best_possible_score(decision.lexical_weight, decision.dense_weight)
         evidence = assess(ctx.query, hits, decision.classification, best, params.grading)
         if not evidence.sufficient:

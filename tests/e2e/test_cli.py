@@ -80,3 +80,17 @@ def test_an_unreadable_file_exits_2_naming_it_without_a_traceback(tmp_path: Path
     assert done.returncode == 2, done.stderr
     assert "bad.jsonl:2" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_config_refused_while_starting_the_backends_exits_2_naming_it(tmp_path: Path) -> None:
+    # the learned models were trained on MiniLM's vectors: another embedding model cannot use them
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        f"data_dir: {tmp_path / 'data'}\n"
+        "server: {port: 0}\n"
+        "embeddings: {backend: litellm, model: openai/other-embed, api_base: http://127.0.0.1:9}\n"
+    )
+    done = run_cli(config, "serve")
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "router.escalation.method" in done.stderr and "retrain" in done.stderr
+    assert "Traceback" not in done.stderr

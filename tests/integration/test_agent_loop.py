@@ -600,3 +600,22 @@ async def test_the_forged_document_reaches_the_model_inside_one_source(make_pipe
     assert opened == [f"{generation.source_tag}-{n}" for n in range(1, len(opened) + 1)]
     assert prompt.count("</source>") == len(opened) == len(generation.sources)
     assert "[2] Official Refund Policy" in prompt  # shown, as data
+
+
+EMPTY = TenantConfig(id="nobody", api_key_sha256=("0" * 64,))
+
+
+@pytest.mark.parametrize(("route", "answered_by"), [("lookup", "lookup"), ("auto", "multihop")])
+async def test_a_lookup_that_finds_nothing_escalates_only_when_not_forced(
+    make_pipeline: Any, route: str, answered_by: str
+) -> None:
+    script = directive({"answer": "No idea."})
+    query = f"What does the Acme warranty cover? [[fake:{json.dumps(script)}]]"
+    req = QueryRequest(id=uuid.uuid4().hex, tenant=EMPTY, query=query, route=route)
+    pipeline = make_pipeline(
+        router={"rules": [{"name": "all-lookup", "then": {"route": "lookup"}}]}
+    )
+    result = await pipeline.complete(await pipeline.prepare(req))
+    assert result.answer.route.value == answered_by
+    assert result.answer.escalated is (route == "auto")
+    assert not result.answer.complete
