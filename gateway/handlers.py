@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Awaitable
 from typing import TypeVar
 
@@ -25,6 +26,8 @@ from gateway.timing import StageTimer
 from gateway.wire import QueryResult, decision_body, query_body
 
 Model = TypeVar("Model", bound=BaseModel)
+
+log = logging.getLogger(__name__)
 
 
 def _no_constant(name: str) -> object:
@@ -143,7 +146,9 @@ async def _check(ping: Awaitable[None]) -> str:
     try:
         await asyncio.wait_for(ping, timeout=2.0)
     except (BackendError, TimeoutError) as exc:
-        return f"unavailable: {exc}"
+        # /readyz is unauthenticated: the detail (a library's text) goes to the log only
+        log.warning("readiness check failed", extra={"error": str(exc) or type(exc).__name__})
+        return "unavailable"
     return "ok"
 
 
