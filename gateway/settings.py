@@ -197,12 +197,38 @@ class RetrievalConfig(BaseModel):
     opensearch: OpenSearchConfig = OpenSearchConfig()
 
 
+class SemanticCacheConfig(BaseModel):
+    """The second cache tier: a paraphrase of a cached question gets its answer, when the
+    embeddings are this close and no guard (numbers, dates, negation, entities, identifiers)
+    tells the two questions apart. Thresholds per route, chosen by bench/cache_eval.py."""
+
+    model_config = _FROZEN
+
+    enabled: bool = True
+    thresholds: dict[Route, float] = Field(
+        default_factory=lambda: {route: 0.95 for route in Route}
+    )
+    # How many nearest entries are checked against the guards before giving up.
+    candidates: int = Field(default=4, ge=1, le=32)
+
+
 class CacheConfig(BaseModel):
     model_config = _FROZEN
 
-    backend: Literal["memory", "off"] = "memory"
+    # memory: in-process, per replica (the embedded default); redis: shared by the fleet.
+    backend: Literal["memory", "redis", "off"] = "memory"
+    redis_url: SecretStr = SecretStr("redis://127.0.0.1:6379/0")
+    # Short and explicit: a slow Redis costs a request at most this, then it is a miss.
+    redis_socket_timeout_s: float = Field(default=0.25, gt=0)
+    redis_connect_timeout_s: float = Field(default=0.5, gt=0)
+    redis_max_connections: int = Field(default=64, gt=0)
+    # Fixed at write: a hit never extends it.
     ttl_s: int = Field(default=3600, gt=0)
+    # Per tenant: writing past it evicts that tenant's oldest entries only.
     max_entries: int = Field(default=10_000, gt=0)
+    semantic: SemanticCacheConfig = SemanticCacheConfig()
+    # Concurrent identical misses: one computes, the others wait this long for its answer.
+    single_flight_wait_s: float = Field(default=30.0, ge=0)
 
 
 class Settings(BaseSettings):

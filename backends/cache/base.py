@@ -1,21 +1,73 @@
-"""The cache-store seam: opaque bytes under keys the gateway builds.
+"""The cache-store seam: answers stored per tenant, found by exact key or by nearest vector.
 
-Keys already carry every scope (tenant, route, index generation, config version, model); a
-store never interprets them. Stores fail open: errors raise BackendUnavailable and the caller
-treats them as a miss, never as a failed request.
+The gateway builds every key and decides what may be stored and served (gateway/
+response_cache.py); a store only keeps entries and finds them. Each entry lives in one tenant
+and one scope — a digest of everything that could change an answer (requested route, the
+tenant's index generation, config, prompt and model versions) — so a new generation or config
+retires old entries without a scan: nothing ever looks them up again and their TTL ends them.
+
+Guarantees a store gives:
+- an entry's TTL is fixed when it is written; reading it never extends it;
+- a tenant holds at most `max_entries` entries; writing past that evicts that tenant's oldest
+  entries only, never another tenant's;
+- `nearest` costs no more than a bounded candidate set, not a scan of the tenant's entries;
+- an entry that cannot be decoded is deleted and never returned (`CorruptEntry` says so);
+- errors raise `BackendError` (unavailable, timeout, garbage); callers fail open.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
+
+from backends.errors import BackendError
+from backends.retrieval.base import Vector
+
+
+class CorruptEntry(BackendError):
+    """A stored entry could not be decoded; the store has deleted it."""
+
+
+@dataclass(frozen=True, slots=True)
+class CachedEntry:
+    key: str  # the exact-tier key: unique within its tenant, already scoped
+    question: str  # the normalised, self-contained question it answers (the guards read it)
+    payload: bytes  # the answer, opaque to the store
+    vector: Vector | None = None  # None: findable by exact key only
+
+
+@dataclass(frozen=True, slots=True)
+class Neighbour:
+    entry: CachedEntry
+    similarity: float  # cosine similarity to the probe vector
 
 
 class CacheStore(Protocol):
     name: str
 
-    async def get(self, key: str) -> bytes | None: ...
+    async def get(self, tenant: str, key: str) -> CachedEntry | None:
+        """The entry under `key`, or None."""
+        ...
 
-    async def set(self, key: str, value: bytes, ttl_s: int) -> None: ...
+    async def nearest(
+        self, tenant: str, scope: str, vector: Vector, limit: int
+    ) -> list[Neighbour]:
+        """Up to `limit` entries of the tenant's `scope`, most similar first (approximate:
+        a candidate set bounded independently of how many entries the tenant has)."""
+        ...
+
+    async def put(
+        self, tenant: str, scope: str, entry: CachedEntry, *, ttl_s: int, max_entries: int
+    ) -> None: ...
+
+    async def delete(self, tenant: str, key: str) -> None: ...
+
+    async def claim(self, tenant: str, key: str, ttl_s: float) -> bool:
+        """Single flight: True for the one caller (across every process sharing the store)
+        that should compute `key`'s answer now; the lease ends at `release` or after ttl_s."""
+        ...
+
+    async def release(self, tenant: str, key: str) -> None: ...
 
     async def ping(self) -> None: ...
 

@@ -1,0 +1,31 @@
+"""The quota-store seam: per-tenant request rate and daily spend, shared by every process
+that shares the store (Redis), or held per process (memory).
+
+The gateway decides the limits and what a refusal looks like (gateway/quotas.py); a store
+only keeps the counters, each update atomic. Errors raise `BackendError`.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class QuotaStore(Protocol):
+    name: str
+
+    async def take(self, tenant: str, rate_per_s: float, burst: float) -> float:
+        """Take one token from the tenant's bucket (refilled at `rate_per_s`, holding at most
+        `burst`). Returns 0.0 when taken, else the seconds until one will be there."""
+        ...
+
+    async def spent(self, tenant: str, day: str) -> float:
+        """USD the tenant has spent on `day` (UTC, YYYY-MM-DD)."""
+        ...
+
+    async def add_spend(self, tenant: str, day: str, usd: float) -> float:
+        """Add `usd` to the tenant's spend on `day`; returns the new total."""
+        ...
+
+    async def ping(self) -> None: ...
+
+    async def aclose(self) -> None: ...
