@@ -12,4 +12,5 @@ pytest_plugins: list[str] = [
     "tests.fixtures.upstream",
     "tests.fixtures.gateway",
     "tests.fixtures.embeddings",
+    "tests.fixtures.redis",  # redis_server, redis_url, redis_cluster, redis_cluster_urls
 ]
