@@ -95,6 +95,7 @@ class Pipeline:
         self._cache = ResponseCache(
             services.cache_store if settings.cache.backend != "off" else None,
             settings.cache.ttl_s,
+            settings.cache.max_entries,
             services.metrics,
         )
         self._llm = MeteredLLM(services.llm, services.metrics)
@@ -167,7 +168,7 @@ class Pipeline:
         if ctx.key is None:
             return None
         with ctx.timer.stage("cache_lookup"):
-            cached = await self._cache.get(ctx.key)
+            cached = await self._cache.get(ctx.request.tenant.id, ctx.key)
         if cached is None:
             return None
         answer, ctx.route_reason = answer_from_cache(cached)
@@ -335,7 +336,13 @@ class Pipeline:
         answer = replace(answer, usage_by_tier=with_usage(answer.usage_by_tier, ctx.usage_before))
         if ctx.key is not None and answer.complete:
             with ctx.timer.stage("cache_store"):
-                await self._cache.put(ctx.key, answer_to_cache(answer, reason))
+                await self._cache.put(
+                    ctx.request.tenant.id,
+                    ctx.key.rpartition(":")[0],
+                    ctx.key,
+                    ctx.request.query,
+                    answer_to_cache(answer, reason),
+                )
         result = QueryResult(
             id=ctx.request.id,
             answer=answer,

@@ -15,7 +15,7 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
-from backends.cache.base import CacheStore
+from backends.cache.base import CachedEntry, CacheStore
 from backends.errors import BackendError
 from backends.llm.base import Message
 from gateway.metrics import Metrics
@@ -58,31 +58,41 @@ def cache_key(scope: CacheScope, query: str, history: tuple[Message, ...]) -> st
 
 
 class ResponseCache:
-    def __init__(self, store: CacheStore | None, ttl_s: int, metrics: Metrics) -> None:
+    def __init__(
+        self, store: CacheStore | None, ttl_s: int, max_entries: int, metrics: Metrics
+    ) -> None:
         self._store = store
         self._ttl_s = ttl_s
+        self._max_entries = max_entries
         self._metrics = metrics
 
     @property
     def enabled(self) -> bool:
         return self._store is not None
 
-    async def get(self, key: str) -> dict[str, Any] | None:
+    async def get(self, tenant: str, key: str) -> dict[str, Any] | None:
         if self._store is None:
             return None
         try:
-            raw = await self._store.get(key)
-        except BackendError as exc:
+            entry = await self._store.get(tenant, key)
+            payload = None if entry is None else dict(json.loads(entry.payload))
+        except (BackendError, ValueError) as exc:
+            # CorruptEntry included: the store has deleted it; it is never served.
             log.warning("cache lookup failed, serving uncached", extra={"error": str(exc)})
             self._metrics.cache_lookups.labels("error").inc()
             return None
-        self._metrics.cache_lookups.labels("miss" if raw is None else "exact").inc()
-        return None if raw is None else dict(json.loads(raw))
+        self._metrics.cache_lookups.labels("miss" if payload is None else "exact").inc()
+        return payload
 
-    async def put(self, key: str, payload: dict[str, Any]) -> None:
+    async def put(
+        self, tenant: str, scope: str, key: str, question: str, payload: dict[str, Any]
+    ) -> None:
         if self._store is None:
             return
+        entry = CachedEntry(key, question, json.dumps(payload).encode())
         try:
-            await self._store.set(key, json.dumps(payload).encode(), self._ttl_s)
+            await self._store.put(
+                tenant, scope, entry, ttl_s=self._ttl_s, max_entries=self._max_entries
+            )
         except BackendError as exc:
             log.warning("cache store failed", extra={"error": str(exc)})

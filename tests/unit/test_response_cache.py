@@ -1,6 +1,8 @@
+from backends.cache.base import CachedEntry, Neighbour
 from backends.cache.memory import MemoryCacheStore
 from backends.errors import BackendUnavailable
 from backends.llm.base import Message
+from backends.retrieval.base import Vector
 from gateway.metrics import Metrics
 from gateway.response_cache import CacheScope, ResponseCache, cache_key
 
@@ -32,25 +34,42 @@ def test_key_depends_on_the_conversation() -> None:
     )
 
 
-async def test_memory_store_expires_and_evicts() -> None:
+async def test_memory_store_expires_and_evicts_the_oldest_of_that_tenant_only() -> None:
     now = [0.0]
-    store = MemoryCacheStore(max_entries=2, clock=lambda: now[0])
-    await store.set("a", b"1", ttl_s=10)
-    await store.set("b", b"2", ttl_s=10)
-    assert await store.get("a") == b"1"  # a is now the most recent
-    await store.set("c", b"3", ttl_s=10)
-    assert await store.get("b") is None  # least recently used went first
-    now[0] = 11.0
-    assert await store.get("a") is None
+    store = MemoryCacheStore(clock=lambda: now[0])
+    for key in ("a", "b"):
+        await store.put("acme", "s", CachedEntry(key, key, b"1"), ttl_s=10, max_entries=2)
+    await store.put("globex", "s", CachedEntry("g", "g", b"1"), ttl_s=10, max_entries=2)
+    assert await store.get("acme", "a") is not None  # a read does not make it newer
+    await store.put("acme", "s", CachedEntry("c", "c", b"3"), ttl_s=10, max_entries=2)
+    assert await store.get("acme", "a") is None  # the oldest went first
+    assert await store.get("acme", "b") is not None
+    assert await store.get("globex", "g") is not None  # another tenant's entry stays
+    now[0] = 10.0
+    assert await store.get("acme", "b") is None
 
 
 class BrokenStore:
     name = "broken"
 
-    async def get(self, key: str) -> bytes | None:
+    async def get(self, tenant: str, key: str) -> CachedEntry | None:
         raise BackendUnavailable("cache", "connection refused")
 
-    async def set(self, key: str, value: bytes, ttl_s: int) -> None:
+    async def nearest(self, tenant: str, scope: str, vector: Vector, limit: int) -> list[Neighbour]:
+        raise BackendUnavailable("cache", "connection refused")
+
+    async def put(
+        self, tenant: str, scope: str, entry: CachedEntry, *, ttl_s: int, max_entries: int
+    ) -> None:
+        raise BackendUnavailable("cache", "connection refused")
+
+    async def delete(self, tenant: str, key: str) -> None:
+        raise BackendUnavailable("cache", "connection refused")
+
+    async def claim(self, tenant: str, key: str, ttl_s: float) -> bool:
+        raise BackendUnavailable("cache", "connection refused")
+
+    async def release(self, tenant: str, key: str) -> None:
         raise BackendUnavailable("cache", "connection refused")
 
     async def ping(self) -> None:
@@ -62,8 +81,8 @@ class BrokenStore:
 
 async def test_a_failing_store_is_a_counted_miss_not_an_error() -> None:
     metrics = Metrics()
-    cache = ResponseCache(BrokenStore(), ttl_s=60, metrics=metrics)
-    assert await cache.get("k") is None
-    await cache.put("k", {"answer": "x"})
+    cache = ResponseCache(BrokenStore(), ttl_s=60, max_entries=10, metrics=metrics)
+    assert await cache.get("acme", "k") is None
+    await cache.put("acme", "s", "k", "q", {"answer": "x"})
     value = metrics.registry.get_sample_value("querygate_cache_lookups_total", {"result": "error"})
     assert value == 1.0
