@@ -49,9 +49,7 @@ class CacheStore(Protocol):
         """The entry under `key`, or None."""
         ...
 
-    async def nearest(
-        self, tenant: str, scope: str, vector: Vector, limit: int
-    ) -> list[Neighbour]:
+    async def nearest(self, tenant: str, scope: str, vector: Vector, limit: int) -> list[Neighbour]:
         """Up to `limit` entries of the tenant's `scope`, most similar first (approximate:
         a candidate set bounded independently of how many entries the tenant has)."""
         ...
