@@ -4,8 +4,9 @@ The outcome middleware (`gateway.middleware`) opens a `RequestRecord` in a conte
 whatever runs for the request (admission, the pipeline's `_observe`, a stream that ends with an
 error event) adds to it, and every request, ok or not, ends with one `account` call: one counter
 increment and one log line. `failure_of` maps an exception to its outcome (a small closed set:
-ok, client_error, body_timeout, shed_tenant, shed_process, deadline, unavailable,
-upstream_error, disconnect, cancelled, error) and to the JSON error the client gets.
+ok, client_error, body_timeout, shed_tenant, shed_process, rate_limited, budget_exceeded,
+deadline, unavailable, upstream_error, disconnect, cancelled, error) and to the JSON error the
+client gets.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 """The limits middleware: a deadline from arrival, the body read under its own timeout, then
-the tenant's admission to its pool (`gateway.admission`).
+the tenant's admission to its pool (`gateway.admission`). The tenant's rate limit (and, for an
+answering endpoint, its budget: `gateway.quotas`) is taken right after its key is checked,
+before the body is read or any other work.
 
 Every endpoint that does work has a deadline and a body-read timeout; the endpoints in `POOLS`
 are admitted to a pool too. `/admin/reload` has both limits but bypasses admission (an operator
@@ -17,9 +19,9 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Middleware
 from aiohttp.web_protocol import RequestPayloadError
 
-from gateway.accounting import current_record, endpoint_of
+from gateway.accounting import ANSWERING, current_record, endpoint_of
 from gateway.admission import Admission
-from gateway.appkeys import RUNTIME
+from gateway.appkeys import RUNTIME, SERVICES
 from gateway.errors import (
     BadRequest,
     ClientGone,
@@ -28,6 +30,7 @@ from gateway.errors import (
     RequestTimeout,
 )
 from gateway.guard import DEADLINE_RETRY_AFTER_S, request_deadline
+from gateway.quotas import current_tenant
 from gateway.settings import ServerConfig
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -68,6 +71,7 @@ def limits_middleware(admission: Admission) -> Middleware:
         timeout_s = _timeout_s(server, kind)
         deadline = asyncio.get_running_loop().time() + timeout_s
         deadline_token = request_deadline.set(deadline)
+        tenant_token = None
         try:
             authorization = request.headers.get("Authorization")
             if kind is None:
@@ -77,6 +81,9 @@ def limits_middleware(admission: Admission) -> Middleware:
             tenant = runtime.tenant_for(authorization)
             if record is not None:
                 record.tenant = tenant.id
+            if (quotas := request.app[SERVICES].quotas) is not None:
+                await quotas.admit(tenant, answering=endpoint in ANSWERING)
+            tenant_token = current_tenant.set(tenant)
             await read_body(request, min(server.body_read_timeout_s, timeout_s))
             config = server.admission
             limits = config.writes if kind == "writes" else config.queries
@@ -86,6 +93,8 @@ def limits_middleware(admission: Admission) -> Middleware:
                     return await handler(request)
                 return await _within(deadline, handler, request)
         finally:
+            if tenant_token is not None:
+                current_tenant.reset(tenant_token)
             request_deadline.reset(deadline_token)
 
     return middleware

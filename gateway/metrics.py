@@ -91,8 +91,9 @@ class Metrics:
         self.http_requests = Counter(
             "querygate_http_requests",
             "Every HTTP request, once, by endpoint (method and route template) and outcome: "
-            "ok, client_error, body_timeout, shed_tenant, shed_process, deadline, unavailable, "
-            "upstream_error, disconnect, cancelled, error.",
+            "ok, client_error, body_timeout, shed_tenant, shed_process, rate_limited, "
+            "budget_exceeded, deadline, unavailable, upstream_error, disconnect, cancelled, "
+            "error.",
             ["endpoint", "outcome"],
             registry=r,
         )
@@ -123,4 +124,26 @@ class Metrics:
         )
         self.config_reloads = Counter(
             "querygate_config_reloads", "Configuration reloads.", ["result"], registry=r
+        )
+        # Per-tenant quotas (gateway/quotas.py). No tenant label: what one tenant spent or was
+        # refused is not shown to the others (/metrics is unauthenticated); the request's log
+        # line names its tenant.
+        self.quota_refusals = Counter(
+            "querygate_quota_refusals",
+            "Requests and model calls refused by a tenant's quota: rate_limit or budget.",
+            ["reason"],
+            registry=r,
+        )
+        self.quota_local_decisions = Counter(
+            "querygate_quota_local_decisions",
+            "Quota decisions this process made alone because the shared store (Redis) was "
+            "unavailable, by check: rate_limit, budget, spend (a cost kept to add later).",
+            ["check"],
+            registry=r,
+        )
+        self.quota_store_degraded = Gauge(
+            "querygate_quota_store_degraded",
+            "1 while the shared quota store is unavailable and limits are per process.",
+            multiprocess_mode="livemax",
+            registry=r,
         )

@@ -25,6 +25,7 @@ from backends.retrieval.base import Hit, Retriever, Vector
 from gateway.accounting import current_record
 from gateway.metered_llm import MeteredLLM
 from gateway.metrics import Metrics
+from gateway.quotas import Quotas
 from gateway.response_cache import CacheScope, ResponseCache, cache_key
 from gateway.settings import Settings, TenantConfig
 from gateway.timing import StageTimer
@@ -53,6 +54,7 @@ class Services:
     llm: LLM
     cache_store: CacheStore | None
     metrics: Metrics
+    quotas: Quotas | None = None  # the tenants' rate limits and budgets (gateway/quotas.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -105,6 +105,16 @@ class ServerConfig(BaseModel):
     reload_poll_s: float = Field(default=2.0, ge=0)
 
 
+class RateLimit(BaseModel):
+    """A tenant's request rate: a token bucket refilled at `requests_per_s`, holding at most
+    `burst` (the requests that may arrive at once after a quiet spell)."""
+
+    model_config = _FROZEN
+
+    requests_per_s: float = Field(gt=0, allow_inf_nan=False)
+    burst: int = Field(ge=1)
+
+
 class TenantConfig(BaseModel):
     model_config = _FROZEN
 
@@ -116,6 +126,12 @@ class TenantConfig(BaseModel):
     # `router.full_context` is on and the corpus fits)? All that it controls: the gateway has
     # no per-user access rules; a tenant whose documents need them must not share one corpus.
     allow_full_context: bool = True
+    # Requests of every tenant endpoint, shared by every replica (gateway/quotas.py); over
+    # it: 429 with Retry-After. None: no rate limit.
+    rate_limit: RateLimit | None = None
+    # USD of model calls per UTC day, checked before each call; spent: 429 naming it until
+    # 00:00 UTC. None: no budget.
+    daily_budget_usd: float | None = Field(default=None, gt=0, allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod
@@ -231,6 +247,22 @@ class CacheConfig(BaseModel):
     single_flight_wait_s: float = Field(default=30.0, ge=0)
 
 
+class QuotasConfig(BaseModel):
+    """Where the tenants' rate limits and budgets are kept (gateway/quotas.py)."""
+
+    model_config = _FROZEN
+
+    # auto: in Redis (at cache.redis_url) when cache.backend is redis, else per process;
+    # redis: in Redis at cache.redis_url whatever the cache uses; memory: per process.
+    backend: Literal["auto", "memory", "redis"] = "auto"
+    # After Redis fails, this process enforces on its own for this long before it asks Redis
+    # again (so an outage costs one request a socket timeout per interval, not every request).
+    redis_retry_s: float = Field(default=1.0, gt=0)
+
+    def uses_redis(self, cache_backend: str) -> bool:
+        return self.backend == "redis" or (self.backend == "auto" and cache_backend == "redis")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="QUERYGATE_",
@@ -249,6 +281,7 @@ class Settings(BaseSettings):
     embeddings: EmbeddingsConfig = EmbeddingsConfig()
     retrieval: RetrievalConfig = RetrievalConfig()
     cache: CacheConfig = CacheConfig()
+    quotas: QuotasConfig = QuotasConfig()
     router: RouterConfig = RouterConfig()
     agent: AgentConfig = AgentConfig()
 

@@ -1,0 +1,363 @@
+"""Rate limits and budgets: the bucket and budget maths on a fake clock, refusals, tenant
+isolation, the per-process fallback while the shared store is down, and the LLM seam."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from backends.errors import BackendUnavailable
+from backends.llm.base import Completion, Message, StreamDelta, Tier, Usage
+from backends.quotas.memory import MemoryQuotaStore, refill_and_take
+from gateway.metrics import Metrics
+from gateway.quotas import (
+    BudgetedLLM,
+    BudgetExceeded,
+    Quotas,
+    RateLimited,
+    current_tenant,
+    retry_after,
+    seconds_to_midnight,
+    utc_day,
+)
+from gateway.settings import QuotasConfig, TenantConfig
+
+DIGEST = "0" * 64
+NOON = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC).timestamp()
+
+
+class Clock:
+    def __init__(self, now: float = NOON) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def tenant(
+    name: str = "acme",
+    rate: float | None = None,
+    burst: int = 1,
+    budget: float | None = None,
+) -> TenantConfig:
+    fields: dict[str, Any] = {"id": name, "api_key_sha256": DIGEST if name == "acme" else "1" * 64}
+    if rate is not None:
+        fields["rate_limit"] = {"requests_per_s": rate, "burst": burst}
+    if budget is not None:
+        fields["daily_budget_usd"] = budget
+    return TenantConfig.model_validate(fields)
+
+
+def quotas(clock: Clock, shared: Any = None, metrics: Metrics | None = None) -> Quotas:
+    return Quotas(shared, metrics or Metrics(), retry_s=1.0, clock=clock, monotonic=clock)
+
+
+# -- the maths --------------------------------------------------------------------------------
+
+
+def test_a_full_bucket_gives_burst_tokens_then_says_when_the_next_comes() -> None:
+    tokens, now, waits = 3.0, 0.0, []
+    for _ in range(4):
+        tokens, wait = refill_and_take(tokens, now, now, rate_per_s=0.5, burst=3)
+        waits.append(wait)
+    assert waits == [0.0, 0.0, 0.0, 2.0]
+
+
+def test_a_bucket_refills_at_its_rate_and_never_above_burst() -> None:
+    assert refill_and_take(0.0, 0.0, 1.0, rate_per_s=0.5, burst=3) == (0.5, 1.0)
+    assert refill_and_take(0.0, 0.0, 2.0, rate_per_s=0.5, burst=3) == (0.0, 0.0)
+    assert refill_and_take(0.0, 0.0, 1000.0, rate_per_s=0.5, burst=3) == (2.0, 0.0)
+
+
+def test_a_clock_that_goes_backwards_refills_nothing() -> None:
+    assert refill_and_take(0.0, 10.0, 5.0, rate_per_s=1.0, burst=3) == (0.0, 1.0)
+
+
+async def test_the_memory_store_shares_one_bucket_per_tenant_on_its_clock() -> None:
+    clock = Clock(0.0)
+    store = MemoryQuotaStore(clock)
+    assert [await store.take("acme", 1.0, 2) for _ in range(3)] == [0.0, 0.0, 1.0]
+    assert await store.take("globex", 1.0, 2) == 0.0  # its own bucket
+    clock.now = 0.25
+    assert await store.take("acme", 1.0, 2) == pytest.approx(0.75)
+    clock.now = 1.0
+    assert await store.take("acme", 1.0, 2) == 0.0
+
+
+async def test_the_memory_store_adds_spend_per_tenant_and_day() -> None:
+    store = MemoryQuotaStore()
+    assert await store.add_spend("acme", "2026-11-30", 0.25) == 0.25
+    assert await store.add_spend("acme", "2026-11-30", 0.5) == 0.75
+    assert await store.spent("globex", "2026-11-30") == 0.0
+    await store.add_spend("acme", "2026-12-01", 0.1)
+    assert await store.spent("acme", "2026-12-01") == 0.1
+    assert await store.spent("acme", "2026-11-30") == 0.0  # the day is over: dropped
+
+
+def test_retry_after_is_whole_seconds_and_never_zero() -> None:
+    assert [retry_after(w) for w in (0.001, 0.5, 1.0, 1.01, 2.5)] == [1, 1, 1, 2, 3]
+
+
+def test_the_budget_day_is_the_utc_day_and_resets_at_utc_midnight() -> None:
+    assert utc_day(NOON) == "2026-11-30"
+    assert seconds_to_midnight(NOON) == 12 * 3600
+    assert seconds_to_midnight(NOON + 12 * 3600 - 0.2) == 1
+    assert utc_day(NOON + 12 * 3600) == "2026-12-01"
+
+
+# -- configuration ---------------------------------------------------------------------------
+
+
+def test_limits_are_optional_and_off_by_default() -> None:
+    config = tenant()
+    assert config.rate_limit is None
+    assert config.daily_budget_usd is None
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"rate_limit": {"requests_per_s": 0, "burst": 1}},
+        {"rate_limit": {"requests_per_s": float("nan"), "burst": 1}},
+        {"rate_limit": {"requests_per_s": 1, "burst": 0}},
+        {"rate_limit": {"requests_per_s": 1}},
+        {"rate_limit": {"requests_per_s": 1, "burst": 2, "per": "minute"}},
+        {"daily_budget_usd": 0},
+        {"daily_budget_usd": -1},
+        {"daily_budget_usd": float("inf")},
+    ],
+)
+def test_bad_limits_are_refused_naming_the_field(fields: dict[str, Any]) -> None:
+    field = next(iter(fields))
+    with pytest.raises(ValidationError, match=field):
+        TenantConfig.model_validate({"id": "acme", "api_key_sha256": DIGEST, **fields})
+
+
+@pytest.mark.parametrize(
+    ("backend", "cache", "uses"),
+    [("auto", "redis", True), ("auto", "memory", False), ("auto", "off", False),
+     ("redis", "memory", True), ("memory", "redis", False)],
+)  # fmt: skip
+def test_quotas_follow_the_cache_to_redis_unless_told(backend: str, cache: str, uses: bool) -> None:
+    assert QuotasConfig.model_validate({"backend": backend}).uses_redis(cache) is uses
+
+
+# -- refusals -------------------------------------------------------------------------------
+
+
+async def test_over_the_rate_limit_is_429_with_whole_second_retry_after_and_counted() -> None:
+    clock, metrics = Clock(), Metrics()
+    q = quotas(clock, metrics=metrics)
+    acme = tenant(rate=0.4, burst=2)
+    for _ in range(2):
+        await q.admit(acme, answering=True)
+    with pytest.raises(RateLimited) as refused:
+        await q.admit(acme, answering=True)
+    assert refused.value.status == 429
+    assert refused.value.retry_after_s == 3  # 2.5 s until a token is back
+    assert "rate limit of 0.4 requests/s (burst 2)" in refused.value.message
+    assert (
+        metrics.registry.get_sample_value(
+            "querygate_quota_refusals_total", {"reason": "rate_limit"}
+        )
+        == 1.0
+    )
+    clock.now += 2.5
+    await q.admit(acme, answering=True)
+
+
+async def test_a_spent_budget_is_429_naming_it_until_utc_midnight() -> None:
+    clock, metrics = Clock(), Metrics()
+    q = quotas(clock, metrics=metrics)
+    acme = tenant(budget=1.0)
+    await q.record_spend(acme, 0.6)
+    await q.admit(acme, answering=True)  # 0.6 of 1.0: still allowed
+    await q.record_spend(acme, 0.4)
+    with pytest.raises(BudgetExceeded) as refused:
+        await q.admit(acme, answering=True)
+    assert refused.value.status == 429
+    assert refused.value.type == "budget_exceeded"
+    assert "daily budget of $1 (daily_budget_usd) for 2026-11-30 UTC" in refused.value.message
+    assert refused.value.retry_after_s == 12 * 3600
+    assert (
+        metrics.registry.get_sample_value("querygate_quota_refusals_total", {"reason": "budget"})
+        == 1.0
+    )
+    clock.now += 12 * 3600  # the next UTC day
+    await q.admit(acme, answering=True)
+
+
+async def test_the_budget_is_not_checked_for_endpoints_that_call_no_model() -> None:
+    q = quotas(Clock())
+    acme = tenant(budget=0.5)
+    await q.record_spend(acme, 0.5)
+    await q.admit(acme, answering=False)
+    with pytest.raises(BudgetExceeded):
+        await q.admit(acme, answering=True)
+
+
+async def test_one_tenant_at_its_limits_never_limits_another() -> None:
+    q = quotas(Clock())
+    acme = tenant("acme", rate=1.0, burst=1, budget=0.1)
+    globex = tenant("globex", rate=1.0, burst=1, budget=0.1)
+    await q.admit(acme, answering=True)
+    await q.record_spend(acme, 0.2)
+    with pytest.raises(RateLimited):
+        await q.admit(acme, answering=False)
+    with pytest.raises(BudgetExceeded):
+        await q.check_budget(acme)
+    await q.admit(globex, answering=True)  # neither its bucket nor its budget was touched
+
+
+# -- the shared store down --------------------------------------------------------------------
+
+
+class FlakyStore(MemoryQuotaStore):
+    """A shared store (a second memory store) that can be switched off like a dead Redis."""
+
+    name = "flaky"
+
+    def __init__(self, clock: Clock) -> None:
+        super().__init__(clock)
+        self.down = False
+        self.calls = 0
+
+    async def take(self, tenant: str, rate_per_s: float, burst: float) -> float:
+        self._use()
+        return await super().take(tenant, rate_per_s, burst)
+
+    async def spent(self, tenant: str, day: str) -> float:
+        self._use()
+        return await super().spent(tenant, day)
+
+    async def add_spend(self, tenant: str, day: str, usd: float) -> float:
+        self._use()
+        return await super().add_spend(tenant, day, usd)
+
+    def _use(self) -> None:
+        self.calls += 1
+        if self.down:
+            raise BackendUnavailable("redis", "connection refused")
+
+
+async def test_store_down_limits_hold_per_process_counted_and_recover_by_themselves(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock, metrics = Clock(), Metrics()
+    shared = FlakyStore(clock)
+    q = quotas(clock, shared, metrics)
+    acme = tenant(rate=1.0, burst=2)
+    await q.admit(acme, answering=False)
+    shared.down = True
+    await q.admit(acme, answering=False)  # the local bucket, full: allowed
+    await q.admit(acme, answering=False)
+    with pytest.raises(RateLimited):  # the local bucket enforces the same limit
+        await q.admit(acme, answering=False)
+    get = metrics.registry.get_sample_value
+    assert get("querygate_quota_store_degraded") == 1.0
+    assert get("querygate_quota_local_decisions_total", {"check": "rate_limit"}) == 3.0
+    assert "quota store unavailable" in caplog.text
+    asked = shared.calls
+    clock.now += 0.5  # within redis_retry_s: the store is not asked again
+    with pytest.raises(RateLimited):
+        await q.admit(acme, answering=False)
+    assert shared.calls == asked
+    shared.down = False
+    clock.now += 1.0
+    await q.admit(acme, answering=False)  # asked again, and it answers
+    assert get("querygate_quota_store_degraded") == 0.0
+    assert not q.degraded
+
+
+async def test_store_down_budgets_count_from_the_last_total_seen_and_replay_the_spend() -> None:
+    clock, metrics = Clock(), Metrics()
+    shared = FlakyStore(clock)
+    q = quotas(clock, shared, metrics)
+    acme = tenant(budget=1.0)
+    await shared.add_spend("acme", "2026-11-30", 0.5)  # another replica's spend
+    await q.check_budget(acme)  # reads 0.5
+    shared.down = True
+    await q.record_spend(acme, 0.3)  # kept here: 0.8 as far as this process knows
+    await q.check_budget(acme)
+    await q.record_spend(acme, 0.3)
+    with pytest.raises(BudgetExceeded):  # 0.5 seen + 0.6 since: over, without the store
+        await q.check_budget(acme)
+    assert (
+        metrics.registry.get_sample_value(
+            "querygate_quota_local_decisions_total", {"check": "budget"}
+        )
+        == 2.0
+    )  # both checks made while it was down
+    shared.down = False
+    clock.now += 1.0
+    with pytest.raises(BudgetExceeded):
+        await q.check_budget(acme)
+    assert await shared.spent("acme", "2026-11-30") == pytest.approx(1.1)  # replayed, once
+    await q.check_budget(tenant(budget=2.0))
+    assert await shared.spent("acme", "2026-11-30") == pytest.approx(1.1)
+
+
+# -- the LLM seam -----------------------------------------------------------------------------
+
+
+class PricedLLM:
+    """A fake tier: every call costs `cost`."""
+
+    def __init__(self, cost: float) -> None:
+        self.cost = cost
+        self.calls = 0
+
+    def has_tier(self, tier: Tier) -> bool:
+        return True
+
+    def prices(self, tier: Tier) -> tuple[float, float]:
+        return (0.0, 0.0)
+
+    async def complete(self, tier: Tier, messages: list[Message], **_: Any) -> Completion:
+        self.calls += 1
+        return Completion("ok", tier, "fake", Usage(1, 1, self.cost))
+
+    async def stream(
+        self, tier: Tier, messages: list[Message], **_: Any
+    ) -> AsyncIterator[StreamDelta]:
+        self.calls += 1
+        yield StreamDelta(text="o")
+        yield StreamDelta(done=True, usage=Usage(1, 1, self.cost), model="fake")
+
+    async def warm_up(self) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_every_call_is_checked_before_and_recorded_after() -> None:
+    clock = Clock()
+    q = quotas(clock)
+    inner = PricedLLM(cost=0.4)
+    llm = BudgetedLLM(inner, q)
+    acme = tenant(budget=1.0)
+    token = current_tenant.set(acme)
+    try:
+        await llm.complete("small", [])
+        _ = [d async for d in llm.stream("small", [])]
+        await llm.complete("small", [])  # 0.8 spent before it: allowed, 1.2 after
+        with pytest.raises(BudgetExceeded):
+            await llm.complete("small", [])
+        with pytest.raises(BudgetExceeded):
+            _ = [d async for d in llm.stream("small", [])]
+    finally:
+        current_tenant.reset(token)
+    assert inner.calls == 3  # the refused calls never reached the model
+    assert await q._local.spent("acme", "2026-11-30") == pytest.approx(1.2)
+
+
+async def test_a_call_outside_a_request_is_not_budgeted() -> None:
+    q = quotas(Clock())
+    llm = BudgetedLLM(PricedLLM(cost=5.0), q)
+    await llm.complete("small", [])
+    await llm.complete("small", [])
