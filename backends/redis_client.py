@@ -1,0 +1,272 @@
+"""The process's one Redis client, shared by the cache store and the quota store.
+
+Built once per process from `RedisOptions` (services.py fills them from `cache.redis_*`):
+
+- one connection pool (per node on a cluster), at most `max_connections` connections;
+- explicit, short socket and connect timeouts: a cache that fails open must fail fast, and a
+  Redis that accepts connections but never answers (overloaded, paused) costs a request one
+  socket timeout, not the request's deadline;
+- no client-side retries (redis-py 6+ retries 3 times with backoff by default): the gateway's
+  one retry layer is the next request, and retries under a down Redis only multiply the load
+  and the latency of every miss;
+- every call goes through `call()`, which bounds it as a whole (`op_timeout_s`) and turns any
+  client failure into `BackendUnavailable`, so no caller ever catches a redis-py exception.
+
+Cluster mode is chosen by the URL's scheme, never guessed: `redis+cluster://host:port` (or
+`rediss+cluster://` for TLS) names one or more seed nodes of a Redis Cluster and builds a
+`redis.asyncio.cluster.RedisCluster`; `redis://` and `rediss://` build a single-node client.
+A guess from `INFO cluster` would need Redis up at start-up, and a cache must let the gateway
+start while Redis is down. `start()` checks the guess the other way round once Redis answers:
+a `redis://` URL that reaches a cluster node (whose keys would answer MOVED) refuses to start
+with `RedisModeMismatch`, and so does `redis+cluster://` on a standalone server.
+
+`start()` also detects an optional server-side vector search and says so in one log line:
+Redis 8's vector sets (`VSIM`), or the query engine (the `search` module, 2.4+, whose
+`FT.SEARCH` takes VECTOR fields). Debian's Redis 7.0 has neither (its RediSearch 1.2 has no
+vectors), and neither do most managed fleets, so the cache store never relies on one: the fast
+path is detected and reported, not built (it could not be tested here).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
+from urllib.parse import urlsplit, urlunsplit
+
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.commands.core import AsyncScript
+from redis.exceptions import RedisClusterException, RedisError, ResponseError
+
+from backends.errors import BackendError, BackendUnavailable
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Client = Redis | RedisCluster
+
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+# The query engine's vector fields arrived in RediSearch 2.4 (module version 20400).
+_SEARCH_VECTOR_MIN_VERSION = 20400
+
+
+class RedisModeMismatch(BackendError):
+    """The URL says single node but the server is a cluster node, or the other way round."""
+
+
+@dataclass(frozen=True, slots=True)
+class RedisOptions:
+    url: str
+    socket_timeout_s: float = 0.25
+    connect_timeout_s: float = 0.5
+    max_connections: int = 64
+
+    @property
+    def cluster(self) -> bool:
+        return urlsplit(self.url).scheme in CLUSTER_SCHEMES
+
+    @property
+    def client_url(self) -> str:
+        """The URL redis-py understands: the `+cluster` suffix stripped."""
+        parts = urlsplit(self.url)
+        scheme = CLUSTER_SCHEMES.get(parts.scheme, parts.scheme)
+        return urlunsplit(parts._replace(scheme=scheme))
+
+    @property
+    def op_timeout_s(self) -> float:
+        """A bound on one whole call: a connect, a write and a read, plus a margin for the
+        event loop. A cluster call that follows one MOVED or re-reads the slot map can take
+        two round trips; past this bound it is a miss anyway."""
+        return self.connect_timeout_s + 2 * self.socket_timeout_s + 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class ServerFacts:
+    """What `start()` learnt from the server (the node the URL names)."""
+
+    version: str
+    cluster: bool
+    vector_search: str | None  # "vector sets (VSIM)", "query engine (search N)" or None
+
+
+def build_client(options: RedisOptions) -> Client:
+    """A client with its own pool; it connects lazily, so Redis may be down at this point."""
+    common: dict[str, Any] = {
+        "socket_timeout": options.socket_timeout_s,
+        "socket_connect_timeout": options.connect_timeout_s,
+        "retry": Retry(NoBackoff(), 0),
+        "health_check_interval": 0,
+    }
+    if options.cluster:
+        # max_connections is per node on a cluster. A topology error (MOVED after a
+        # failover) is followed by redis-py's redirect handling, not by a retry.
+        return RedisCluster.from_url(
+            options.client_url,
+            max_connections=options.max_connections,
+            **common,
+        )
+    return Redis.from_url(
+        options.client_url,
+        max_connections=options.max_connections,
+        retry_on_timeout=False,
+        **common,
+    )
+
+
+class RedisConnection:
+    """Owns the client and its pool; stores borrow `client` and never close it."""
+
+    name = "redis"
+
+    def __init__(self, options: RedisOptions) -> None:
+        self.options = options
+        self.client: Client = build_client(options)
+        self.facts: ServerFacts | None = None
+        self._closed = False
+
+    @property
+    def cluster(self) -> bool:
+        return self.options.cluster
+
+    async def start(self) -> None:
+        """Probe the server once at start-up: log its version, mode and vector capability.
+        Redis down only logs a warning (the cache fails open and the pool reconnects by
+        itself); a URL whose mode contradicts the server raises `RedisModeMismatch`."""
+        try:
+            facts = await probe_server(self.options)
+        except BackendUnavailable as exc:
+            log.warning("Redis not reachable at start-up", extra={"error": str(exc)})
+            return
+        if facts.cluster != self.cluster:
+            raise RedisModeMismatch(_mismatch_message(facts.cluster))
+        self.facts = facts
+        log.info(
+            "Redis connected",
+            extra={
+                "redis_version": facts.version,
+                "redis_mode": "cluster" if facts.cluster else "single node",
+                "vector_search": facts.vector_search or "none (plain commands only)",
+                "vector_fast_path": "not built: the cache store uses plain commands and Lua",
+            },
+        )
+
+    async def call(self, pending: Awaitable[T]) -> T:
+        """Await one client call under the whole-call bound, translating every failure."""
+        if self._closed:
+            _close_unawaited(pending)
+            raise BackendUnavailable("redis", "the Redis connection is closed")
+        return await guarded(pending, self.options.op_timeout_s)
+
+    def register_script(self, source: str) -> AsyncScript:
+        """A Lua script run by EVALSHA (loaded again by itself after a Redis restart)."""
+        # redis-py types register_script for the single-node client only; both have it.
+        script: AsyncScript = cast(Any, self.client).register_script(source)
+        return script
+
+    async def ping(self) -> None:
+        await self.call(cast(Awaitable[bool], self.client.ping()))
+
+    async def aclose(self) -> None:
+        """Idempotent; after it every call raises `BackendUnavailable`."""
+        if self._closed:
+            return
+        self._closed = True
+        await self.client.aclose()
+
+
+async def guarded(pending: Awaitable[T], timeout_s: float) -> T:
+    """One map from redis-py's failures to ours, most specific first: a whole-call timeout,
+    then anything the client raises (connection, timeout, protocol garbage, a script or
+    WRONGTYPE error, a cluster without a node for the slot)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await pending
+    except TimeoutError as exc:
+        raise BackendUnavailable("redis", f"no answer within {timeout_s:.2f}s") from exc
+    except (RedisError, RedisClusterException, OSError) as exc:
+        raise BackendUnavailable("redis", f"{type(exc).__name__}: {exc}") from exc
+
+
+async def probe_server(options: RedisOptions) -> ServerFacts:
+    """Ask the node the URL names (a throwaway single-node connection, so this works
+    whatever the mode) for its version, cluster flag and vector commands."""
+    plain = Redis.from_url(
+        options.client_url,
+        socket_timeout=options.socket_timeout_s,
+        socket_connect_timeout=options.connect_timeout_s,
+        retry=Retry(NoBackoff(), 0),
+    )
+    timeout_s = options.op_timeout_s
+    try:
+        server = await guarded(plain.info("server"), timeout_s)
+        cluster = await guarded(plain.info("cluster"), timeout_s)
+        vector_sets = await _has_command(plain, "VSIM", timeout_s)
+        modules = await guarded(cast(Any, plain).execute_command("MODULE", "LIST"), timeout_s)
+    finally:
+        await plain.aclose()
+    return ServerFacts(
+        version=str(server.get("valkey_version") or server.get("redis_version", "unknown")),
+        cluster=int(cluster.get("cluster_enabled", 0)) == 1,
+        vector_search=_vector_search(vector_sets, modules),
+    )
+
+
+async def _has_command(client: Redis, command: str, timeout_s: float) -> bool:
+    """Whether the server knows `command`: called with no arguments, a known command is
+    refused for its arity, an unknown one as unknown. (COMMAND INFO would say so too, but
+    redis-py's parser of its reply fails on the nil it gives for an unknown command.)"""
+    try:
+        await guarded(cast(Any, client).execute_command(command), timeout_s)
+    except BackendUnavailable as exc:
+        cause = exc.__cause__
+        if isinstance(cause, ResponseError):
+            return "unknown command" not in str(cause).lower()
+        raise
+    return True
+
+
+def _vector_search(vector_sets: bool, modules: Any) -> str | None:
+    if vector_sets:
+        return "vector sets (VSIM)"
+    for module in modules or []:
+        fields = _module_fields(module)
+        name = str(fields.get("name", "")).lower()
+        version = int(fields.get("ver", 0) or 0)
+        if name in ("search", "ft") and version >= _SEARCH_VECTOR_MIN_VERSION:
+            return f"query engine (search {version})"
+    return None
+
+
+def _module_fields(module: Any) -> dict[str, Any]:
+    """MODULE LIST entries are flat [name, value, ...] lists (RESP2) or dicts (RESP3)."""
+    if isinstance(module, dict):
+        raw = module
+    else:
+        items = list(module)
+        raw = dict(zip(items[::2], items[1::2], strict=False))
+    return {_text(k): _text(v) if isinstance(v, bytes) else v for k, v in raw.items()}
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _mismatch_message(server_is_cluster: bool) -> str:
+    if server_is_cluster:
+        return (
+            "cache.redis_url names a Redis Cluster node with a single-node scheme; "
+            "use redis+cluster://host:port (or rediss+cluster://)"
+        )
+    return "cache.redis_url uses redis+cluster:// but the server is not a cluster node"
+
+
+def _close_unawaited(pending: Awaitable[Any]) -> None:
+    """A coroutine we refuse to await must be closed, or Python warns it was never awaited."""
+    close = getattr(pending, "close", None)
+    if callable(close):
+        close()
