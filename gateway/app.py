@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -74,7 +75,13 @@ def create_app(
             log.info("ready", extra={"config_version": settings.version})
             yield
 
+    async def resources(app: web.Application) -> AsyncIterator[None]:
+        task = asyncio.create_task(metrics.publish_resources())
+        yield
+        task.cancel()
+
     app.cleanup_ctx.append(backends)
+    app.cleanup_ctx.append(resources)
     app.cleanup_ctx.append(live_config(config_path, prepare))
     app.router.add_post("/v1/query", handle_query)
     app.router.add_post("/v1/chat/completions", handle_chat_completions)

@@ -9,12 +9,15 @@ import logging
 import secrets
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import SecretStr
 
 from gateway.logs import configure_logging
 from gateway.settings import ConfigError, Settings, load_settings
+
+if TYPE_CHECKING:
+    from gateway.workers import WorkerSpec
 
 log = logging.getLogger("querygate")
 
@@ -46,6 +49,12 @@ def _parser() -> argparse.ArgumentParser:
         "--sample-corpus",
         action="store_true",
         help="ingest the offline Wikipedia sample for the demo tenant first (a no-op when done)",
+    )
+    serve.add_argument(
+        "--workers",
+        type=_workers,
+        default=1,
+        help="worker processes on the one port (default 1; auto = one per core)",
     )
 
     ingest = sub.add_parser("ingest", help="add .md, .txt and .jsonl documents for a tenant")
@@ -99,6 +108,15 @@ def _positive(value: str) -> int:
     return number
 
 
+def _workers(value: str) -> int:
+    from gateway.workers import worker_count
+
+    try:
+        return worker_count(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
 def with_demo_key(settings: Settings, announce: bool = True) -> Settings:
     """With no tenants configured, the demo tenant's key comes from the environment or is
     generated once and kept in the data directory."""
@@ -119,20 +137,55 @@ def with_demo_key(settings: Settings, announce: bool = True) -> Settings:
 
 
 def _serve(settings: Settings, args: argparse.Namespace) -> int:
+    from gateway.runtime import DEMO_TENANT
+
+    settings = _serve_settings(settings, args)  # the demo key is made here, once
+    if args.sample_corpus:
+        asyncio.run(_ingest_async(settings, DEMO_TENANT, [], sample=True))
+    if args.workers == 1:
+        return _run_app(settings, args, reuse_port=False)
+    return _supervise(settings, args)
+
+
+def _supervise(settings: Settings, args: argparse.Namespace) -> int:
+    from gateway.workers import Supervisor, WorkerSpec, reserve_port
+
+    server = settings.server
+    try:
+        reserved = reserve_port(server.host, server.port)
+    except OSError as exc:
+        print(f"cannot listen on {server.host}:{server.port}: {exc}", file=sys.stderr)
+        return 2
+    with reserved:
+        port = int(reserved.getsockname()[1])  # the one chosen when the config says 0
+        spec = WorkerSpec(args.config, args.host, port, args.log_level)
+        return Supervisor(spec, args.workers, server.shutdown_grace_s).run()
+
+
+def serve_worker(spec: WorkerSpec) -> int:
+    """One worker of `serve --workers N` (in a fresh interpreter): the app on the shared port."""
+    configure_logging(spec.log_level)
+    try:
+        settings = load_settings(spec.config_path)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    args = argparse.Namespace(config=spec.config_path, host=spec.host, port=spec.port)
+    return _run_app(_serve_settings(settings, args, announce=False), args, reuse_port=True)
+
+
+def _run_app(settings: Settings, args: argparse.Namespace, *, reuse_port: bool) -> int:
     from aiohttp import web
 
     from gateway.app import create_app
-    from gateway.runtime import DEMO_TENANT
 
-    settings = _serve_settings(settings, args)
     server = settings.server
-    if args.sample_corpus:
-        asyncio.run(_ingest_async(settings, DEMO_TENANT, [], sample=True))
     try:
         web.run_app(
             create_app(settings, args.config, lambda fresh: _serve_settings(fresh, args, False)),
             host=server.host,
             port=server.port,
+            reuse_port=reuse_port,
             shutdown_timeout=server.shutdown_grace_s,
             # A client that hangs up stops its request's work (an agent loop, model calls): nobody
             # would read the answer, and the tenant would still pay for it.

@@ -9,7 +9,7 @@ from collections.abc import Awaitable
 from typing import TypeVar
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 
 from backends.errors import BackendError
@@ -153,5 +153,5 @@ async def _check(ping: Awaitable[None]) -> str:
 
 
 async def handle_metrics(request: web.Request) -> web.Response:
-    payload = generate_latest(request.app[METRICS].registry)
+    payload = request.app[METRICS].exposition()
     return web.Response(body=payload, headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -22,6 +22,7 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
+            "pid": record.process,  # which worker, with `serve --workers N`
         }
         request_id = request_id_var.get()
         if request_id:

@@ -6,7 +6,26 @@ names): never a tenant id, a query or a document id, which would grow without bo
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import asyncio
+import os
+from typing import ClassVar
+
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    generate_latest,
+)
+from prometheus_client.multiprocess import MultiProcessCollector
+
+# Set by `serve --workers N` for every worker: metrics then live in files there, and a scrape
+# of any worker reports the sum over all of them.
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 # Gateway-side latencies span sub-millisecond cache hits to multi-second agent loops.
 _LATENCY_BUCKETS = (
@@ -79,6 +98,7 @@ class Metrics:
             "querygate_llm_cooldown_open",
             "1 while a model is cooled down after repeated failures (skipped, then probed).",
             ["tier", "model"],
+            multiprocess_mode="livemax",
             registry=r,
         )
         self.retrieval_duration = Histogram(
@@ -108,19 +128,28 @@ class Metrics:
             "querygate_admission_inflight",
             "Admitted requests running, by pool.",
             ["pool"],
+            multiprocess_mode="livesum",
             registry=r,
         )
         self.admission_queued = Gauge(
             "querygate_admission_queued",
             "Requests waiting for admission, by pool.",
             ["pool"],
+            multiprocess_mode="livesum",
             registry=r,
         )
         self.inflight = Gauge(
-            "querygate_inflight_requests", "Requests being served now.", registry=r
+            "querygate_inflight_requests",
+            "Requests being served now.",
+            multiprocess_mode="livesum",
+            registry=r,
         )
         self.config_info = Gauge(
-            "querygate_config_info", "The active configuration (value 1).", ["version"], registry=r
+            "querygate_config_info",
+            "The active configuration (value 1).",
+            ["version"],
+            multiprocess_mode="livemax",
+            registry=r,
         )
         self.config_reloads = Counter(
             "querygate_config_reloads", "Configuration reloads.", ["result"], registry=r
@@ -147,3 +176,55 @@ class Metrics:
             multiprocess_mode="livemax",
             registry=r,
         )
+        self._multiprocess_dir = os.environ.get(MULTIPROC_ENV)
+        self._resources = None if self._multiprocess_dir is None else WorkerResources(r)
+        if self._multiprocess_dir is None:
+            for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+                r.register(collector)
+
+    async def publish_resources(self, every_s: float = 5.0) -> None:
+        """With several workers: publish this worker's memory, CPU and fds for the sum,
+        until cancelled. With one process the standard collectors read them at scrape."""
+        if self._resources is None:
+            return
+        while True:
+            self._resources.refresh()
+            await asyncio.sleep(every_s)
+
+    def exposition(self) -> bytes:
+        """The text a scrape gets: this process's registry, or the sum over every worker."""
+        if self._multiprocess_dir is None:
+            return generate_latest(self.registry)
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, self._multiprocess_dir)  # type: ignore[no-untyped-call]
+        PlatformCollector(registry=registry)
+        return generate_latest(registry)
+
+
+class WorkerResources:
+    """The standard process_* figures as gauges summed over live workers: the default
+    process collector would report only the one worker a scrape happens to reach (GC
+    statistics are per interpreter and are not exported with several workers)."""
+
+    # Summed over workers, except where a sum means nothing.
+    _MODES: ClassVar[dict[str, str]] = {
+        "process_start_time_seconds": "livemin",
+        "process_max_fds": "livemin",
+    }
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._gauges: dict[str, Gauge] = {}
+        for family in PROCESS_COLLECTOR.collect():
+            for sample in family.samples:  # the sample's name: process_cpu_seconds_total
+                self._gauges[sample.name] = Gauge(
+                    sample.name,
+                    family.documentation + " (over live workers)",
+                    multiprocess_mode=self._MODES.get(sample.name, "livesum"),  # type: ignore[arg-type]
+                    registry=registry,
+                )
+
+    def refresh(self) -> None:
+        for family in PROCESS_COLLECTOR.collect():
+            for sample in family.samples:
+                if (gauge := self._gauges.get(sample.name)) is not None:
+                    gauge.set(sample.value)

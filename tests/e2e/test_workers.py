@@ -1,0 +1,170 @@
+"""`serve --workers N`: several processes on one port, counted as one gateway, supervised."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.fixtures.gateway import GatewayProcess, start_gateway, stop_gateway
+
+ROUTE_ENDPOINT = "POST /v1/route"
+
+
+@pytest.fixture(scope="module")
+def workers(
+    fake_upstream: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
+    gw = start_gateway(
+        tmp_path_factory.mktemp("workers"), fake_upstream, serve_args=("--workers", "2")
+    )
+    _wait_workers_ready(gw, 2)
+    yield gw
+    stop_gateway(gw)
+
+
+def _sample(gw: GatewayProcess, name: str, **labels: str) -> float:
+    response = requests.get(f"{gw.url}/metrics", timeout=5)
+    assert response.status_code == 200
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    return 0.0
+
+
+def _route(gw: GatewayProcess, question: str) -> requests.Response:
+    # No session: every request opens its own connection, which the kernel may give either worker.
+    return requests.post(
+        f"{gw.url}/v1/route", json={"query": question}, headers=gw.headers(), timeout=10
+    )
+
+
+def _log_pids(gw: GatewayProcess, **fields: str) -> set[int]:
+    """The processes that logged a line with these fields."""
+    pids = set()
+    for line in gw.log().splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if all(entry.get(k) == v for k, v in fields.items()):
+            pids.add(int(entry["pid"]))
+    return pids
+
+
+def _wait_workers_ready(gw: GatewayProcess, count: int) -> None:
+    """The port opens with the first worker; the test wants them all listening."""
+    deadline = time.monotonic() + 60
+    while len(_log_pids(gw, msg="ready")) < count:
+        assert time.monotonic() < deadline, gw.log()[-3000:]
+        time.sleep(0.2)
+
+
+def _children(pid: int) -> set[int]:
+    """The supervisor's worker processes (spawned interpreters)."""
+    found = set()
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+        if b"spawn_main" in cmdline:
+            found.add(int(child))
+    return found
+
+
+def test_requests_spread_over_workers_are_counted_once_each(workers: GatewayProcess) -> None:
+    before = _sample(
+        workers, "querygate_http_requests_total", endpoint=ROUTE_ENDPOINT, outcome="ok"
+    )
+    for i in range(40):
+        response = _route(workers, f"What is the capital of country number {i}?")
+        assert response.status_code == 200, response.text
+    after = _sample(workers, "querygate_http_requests_total", endpoint=ROUTE_ENDPOINT, outcome="ok")
+    assert after - before == 40
+    assert len(_log_pids(workers, endpoint=ROUTE_ENDPOINT)) == 2  # both workers served some of them
+    # The process figures are summed over the live workers: two interpreters' worth of memory.
+    assert _sample(workers, "process_resident_memory_bytes") > 0
+
+
+def test_a_worker_that_dies_is_replaced(workers: GatewayProcess) -> None:
+    old = _children(workers.proc.pid)
+    assert len(old) == 2
+    victim = min(old)
+    os.kill(victim, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        now = _children(workers.proc.pid)
+        if len(now) == 2 and victim not in now:
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError(f"no replacement worker: {_children(workers.proc.pid)}")
+    # Until the new worker has loaded, the survivor answers everything on the shared port.
+    for i in range(10):
+        response = _route(workers, f"Who founded company {i}?")
+        assert response.status_code == 200, response.text
+
+
+def test_sigterm_drains_every_worker(fake_upstream: str, tmp_path: Path) -> None:
+    gw = start_gateway(tmp_path, fake_upstream, serve_args=("--workers", "2"))
+    _wait_workers_ready(gw, 2)
+    try:
+        results: list[requests.Response] = []
+
+        def slow_request(n: int) -> None:
+            results.append(
+                requests.post(
+                    f"{gw.url}/v1/query",
+                    json={"query": f'Hello {n} [[fake:{{"delay_ms": 2500}}]]', "route": "direct"},
+                    headers=gw.headers(),
+                    timeout=30,
+                )
+            )
+
+        threads = [threading.Thread(target=slow_request, args=(n,)) for n in range(6)]
+        for thread in threads:
+            thread.start()
+        _wait_for_inflight(gw, 6)
+        gw.proc.send_signal(signal.SIGTERM)
+        for thread in threads:
+            thread.join(timeout=30)
+        assert [r.status_code for r in results] == [200] * 6
+        assert gw.proc.wait(timeout=30) == 0
+        assert not _children_alive(gw)
+    finally:
+        stop_gateway(gw)
+
+
+def test_workers_zero_or_garbage_is_refused(tmp_path: Path) -> None:
+    from tests.fixtures.gateway import run_cli
+
+    config = tmp_path / "config.yaml"
+    config.write_text("{}\n")
+    for value in ("0", "many"):
+        done = run_cli(config, "serve", "--workers", value)
+        assert done.returncode == 2
+        assert "--workers" in done.stderr
+
+
+def _wait_for_inflight(gw: GatewayProcess, count: int) -> None:
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        # The /metrics request is in flight too, in whichever worker serves it.
+        if _sample(gw, "querygate_inflight_requests") >= count + 1:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the slow requests never started")
+
+
+def _children_alive(gw: GatewayProcess) -> bool:
+    try:
+        return bool(_children(gw.proc.pid))
+    except FileNotFoundError:
+        return False
