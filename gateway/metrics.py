@@ -67,7 +67,12 @@ class Metrics:
             registry=r,
         )
         self.cache_lookups = Counter(
-            "querygate_cache_lookups", "Response cache lookups.", ["result"], registry=r
+            "querygate_cache_lookups",
+            "Response cache lookups, one per answering request: exact, semantic, miss, error "
+            "(the store failed: served uncached), bypass (Cache-Control: no-cache, or a "
+            "follow-up that could not be rewritten).",
+            ["result"],
+            registry=r,
         )
         self.llm_requests = Counter(
             "querygate_llm_requests", "LLM calls.", ["tier", "model", "outcome"], registry=r
@@ -153,6 +158,22 @@ class Metrics:
         )
         self.config_reloads = Counter(
             "querygate_config_reloads", "Configuration reloads.", ["result"], registry=r
+        )
+        # The semantic cache tier (gateway/response_cache.py): thresholds are tuned from these.
+        self.cache_nearest_similarity = Histogram(
+            "querygate_cache_nearest_similarity",
+            "Cosine similarity of the nearest cached question, per semantic lookup that found "
+            "one (served or not).",
+            buckets=(0.5, 0.6, 0.7, 0.8, 0.85, 0.88, 0.9, 0.92, 0.94, 0.95, 0.96, 0.97, 0.98,
+                     0.99, 1.0),
+            registry=r,
+        )  # fmt: skip
+        self.cache_guard_refusals = Counter(
+            "querygate_cache_guard_refusals",
+            "Cached answers above the similarity threshold refused by a guard: numbers, dates, "
+            "negation, comparison, identifiers, entities.",
+            ["guard"],
+            registry=r,
         )
         # Per-tenant quotas (gateway/quotas.py). No tenant label: what one tenant spent or was
         # refused is not shown to the others (/metrics is unauthenticated); the request's log
