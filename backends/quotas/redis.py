@@ -9,10 +9,11 @@ keys sit in one slot, the same slot as the tenant's cache entries):
 
 The bucket is refilled with the server's clock (`TIME`), so replicas whose clocks disagree
 still share one bucket; it expires once it would be full again (an absent bucket is a full
-one). A day's spend expires an hour after that UTC day ends. The client is not ours: the
-process-wide one is built and closed by whoever opened it (`backends.redis_client`); this
-store only stops using it at `aclose`. Every failure raises `BackendError`: unreachable or
-too slow is `BackendUnavailable`, an answer that is not what a script returns is
+one). A day's spend expires an hour after that UTC day ends. The connection is not ours: the
+process's one `RedisConnection` (`backends.redis_client`, short timeouts, no client retries)
+is opened and closed by services.py; this store borrows it and stops using it at `aclose`.
+Every failure raises `BackendError`: unreachable, too slow or refused is
+`BackendUnavailable` (the connection's one map), an answer that is not a usable number is
 `UpstreamError`.
 """
 
@@ -22,9 +23,8 @@ import datetime as dt
 import math
 from typing import Any
 
-from redis.exceptions import RedisError, ResponseError
-
-from backends.errors import BackendUnavailable, UpstreamError
+from backends.errors import UpstreamError
+from backends.redis_client import RedisConnection
 
 # The same sums as backends.quotas.memory.refill_and_take, on the server's clock. A clock
 # that went backwards (a failover to a node whose clock lags) refills nothing.
@@ -82,11 +82,10 @@ def _day_end(day: str) -> int:
 class RedisQuotaStore:
     name = "redis"
 
-    def __init__(self, client: Any) -> None:
-        """`client`: a `redis.asyncio.Redis` or `RedisCluster`, not owned by the store."""
-        self._client = client
-        self._take = client.register_script(TAKE)
-        self._add = client.register_script(ADD_SPEND)
+    def __init__(self, connection: RedisConnection) -> None:
+        self._connection = connection
+        self._take = connection.register_script(TAKE)
+        self._add = connection.register_script(ADD_SPEND)
         self._closed = False
 
     async def take(self, tenant: str, rate_per_s: float, burst: float) -> float:
@@ -94,7 +93,7 @@ class RedisQuotaStore:
         return _number(reply, "bucket")
 
     async def spent(self, tenant: str, day: str) -> float:
-        reply = await self._call(self._client.get(spend_key(tenant, day)))
+        reply = await self._call(self._connection.client.get(spend_key(tenant, day)))
         return 0.0 if reply is None else _number(reply, "spend")
 
     async def add_spend(self, tenant: str, day: str, usd: float) -> float:
@@ -103,7 +102,7 @@ class RedisQuotaStore:
         return _number(reply, "spend")
 
     async def ping(self) -> None:
-        await self._call(self._client.ping())
+        await self._call(self._connection.client.ping())
 
     async def aclose(self) -> None:
         self._closed = True
@@ -112,12 +111,7 @@ class RedisQuotaStore:
         if self._closed:
             pending.close()  # the coroutine never runs
             raise RuntimeError("the quota store is closed")
-        try:
-            return await pending
-        except ResponseError as exc:  # the server refused the command (a script error, OOM)
-            raise UpstreamError("redis", f"{type(exc).__name__}: {exc}") from exc
-        except (RedisError, OSError) as exc:  # unreachable, reset, or past its timeout
-            raise BackendUnavailable("redis", f"{type(exc).__name__}: {exc}") from exc
+        return await self._connection.call(pending)
 
 
 def _number(reply: Any, what: str) -> float:

@@ -1,0 +1,188 @@
+"""The Redis quota store against a real redis-server (single node and a three-master cluster):
+the bucket and the day's spend are shared by every connection, atomic under concurrency, kept
+per tenant under its hash tag, and a dead Redis is an error the gateway can fall back from."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+
+from backends.errors import BackendError, BackendUnavailable
+from backends.quotas.redis import RedisQuotaStore, bucket_key, spend_key
+from backends.redis_client import RedisConnection, RedisOptions
+from gateway.metrics import Metrics
+from gateway.quotas import BudgetExceeded, Quotas, RateLimited, utc_day
+from gateway.settings import TenantConfig
+from tests.redis_server import RedisServer
+
+TODAY = utc_day(time.time())
+
+
+@asynccontextmanager
+async def store(url: str) -> AsyncIterator[RedisQuotaStore]:
+    """One process's view: its own connection (pool) and store."""
+    connection = RedisConnection(RedisOptions(url))
+    await connection.start()
+    try:
+        yield RedisQuotaStore(connection)
+    finally:
+        await connection.aclose()
+
+
+def cluster_url(urls: list[str]) -> str:
+    return "redis+cluster://" + urls[0].removeprefix("redis://")
+
+
+@pytest.fixture(params=["single", "cluster"])
+def url(request: pytest.FixtureRequest) -> str:
+    if request.param == "single":
+        return str(request.getfixturevalue("redis_url"))
+    return cluster_url(request.getfixturevalue("redis_cluster_urls"))
+
+
+def tenant_id(prefix: str) -> str:
+    """A tenant no other test used (the cluster lives for the module)."""
+    return f"{prefix}-{time.monotonic_ns()}"
+
+
+async def test_two_processes_share_one_bucket(url: str) -> None:
+    acme = tenant_id("acme")
+    async with store(url) as one, store(url) as two:
+        waits = [await s.take(acme, 0.5, 3) for s in (one, two, one, two)]
+    assert waits[:3] == [0.0, 0.0, 0.0]
+    assert 1.9 < waits[3] <= 2.0  # a token every 2 s
+
+
+async def test_a_tenant_at_its_limit_leaves_another_untouched(url: str) -> None:
+    acme, globex = tenant_id("acme"), tenant_id("globex")
+    async with store(url) as s:
+        assert await s.take(acme, 0.5, 1) == 0.0
+        assert await s.take(acme, 0.5, 1) > 0
+        assert await s.take(globex, 0.5, 1) == 0.0
+        await s.add_spend(acme, TODAY, 5.0)
+        assert await s.spent(globex, TODAY) == 0.0
+
+
+async def test_the_bucket_refills_on_the_servers_clock(url: str) -> None:
+    acme = tenant_id("acme")
+    async with store(url) as s:
+        assert await s.take(acme, 20.0, 1) == 0.0
+        wait = await s.take(acme, 20.0, 1)
+        assert 0 < wait <= 0.05
+        await asyncio.sleep(wait + 0.01)  # the time it said: the token is back
+        assert await s.take(acme, 20.0, 1) == 0.0
+
+
+async def test_concurrent_spend_from_two_processes_is_added_exactly(url: str) -> None:
+    acme = tenant_id("acme")
+    async with store(url) as one, store(url) as two:
+        # Each connection is used once first: redis-py's cluster client maps the slots on its
+        # first call, and concurrent first calls race that (connections closed under them).
+        for s in (one, two):
+            await s.spent(acme, TODAY)
+        adds = [s.add_spend(acme, TODAY, 0.01) for _ in range(20) for s in (one, two)]
+        totals = await asyncio.gather(*adds)
+        assert await one.spent(acme, TODAY) == pytest.approx(0.4)
+    assert max(totals) == pytest.approx(0.4)
+    assert len({round(t, 6) for t in totals}) == 40  # every add saw its own total
+
+
+async def test_a_days_spend_expires_an_hour_after_the_day(redis_server: RedisServer) -> None:
+    acme = tenant_id("acme")
+    async with store(redis_server.url) as s:
+        await s.add_spend(acme, TODAY, 0.5)
+    ttl = int(redis_server.command("TTL", spend_key(acme, TODAY)).strip().lstrip(b":"))
+    day_end = dt.datetime.strptime(TODAY, "%Y-%m-%d").replace(tzinfo=dt.UTC) + dt.timedelta(1)
+    expected = day_end.timestamp() + 3600 - time.time()
+    assert abs(ttl - expected) <= 5
+
+
+async def test_every_key_of_a_tenant_is_in_the_tenants_slot() -> None:
+    assert bucket_key("acme") == "qg:quota:{acme}:bucket"
+    assert spend_key("acme", "2026-11-30") == "qg:quota:{acme}:spend:2026-11-30"
+
+
+async def test_garbage_in_a_spend_key_is_an_error_never_a_limit(
+    redis_server: RedisServer,
+) -> None:
+    acme = tenant_id("acme")
+    redis_server.command("SET", spend_key(acme, TODAY), "not a number")
+    async with store(redis_server.url) as s:
+        with pytest.raises(BackendError):
+            await s.spent(acme, TODAY)
+        with pytest.raises(BackendError):
+            await s.add_spend(acme, TODAY, 0.1)
+
+
+async def test_a_killed_redis_fails_fast_and_a_restarted_one_is_used_again(
+    redis_server: RedisServer,
+) -> None:
+    acme = tenant_id("acme")
+    async with store(redis_server.url) as s:
+        assert await s.take(acme, 1.0, 5) == 0.0
+        redis_server.kill()
+        started = time.monotonic()
+        with pytest.raises(BackendUnavailable):
+            await s.take(acme, 1.0, 5)
+        assert time.monotonic() - started < 1.5
+        redis_server.start()
+        assert await s.take(acme, 1.0, 5) == 0.0  # the script is loaded again (NOSCRIPT)
+
+
+async def test_a_paused_redis_costs_one_socket_timeout(redis_server: RedisServer) -> None:
+    acme = tenant_id("acme")
+    async with store(redis_server.url) as s:
+        await s.spent(acme, TODAY)
+        redis_server.pause()
+        try:
+            started = time.monotonic()
+            with pytest.raises(BackendUnavailable):
+                await s.spent(acme, TODAY)
+            assert time.monotonic() - started < 1.5
+        finally:
+            redis_server.resume()
+
+
+def limited(name: str, budget: float | None = None) -> TenantConfig:
+    return TenantConfig.model_validate(
+        {
+            "id": name,
+            "api_key_sha256": "0" * 64,
+            "rate_limit": {"requests_per_s": 0.1, "burst": 2},
+            "daily_budget_usd": budget,
+        }
+    )
+
+
+async def test_redis_killed_the_limits_hold_per_process_and_come_back_shared(
+    redis_server: RedisServer,
+) -> None:
+    acme = limited(tenant_id("acme"), budget=1.0)
+    metrics = Metrics()
+    async with store(redis_server.url) as s:
+        quotas = Quotas(s, metrics, retry_s=0.2)
+        await quotas.admit(acme, answering=True)
+        await quotas.record_spend(acme, 0.7)
+        redis_server.kill()
+        await quotas.admit(acme, answering=True)  # the local bucket: full
+        await quotas.admit(acme, answering=True)
+        with pytest.raises(RateLimited):
+            await quotas.admit(acme, answering=True)
+        await quotas.record_spend(acme, 0.4)  # 0.7 seen + 0.4 kept here
+        with pytest.raises(BudgetExceeded):
+            await quotas.check_budget(acme)
+        assert metrics.registry.get_sample_value("querygate_quota_store_degraded") == 1.0
+        redis_server.start()  # empty: no persistence
+        deadline = time.monotonic() + 5
+        while quotas.degraded and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            await quotas.check_budget(limited(tenant_id("probe"), budget=5.0))
+        assert not quotas.degraded
+        assert metrics.registry.get_sample_value("querygate_quota_store_degraded") == 0.0
+        # The spend kept while it was down was added to the new Redis.
+        assert await s.spent(acme.id, TODAY) == pytest.approx(0.4)
