@@ -1,0 +1,490 @@
+"""Redis cache store: entries shared by every replica, plain commands and Lua only.
+
+No module is needed (no RediSearch, no vector sets), so it runs on Redis 7, Valkey and managed
+services alike. The client is borrowed from `backends.redis_client.RedisConnection`: this
+store never builds or closes one, and every call goes through its timeout and error map, so a
+down, slow or garbled Redis is a `BackendUnavailable` within `op_timeout_s`.
+
+Keys. Every key of a tenant carries the hash tag `{tenant}`, so on Redis Cluster all of a
+tenant's keys share one slot and every script declares all the keys it touches (a tenant's
+cache is a fixed set of eight keys, plus one lease key per single-flight claim):
+
+    qg:cache:{T}:seq    string  entry ids (INCR), zero-padded so lexical order is age order
+    qg:cache:{T}:keys   hash    exact key -> id
+    qg:cache:{T}:ent    hash    id -> entry (key, question, payload; versioned binary)
+    qg:cache:{T}:vec    hash    id -> unit vector, float16 (768 bytes at 384 dimensions)
+    qg:cache:{T}:meta   hash    id -> what removing it must undo (LSH members, exact key)
+    qg:cache:{T}:ord    zset    id by insertion order: the per-tenant cap evicts the oldest
+    qg:cache:{T}:exp    zset    id by expiry (ms, server clock): fixed at write, never moved
+    qg:cache:{T}:lsh    zset    LSH bucket members, lexical: scope|band|bucket:id
+    qg:cache:{T}:lease:<key>    string  a single-flight claim (SET NX PX, an owner token)
+
+Writes and evictions are one script each, so a reader never sees an entry half-written or a
+cap that another replica's write has just passed. A write prunes up to 64 expired entries and
+evicts at most 256 entries past the cap (a cap lowered a lot shrinks over a few writes instead
+of blocking Redis in one script). The tenant's keys expire with their newest entry, so a
+tenant that stops writing leaves nothing behind.
+
+Semantic lookup without a scan: random-hyperplane LSH (SimHash). `bands` groups of `bits` sign
+bits of seeded random projections (numpy's RandomState, whose stream is fixed across
+versions, so every replica buckets a vector alike). Each entry is a member of one bucket per
+band, in the scope's part of the tenant's `lsh` sorted set. A probe reads its own bucket in
+each band with one ZRANGE BYLEX (O(log n + m)), newest `bucket_limit` members first; the union
+of those ids is the candidate set, at most `bands * bucket_limit` whatever the tenant holds.
+Their float16 vectors come back in the same script and the exact cosine is computed here,
+best first; then the top `limit` entries are fetched. Expired candidates are pruned as they
+are met.
+
+Recall vs candidates: two unit vectors at cosine c share one band's bucket with probability
+p = (1 - arccos(c) / pi) ** bits. More bits make buckets smaller (fewer unrelated candidates,
+which is what the lookup pays for) but lower p; more bands win the recall back at the cost of
+memory (a member per band per entry) and of one range read per band. The defaults, 16 bands of
+12 bits and at most 24 members per bucket: at c = 0.90 a band shares with p = 0.155 and some
+band with 1 - (1 - p) ** 16 = 0.93; at c = 0.95, 0.99. The paraphrases that matter for a
+semantic hit sit above the tier's threshold (0.95 by default), where this misses about one in
+a hundred; a miss only costs a recomputed answer. Measured by `bench/cache_store_scale.py`
+(1k / 10k / 100k entries in one tenant; figures in docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+import struct
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from backends.cache.base import CachedEntry, CorruptEntry, Neighbour
+from backends.errors import BackendUnavailable
+from backends.redis_client import RedisConnection
+from backends.retrieval.base import Vector
+
+PREFIX = "qg:cache:"
+LSH_SEED = 20261130  # fixed: every replica must bucket a vector alike
+_SAFE_TENANT = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_ENTRY_MAGIC = b"QGC1"
+_ENTRY_HEADER = struct.Struct(">4sIII")  # magic, then lengths of key, question, payload
+_PURGE_PER_WRITE = 64
+_EVICT_PER_WRITE = 256
+
+# remove(id): undo everything an entry put in the tenant's keys. KEYS (fixed order):
+# 1 seq, 2 keys, 3 ent, 4 vec, 5 meta, 6 ord, 7 exp, 8 lsh. ARGV[1] bands, ARGV[2] the width
+# in characters of one band's LSH prefix (scope tag + band + bucket).
+_LUA_COMMON = """
+local BANDS = tonumber(ARGV[1])
+local PWIDTH = tonumber(ARGV[2])
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function remove(id)
+  local meta = redis.call('HGET', KEYS[5], id)
+  if meta then
+    local key
+    if string.sub(meta, 1, 1) == 'v' then
+      local pos = 2
+      for band = 1, BANDS do
+        redis.call('ZREM', KEYS[8], string.sub(meta, pos, pos + PWIDTH - 1) .. ':' .. id)
+        pos = pos + PWIDTH
+      end
+      key = string.sub(meta, pos)
+    else
+      key = string.sub(meta, 2)
+    end
+    if redis.call('HGET', KEYS[2], key) == id then
+      redis.call('HDEL', KEYS[2], key)
+    end
+  end
+  redis.call('HDEL', KEYS[3], id)
+  redis.call('HDEL', KEYS[4], id)
+  redis.call('HDEL', KEYS[5], id)
+  redis.call('ZREM', KEYS[6], id)
+  redis.call('ZREM', KEYS[7], id)
+end
+"""
+
+# ARGV: 3 key, 4 entry blob, 5 vector ('' for none), 6 ttl ms, 7 cap, 8.. one LSH prefix per
+# band (none without a vector).
+_PUT = (
+    _LUA_COMMON
+    + f"""
+local key, blob, vec = ARGV[3], ARGV[4], ARGV[5]
+local ttl, cap = tonumber(ARGV[6]), tonumber(ARGV[7])
+local now = now_ms()
+local expired = redis.call('ZRANGE', KEYS[7], '-inf', now, 'BYSCORE', 'LIMIT', 0,
+                           {_PURGE_PER_WRITE})
+for _, old in ipairs(expired) do remove(old) end
+local previous = redis.call('HGET', KEYS[2], key)
+if previous then remove(previous) end
+local seq = redis.call('INCR', KEYS[1])
+local id = string.format('%015d', seq)
+-- a counter lost to maxmemory eviction restarts at 1: never reuse a live id
+if redis.call('HEXISTS', KEYS[5], id) == 1 then remove(id) end
+redis.call('HSET', KEYS[2], key, id)
+redis.call('HSET', KEYS[3], id, blob)
+local meta = '-' .. key
+if #ARGV > 7 then
+  redis.call('HSET', KEYS[4], id, vec)
+  local prefixes = {{}}
+  for band = 1, BANDS do
+    local prefix = ARGV[7 + band]
+    prefixes[band] = prefix
+    redis.call('ZADD', KEYS[8], 0, prefix .. ':' .. id)
+  end
+  meta = 'v' .. table.concat(prefixes) .. key
+end
+redis.call('HSET', KEYS[5], id, meta)
+redis.call('ZADD', KEYS[6], seq, id)
+redis.call('ZADD', KEYS[7], now + ttl, id)
+local over = redis.call('ZCARD', KEYS[6]) - cap
+if over > 0 then
+  local victims = redis.call('ZRANGE', KEYS[6], 0, math.min(over, {_EVICT_PER_WRITE}) - 1)
+  for _, victim in ipairs(victims) do remove(victim) end
+end
+for i = 1, #KEYS do
+  local pttl = redis.call('PTTL', KEYS[i])
+  if pttl == -1 or (pttl >= 0 and pttl < ttl) then redis.call('PEXPIRE', KEYS[i], ttl) end
+end
+return id
+"""
+)
+
+# ARGV: 3 key. Returns {id, entry blob, vector or ''} or nil; an expired or half-lost entry is
+# removed and is a miss.
+_GET = (
+    _LUA_COMMON
+    + """
+local id = redis.call('HGET', KEYS[2], ARGV[3])
+if not id then return false end
+local expires = redis.call('ZSCORE', KEYS[7], id)
+local blob = redis.call('HGET', KEYS[3], id)
+if not expires or tonumber(expires) <= now_ms() or not blob then
+  remove(id)
+  return false
+end
+return {id, blob, redis.call('HGET', KEYS[4], id) or ''}
+"""
+)
+
+# ARGV: 3 members per bucket, 4.. one LSH prefix per band. Returns a flat {id, vector, ...}.
+_CANDIDATES = (
+    _LUA_COMMON
+    + """
+local limit = tonumber(ARGV[3])
+local now = now_ms()
+local seen, out = {}, {}
+for i = 4, #ARGV do
+  local prefix = ARGV[i]
+  -- newest first: ids are zero-padded, so lexical order is insertion order
+  local members = redis.call('ZRANGE', KEYS[8], '(' .. prefix .. ';', '[' .. prefix .. ':',
+                             'BYLEX', 'REV', 'LIMIT', 0, limit)
+  for _, member in ipairs(members) do
+    local id = string.sub(member, #prefix + 2)
+    if not seen[id] then
+      seen[id] = true
+      local expires = redis.call('ZSCORE', KEYS[7], id)
+      local vec = redis.call('HGET', KEYS[4], id)
+      if expires and tonumber(expires) > now and vec then
+        out[#out + 1] = id
+        out[#out + 1] = vec
+      else
+        remove(id)
+      end
+    end
+  end
+end
+return out
+"""
+)
+
+# ARGV: 3.. ids. Returns one {id, blob, vector} per id still live, in order.
+_FETCH = (
+    _LUA_COMMON
+    + """
+local now = now_ms()
+local out = {}
+for i = 3, #ARGV do
+  local id = ARGV[i]
+  local expires = redis.call('ZSCORE', KEYS[7], id)
+  local blob = redis.call('HGET', KEYS[3], id)
+  if expires and tonumber(expires) > now and blob then
+    out[#out + 1] = {id, blob, redis.call('HGET', KEYS[4], id) or ''}
+  end
+end
+return out
+"""
+)
+
+# ARGV: 3 'key' or 'id', 4 the key or id.
+_DELETE = (
+    _LUA_COMMON
+    + """
+local id = ARGV[4]
+if ARGV[3] == 'key' then id = redis.call('HGET', KEYS[2], ARGV[4]) end
+if id then remove(id) end
+return 1
+"""
+)
+
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+def tenant_tag(tenant: str) -> str:
+    """The tenant's hash tag. Configured tenant ids are already safe; anything else (a brace
+    would end the tag early and scatter the tenant over slots) is hashed."""
+    if _SAFE_TENANT.match(tenant):
+        return "{" + tenant + "}"
+    return "{x" + hashlib.sha256(tenant.encode()).hexdigest()[:32] + "}"
+
+
+def tenant_keys(tenant: str) -> list[str]:
+    base = f"{PREFIX}{tenant_tag(tenant)}:"
+    return [base + name for name in ("seq", "keys", "ent", "vec", "meta", "ord", "exp", "lsh")]
+
+
+def lease_key(tenant: str, key: str) -> str:
+    return f"{PREFIX}{tenant_tag(tenant)}:lease:{key}"
+
+
+def encode_entry(entry: CachedEntry) -> bytes:
+    key, question = entry.key.encode(), entry.question.encode()
+    header = _ENTRY_HEADER.pack(_ENTRY_MAGIC, len(key), len(question), len(entry.payload))
+    return header + key + question + entry.payload
+
+
+def decode_entry(blob: bytes, vector: bytes) -> CachedEntry:
+    """The stored entry, or ValueError for anything that is not one."""
+    if len(blob) < _ENTRY_HEADER.size:
+        raise ValueError("entry shorter than its header")
+    magic, key_len, question_len, payload_len = _ENTRY_HEADER.unpack_from(blob)
+    if magic != _ENTRY_MAGIC:
+        raise ValueError("unknown entry format")
+    start = _ENTRY_HEADER.size
+    if start + key_len + question_len + payload_len != len(blob):
+        raise ValueError("entry lengths do not add up")
+    key = blob[start : start + key_len].decode()
+    question = blob[start + key_len : start + key_len + question_len].decode()
+    payload = blob[start + key_len + question_len :]
+    return CachedEntry(key, question, payload, decode_vector(vector) if vector else None)
+
+
+def decode_vector(raw: bytes) -> Vector:
+    if not raw or len(raw) % 2:
+        raise ValueError("vector bytes are not float16")
+    vector = np.frombuffer(raw, dtype="<f2").astype(np.float32)
+    if not np.all(np.isfinite(vector)):
+        raise ValueError("vector is not finite")
+    return vector
+
+
+def unit_vector(vector: Vector) -> Vector | None:
+    v = np.asarray(vector, dtype=np.float32).ravel()
+    norm = float(np.linalg.norm(v))
+    if not np.isfinite(norm) or norm == 0.0:
+        return None
+    return v / norm
+
+
+@lru_cache(maxsize=8)
+def _planes(dimension: int, hyperplanes: int) -> npt.NDArray[np.float32]:
+    # RandomState, not default_rng: its stream is frozen across numpy versions, and replicas
+    # running different numpy builds must agree on every bucket.
+    rng = np.random.RandomState(LSH_SEED)
+    return rng.standard_normal((hyperplanes, dimension)).astype(np.float32)
+
+
+class LshScheme:
+    """Bucket names for a unit vector: one `scope tag + band + bucket` prefix per band."""
+
+    def __init__(self, bands: int, bits: int) -> None:
+        if not 1 <= bands <= 255 or not 1 <= bits <= 32:
+            raise ValueError("LSH needs 1-255 bands of 1-32 bits")
+        self.bands, self.bits = bands, bits
+        self._bucket_width = (bits + 3) // 4
+        self._weights = (1 << np.arange(bits, dtype=np.uint64)).astype(np.uint64)
+        # 16 (scope tag) + 2 (band) + the bucket's hex digits
+        self.prefix_width = 16 + 2 + self._bucket_width
+
+    def scope_tag(self, scope: str, dimension: int) -> str:
+        """Scope and scheme in 16 hex characters: a change of bands, bits or dimension reads
+        other buckets, never ones bucketed another way."""
+        raw = f"{scope}\x00{self.bands}:{self.bits}:{dimension}:{LSH_SEED}".encode()
+        return hashlib.sha256(raw).hexdigest()[:16]
+
+    def prefixes(self, scope: str, unit: Vector) -> list[str]:
+        tag = self.scope_tag(scope, unit.shape[0])
+        signs = (_planes(unit.shape[0], self.bands * self.bits) @ unit) > 0
+        buckets = signs.reshape(self.bands, self.bits).astype(np.uint64) @ self._weights
+        width = self._bucket_width
+        return [f"{tag}{band:02x}{int(b):0{width}x}" for band, b in enumerate(buckets)]
+
+
+class RedisCacheStore:
+    """The `CacheStore` protocol on Redis (see the module docstring for the layout)."""
+
+    name = "redis"
+
+    def __init__(
+        self,
+        connection: RedisConnection,
+        max_entries: int | None = None,
+        *,
+        bands: int = 16,
+        bits: int = 12,
+        bucket_limit: int = 24,
+    ) -> None:
+        self._connection = connection
+        # A per-tenant ceiling of the store's own (`cache.max_entries` at start; the smaller
+        # of it and a put's wins), as the memory store does.
+        self._ceiling = max_entries
+        self._lsh = LshScheme(bands, bits)
+        self._bucket_limit = bucket_limit
+        self._put = connection.register_script(_PUT)
+        self._get = connection.register_script(_GET)
+        self._candidates = connection.register_script(_CANDIDATES)
+        self._fetch = connection.register_script(_FETCH)
+        self._delete = connection.register_script(_DELETE)
+        self._release = connection.register_script(_RELEASE)
+        # Our own claims' tokens: a release deletes a lease only if it is still ours, not one
+        # another caller took after ours expired (in this process or another).
+        self._leases: dict[tuple[str, str], str] = {}
+        self._closed = False
+        # Candidates scored by the last `nearest` (for the scale benchmark and tests).
+        self.last_candidates = 0
+
+    # -- the seam ---------------------------------------------------------------------------
+
+    async def get(self, tenant: str, key: str) -> CachedEntry | None:
+        reply = await self._script(self._get, tenant, key)
+        if not reply:
+            return None
+        (entry,) = await self._decode_all(tenant, [reply])
+        return entry
+
+    async def nearest(self, tenant: str, scope: str, vector: Vector, limit: int) -> list[Neighbour]:
+        unit = unit_vector(vector)
+        self.last_candidates = 0
+        if unit is None or limit <= 0:
+            return []
+        prefixes = self._lsh.prefixes(scope, unit)
+        flat = await self._script(self._candidates, tenant, self._bucket_limit, *prefixes)
+        ids, similarities, corrupt = self._score(flat, unit)
+        self.last_candidates = len(ids) + len(corrupt)
+        if corrupt:
+            await self._remove_ids(tenant, corrupt)
+            raise CorruptEntry(f"{len(corrupt)} cached vector(s) undecodable; deleted")
+        best = np.argsort(-similarities, kind="stable")[:limit]
+        if best.size == 0:
+            return []
+        replies = await self._script(self._fetch, tenant, *(ids[i] for i in best))
+        entries = await self._decode_all(tenant, replies)
+        by_id = dict(zip((_text(r[0]) for r in replies), entries, strict=True))
+        similarity = {ids[i]: float(similarities[i]) for i in best}
+        return [Neighbour(by_id[i], similarity[i]) for i in (ids[j] for j in best) if i in by_id]
+
+    async def put(
+        self, tenant: str, scope: str, entry: CachedEntry, *, ttl_s: int, max_entries: int
+    ) -> None:
+        cap = max_entries if self._ceiling is None else min(max_entries, self._ceiling)
+        unit = None if entry.vector is None else unit_vector(entry.vector)
+        vector = b"" if unit is None else unit.astype("<f2").tobytes()
+        prefixes = [] if unit is None else self._lsh.prefixes(scope, unit)
+        ttl_ms = max(1, int(ttl_s * 1000))
+        await self._script(
+            self._put, tenant, entry.key, encode_entry(entry), vector, ttl_ms, max(1, cap),
+            *prefixes,
+        )  # fmt: skip
+
+    async def delete(self, tenant: str, key: str) -> None:
+        await self._script(self._delete, tenant, "key", key)
+
+    async def claim(self, tenant: str, key: str, ttl_s: float) -> bool:
+        self._check_open()
+        token = secrets.token_hex(16)
+        lease = lease_key(tenant, key)
+        ttl_ms = max(1, int(ttl_s * 1000))
+        taken = await self._connection.call(
+            self._connection.client.set(lease, token, nx=True, px=ttl_ms)
+        )
+        if taken:
+            self._leases[(tenant, key)] = token
+        return bool(taken)
+
+    async def release(self, tenant: str, key: str) -> None:
+        self._check_open()
+        token = self._leases.pop((tenant, key), None)
+        if token is None:
+            return  # not ours: never delete another caller's lease
+        await self._connection.call(self._release(keys=[lease_key(tenant, key)], args=[token]))
+
+    async def ping(self) -> None:
+        self._check_open()
+        await self._connection.ping()
+
+    async def aclose(self) -> None:
+        """Stops using the borrowed client; its owner closes it. Idempotent."""
+        self._closed = True
+        self._leases.clear()
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BackendUnavailable("redis", "the cache store is closed")
+
+    async def _script(self, script: Any, tenant: str, *args: Any) -> Any:
+        self._check_open()
+        argv = [self._lsh.bands, self._lsh.prefix_width, *args]
+        return await self._connection.call(script(keys=tenant_keys(tenant), args=argv))
+
+    def _score(
+        self, flat: Sequence[bytes], unit: Vector
+    ) -> tuple[list[str], npt.NDArray[np.float32], list[str]]:
+        """Exact cosine of each candidate; ids whose vector is not one are returned apart."""
+        ids: list[str] = []
+        rows: list[Vector] = []
+        corrupt: list[str] = []
+        for i in range(0, len(flat) - 1, 2):
+            cid = _text(flat[i])
+            try:
+                row = decode_vector(flat[i + 1])
+                if row.shape != unit.shape:
+                    raise ValueError("vector of another dimension")
+            except ValueError:
+                corrupt.append(cid)
+                continue
+            ids.append(cid)
+            rows.append(row)
+        if not rows:
+            return ids, np.zeros(0, dtype=np.float32), corrupt
+        return ids, np.stack(rows) @ unit, corrupt
+
+    async def _decode_all(self, tenant: str, replies: Sequence[Any]) -> list[CachedEntry]:
+        """Decode {id, blob, vector} replies; any undecodable one is deleted and raises."""
+        entries: list[CachedEntry] = []
+        corrupt: list[str] = []
+        for reply in replies:
+            try:
+                entries.append(decode_entry(bytes(reply[1]), bytes(reply[2])))
+            except (ValueError, UnicodeDecodeError, TypeError, IndexError):
+                corrupt.append(_text(reply[0]))
+        if corrupt:
+            await self._remove_ids(tenant, corrupt)
+            raise CorruptEntry(f"{len(corrupt)} cached entr(y/ies) undecodable; deleted")
+        return entries
+
+    async def _remove_ids(self, tenant: str, ids: Sequence[str]) -> None:
+        for cid in ids:
+            await self._script(self._delete, tenant, "id", cid)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
