@@ -80,6 +80,19 @@ def check_limits(runtime: Runtime, query: str, history_len: int) -> None:
         raise Unprocessable(f"history: more than {server.max_history_messages} messages")
 
 
+def cache_control(request: web.Request) -> tuple[bool, bool]:
+    """(look up, store): the request's `Cache-Control`. `no-cache` (or `Pragma: no-cache`)
+    answers afresh without looking in the cache, though the answer may be stored; `no-store`
+    keeps it out of the cache."""
+    directives = {
+        part.split("=", 1)[0].strip().lower()
+        for header in request.headers.getall("Cache-Control", [])
+        for part in header.split(",")
+    }
+    pragma = request.headers.get("Pragma", "").strip().lower() == "no-cache"
+    return not ("no-cache" in directives or pragma), "no-store" not in directives
+
+
 async def answer(runtime: Runtime, query: QueryRequest) -> QueryResult:
     async with request_guard(runtime.settings.server.request_timeout_s):
         prepared = await runtime.pipeline.prepare(query)
@@ -91,12 +104,15 @@ async def handle_query(request: web.Request) -> web.StreamResponse:
     tenant = runtime.tenant_for(request.headers.get("Authorization"))
     body = await parse_body(request, QueryBody)
     check_limits(runtime, body.query, len(body.history))
+    lookup, store = cache_control(request)
     query = QueryRequest(
         id=request["request_id"],
         tenant=tenant,
         query=body.query,
         history=tuple(Message(m.role, m.content) for m in body.history),
         route=body.route,
+        cache_lookup=lookup,
+        cache_store=store,
     )
     if body.stream:
         return await stream_query(request, runtime, query, debug=body.debug)
@@ -130,14 +146,31 @@ async def handle_healthz(request: web.Request) -> web.Response:
 
 
 async def handle_readyz(request: web.Request) -> web.Response:
-    """Ready when retrieval answers; a cache that is down only degrades (it fails open)."""
+    """Ready (200) when retrieval answers; 503 with Retry-After when it does not.
+
+    The cache is optional: without it every request is a miss and is still answered (the
+    cache fails open). So a cache that is down leaves readiness at 200 and says
+    `"status": "degraded"` with the cache's check `unavailable`: a Redis outage is shared by
+    every replica, and a 503 would pull them all out of the load balancer at once for a
+    dependency they can serve without. Each probe pings afresh (the pool reconnects by
+    itself), so the status clears when Redis is back. Checks run concurrently, so a slow
+    cache does not delay the retrieval verdict."""
     services = request.app[SERVICES]
-    checks = {"retrieval": await _check(services.retriever.ping())}
+    pings = {"retrieval": services.retriever.ping()}
     if services.cache_store is not None:
-        checks["cache"] = await _check(services.cache_store.ping())
+        pings["cache"] = services.cache_store.ping()
+    results = await asyncio.gather(*(_check(ping) for ping in pings.values()))
+    checks = dict(zip(pings, results, strict=True))
     ready = checks["retrieval"] == "ok"
+    degraded = [name for name, state in checks.items() if state != "ok" and name != "retrieval"]
+    status = "unavailable" if not ready else "degraded" if degraded else "ok"
     runtime = request.app[RUNTIME].current
-    body = {"ready": ready, "checks": checks, "config_version": runtime.settings.version}
+    body = {
+        "ready": ready,
+        "status": status,
+        "checks": checks,
+        "config_version": runtime.settings.version,
+    }
     headers = None if ready else {"Retry-After": "5"}
     return web.json_response(body, status=200 if ready else 503, headers=headers)
 

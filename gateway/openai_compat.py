@@ -16,7 +16,7 @@ from aiohttp import web
 from backends.llm.base import Message
 from gateway.appkeys import RUNTIME
 from gateway.errors import NotFound, Unprocessable
-from gateway.handlers import answer, check_limits, parse_body
+from gateway.handlers import answer, cache_control, check_limits, parse_body
 from gateway.pipeline import QueryRequest
 from gateway.schemas import ChatBody, ChatMessage
 from gateway.streaming import sse, stream_answer
@@ -119,12 +119,15 @@ async def handle_chat_completions(request: web.Request) -> web.StreamResponse:
         raise NotFound(f"model {body.model!r} does not exist; use one of {', '.join(MODELS)}")
     query_text, history = split_messages(body.messages)
     check_limits(runtime, query_text, len(history))
+    lookup, store = cache_control(request)
     query = QueryRequest(
         id=request["request_id"],
         tenant=tenant,
         query=query_text,
         history=history,
         route=body.model,
+        cache_lookup=lookup,
+        cache_store=store,
     )
     if body.stream:
         include_usage = bool((body.stream_options or {}).get("include_usage"))

@@ -1,11 +1,16 @@
 """The request pipeline: named stages over one per-request context, then one completion builder.
 
-    rewrite → exact cache → embed → decide → corpus (full context only) → execute
-    → complete | stream → conclude (cache store, metrics, log)
+    rewrite → exact cache (→ single flight) → embed → semantic cache → decide
+    → corpus (full context only) → execute → complete | stream → conclude (cache store,
+    metrics, log)
 
 Each stage takes the `RequestContext` and either adds to it or returns the outcome, which ends
-the stages early (a cache hit). Routes are executors in a registry (`routers.executors`); the
-routes a deployment can execute are that registry's keys. A lookup that escalates is handed to
+the stages early (a cache hit). The cache stages are here, the cache's rules in
+`gateway.response_cache` and `gateway.cache`: the exact tier needs no embedding, so it runs
+before one is paid for; the semantic tier reuses the embedding the router needs anyway.
+
+Routes are executors in a registry (`routers.executors`); the routes a deployment can execute
+are that registry's keys. A lookup that escalates is handed to
 the multihop executor here, so routes never call each other. `complete` and `stream` both end
 in `routers.generation.finish`, so an answer is built the same way whichever path wrote it.
 """
@@ -14,19 +19,33 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+import re
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from backends.cache.base import CacheStore
 from backends.embeddings.base import Embedder
 from backends.errors import BackendError, BackendUnavailable
-from backends.llm.base import LLM, Completion, Message, StreamDelta, Usage
+from backends.llm.base import (
+    LLM,
+    NO_OPTIONS,
+    Completion,
+    GenerationOptions,
+    Message,
+    StreamDelta,
+    Usage,
+)
 from backends.retrieval.base import Hit, Retriever, Vector
 from gateway.accounting import current_record
+from gateway.cache import policy as cache_policy
+from gateway.cache.guards import MAX_SEMANTIC_CHARS
+from gateway.cache.keys import CacheScope, display_question, exact_key
+from gateway.cache.single_flight import Lease, Shared
 from gateway.metered_llm import MeteredLLM
 from gateway.metrics import Metrics
 from gateway.quotas import Quotas
-from gateway.response_cache import CacheScope, ResponseCache, cache_key
+from gateway.response_cache import ResponseCache, SemanticLookup, StoreFailed
 from gateway.settings import Settings, TenantConfig
 from gateway.timing import StageTimer
 from gateway.wire import QueryResult, answer_from_cache, answer_to_cache, rewrite_fields
@@ -43,6 +62,7 @@ from routers.types import Answer, Escalation, Generation, Route, RouteContext
 log = logging.getLogger(__name__)
 
 Outcome = Answer | Generation
+Payload = dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +86,12 @@ class QueryRequest:
     route: str = "auto"
     # Set when `query` is a rewrite of what the client sent.
     original_query: str | None = None
+    # `Cache-Control: no-cache`: answer afresh (the answer may still be stored);
+    # `no-store`: do not store it.
+    cache_lookup: bool = True
+    cache_store: bool = True
+    # The client's parameters for the calls that write the answer (the chat endpoint's).
+    options: GenerationOptions = NO_OPTIONS
 
 
 @dataclass(slots=True)
@@ -76,8 +102,17 @@ class RequestContext:
     timer: StageTimer
     # Model calls made before the route's own (the follow-up rewrite).
     usage_before: dict[str, Usage] = field(default_factory=dict)
+    # The cache: the key and scope while this request may be stored, the tier that answered
+    # it (miss, exact, semantic), and what the semantic tier saw.
     key: str | None = None
+    scope: str | None = None
+    question: str | None = None
     cache: str = "miss"
+    cache_result: str | None = None  # the lookup result counted, once
+    looking: bool = False  # the exact tier missed cleanly: the semantic tier may look
+    semantic: SemanticLookup | None = None
+    flight: Lease | None = None  # this request leads its key's single flight
+    shared: Shared | None = None  # what its followers get: the answer it stored or was served
     vector: Vector | None = None
     # None for a cache hit: nothing was decided.
     decision: RouteDecision | None = None
@@ -96,9 +131,10 @@ class Pipeline:
         self._classifier = classifier
         self._cache = ResponseCache(
             services.cache_store if settings.cache.backend != "off" else None,
-            settings.cache.ttl_s,
-            settings.cache.max_entries,
+            settings.cache,
             services.metrics,
+            # A leader's claim outlives no request: past its deadline nobody waits for it.
+            lease_s=settings.server.request_timeout_s,
         )
         self._llm = MeteredLLM(services.llm, services.metrics)
         self._registry = build_registry(
@@ -111,6 +147,7 @@ class Pipeline:
             self._rewrite,
             self._cached,
             self._embed,
+            self._cached_semantic,
             self._decide_route,
             self._whole_corpus,
             self._execute,
@@ -137,11 +174,28 @@ class Pipeline:
     async def prepare(self, request: QueryRequest) -> RequestContext:
         """Every stage up to the final model call; `complete` or `stream` finishes it."""
         ctx = RequestContext(request, StageTimer(self._s.metrics))
-        for stage in self._stages:
-            if (outcome := await stage(ctx)) is not None:
-                ctx.outcome = outcome
-                break
+        try:
+            for stage in self._stages:
+                if (outcome := await stage(ctx)) is not None:
+                    ctx.outcome = outcome
+                    break
+        except BaseException:
+            await self.release(ctx)
+            raise
+        if ctx.cache != "miss":  # a hit: this request's followers get it too
+            await self.release(ctx)
         return ctx
+
+    async def release(self, ctx: RequestContext) -> None:
+        """End the request's single-flight lead, if it holds one: followers get its stored
+        answer or compute their own, and the store's claim is given back. Idempotent; every
+        path that prepared a request calls it when done (complete, stream, or a client gone
+        before either)."""
+        if self._cache.flights is None or ctx.flight is None:
+            return
+        shared = ctx.shared
+        ctx.flight, lease = None, ctx.flight
+        await self._cache.flights.finish(lease, shared)
 
     # -- stages ---------------------------------------------------------------------------
 
@@ -163,19 +217,99 @@ class Pipeline:
         ctx.usage_before = {completion.tier: completion.usage}
 
     async def _cached(self, ctx: RequestContext) -> Answer | None:
-        """An exact hit needs no embedding: answer before paying for one."""
+        """The exact tier. An exact hit needs no embedding: answer before paying for one. A
+        miss waits for the same question's answer when another request is computing it, or
+        leads that computation itself."""
+        request = ctx.request
         if not self._cache.enabled:
             return None
-        ctx.key = await self._key(ctx.request)
-        if ctx.key is None:
+        if request.original_query is None and looks_like_followup(request.query, request.history):
+            # Not rewritten: its meaning lies in a conversation no key holds.
+            self._count(ctx, "bypass")
             return None
         with ctx.timer.stage("cache_lookup"):
-            cached = await self._cache.get(ctx.request.tenant.id, ctx.key)
-        if cached is None:
+            scope = await self._scope(request)
+            if scope is None:
+                self._count(ctx, "error")
+                return None
+            ctx.question = display_question(request.query)
+            ctx.key, ctx.scope = exact_key(scope, ctx.question), scope.digest
+            if not request.cache_lookup:
+                self._count(ctx, "bypass")
+                return None
+            try:
+                found = await self._exact_or_flight(ctx, request.tenant.id, ctx.key)
+            except (StoreFailed, BackendError) as exc:
+                if isinstance(exc, BackendError):  # the claim; StoreFailed is logged already
+                    log.warning("cache claim failed, serving uncached", extra={"error": str(exc)})
+                self._count(ctx, "error")
+                ctx.key = None  # nor store into a store that fails: serve uncached
+                return None
+        if found is not None:
+            return self._hit(ctx, *found)
+        ctx.looking = True
+        return None
+
+    async def _exact_or_flight(
+        self, ctx: RequestContext, tenant: str, key: str
+    ) -> tuple[Payload, str] | None:
+        """The exact tier's answer and the tier that made it, or None: this request computes."""
+        flights = self._cache.flights
+        assert flights is not None
+        payload = await self._cache.exact(tenant, key)
+        if payload is not None:
+            return payload, "exact"
+        if (leader := flights.leader_of(tenant, key)) is not None:
+            shared = await flights.follow(leader)
+            return None if shared is None else (shared.payload, shared.tier)
+        poll = lambda: self._cache.exact(tenant, key)  # noqa: E731
+        ctx.flight, payload = await flights.lead(tenant, key, poll)
+        return None if payload is None else (payload, "exact")
+
+    async def _cached_semantic(self, ctx: RequestContext) -> Answer | None:
+        """The semantic tier, on the embedding the router needs anyway: the nearest cached
+        question's answer when it is close enough for its route and no guard objects."""
+        if not ctx.looking:
             return None
-        answer, ctx.route_reason = answer_from_cache(cached)
-        ctx.cache, ctx.key = "exact", None
+        ctx.looking = False
+        assert ctx.vector is not None and ctx.question is not None and ctx.scope is not None
+        if not self._cache.semantic_enabled or len(ctx.question) > MAX_SEMANTIC_CHARS:
+            self._count(ctx, "miss")
+            return None
+        with ctx.timer.stage("cache_semantic"):
+            try:
+                found = await self._cache.semantic(
+                    ctx.request.tenant.id, ctx.scope, ctx.question, ctx.vector
+                )
+            except StoreFailed:
+                self._count(ctx, "error")
+                ctx.key = None
+                return None
+        ctx.semantic = found
+        log.debug(
+            "semantic cache lookup",
+            extra={
+                "request_id": ctx.request.id,
+                "cache_nearest_similarity": found.nearest,
+                "cache_similarity": found.similarity,
+                "cache_refused": found.refused,
+            },
+        )
+        if found.payload is None:
+            self._count(ctx, "miss")
+            return None
+        return self._hit(ctx, found.payload, "semantic")
+
+    def _hit(self, ctx: RequestContext, payload: Payload, tier: str) -> Answer:
+        answer, ctx.route_reason = answer_from_cache(payload)
+        ctx.cache, ctx.key, ctx.shared = tier, None, Shared(payload, tier)
+        self._count(ctx, tier)
         return answer
+
+    def _count(self, ctx: RequestContext, result: str) -> None:
+        if ctx.cache_result is None:
+            ctx.cache_result = result
+            self._cache.count(result)
 
     async def _embed(self, ctx: RequestContext) -> None:
         with ctx.timer.stage("embed"):
@@ -219,6 +353,7 @@ class Pipeline:
             request.history,
             decision,
             corpus=ctx.corpus,
+            options=request.options,
         )
         outcome = await self._run(decision.route, route_ctx, ctx.timer)
         if isinstance(outcome, Escalation):
@@ -254,21 +389,32 @@ class Pipeline:
     # -- finishing: one completion builder for both paths ---------------------------------
 
     async def complete(self, ctx: RequestContext) -> QueryResult:
-        outcome = ctx.outcome
-        assert outcome is not None
-        if isinstance(outcome, Generation):
-            with ctx.timer.stage("generate"):
-                try:
-                    async with asyncio.timeout(outcome.timeout_s):
-                        completion = await self._call(outcome)
-                except TimeoutError:
-                    outcome = _fallback(outcome)
-                else:
-                    outcome = finish(outcome, completion)
-        return await self._conclude(ctx, outcome)
+        try:
+            outcome = ctx.outcome
+            assert outcome is not None
+            if isinstance(outcome, Generation):
+                with ctx.timer.stage("generate"):
+                    try:
+                        async with asyncio.timeout(outcome.timeout_s):
+                            completion = await self._call(outcome)
+                    except TimeoutError:
+                        outcome = _fallback(outcome)
+                    else:
+                        outcome = finish(outcome, completion)
+            return await self._conclude(ctx, outcome)
+        finally:
+            await self.release(ctx)
 
-    async def stream(self, ctx: RequestContext) -> AsyncIterator[str | QueryResult]:
-        """Text deltas as the model writes them, then the QueryResult."""
+    async def stream(self, ctx: RequestContext) -> AsyncGenerator[str | QueryResult, None]:
+        """Text deltas as the model writes them (a cached answer replayed in pieces), then the
+        QueryResult. The answer is stored only once the stream has completed."""
+        try:
+            async for item in self._stream(ctx):
+                yield item
+        finally:
+            await self.release(ctx)
+
+    async def _stream(self, ctx: RequestContext) -> AsyncIterator[str | QueryResult]:
         outcome = ctx.outcome
         assert outcome is not None
         if isinstance(outcome, Generation):
@@ -288,6 +434,10 @@ class Pipeline:
             if answer is None:  # the generation's deadline came before any text
                 answer = _fallback(outcome)
                 yield answer.text
+        elif ctx.cache != "miss":
+            answer = outcome
+            for piece in replay_pieces(answer.text):
+                yield piece
         else:
             answer = outcome
             yield answer.text
@@ -323,6 +473,7 @@ class Pipeline:
             list(generation.messages),
             max_tokens=generation.max_tokens,
             route=generation.route.value,
+            options=generation.options,
         )
 
     def _stream_call(self, generation: Generation) -> AsyncIterator[StreamDelta]:
@@ -331,20 +482,13 @@ class Pipeline:
             list(generation.messages),
             max_tokens=generation.max_tokens,
             route=generation.route.value,
+            options=generation.options,
         )
 
     async def _conclude(self, ctx: RequestContext, answer: Answer) -> QueryResult:
         reason = "; ".join((ctx.route_reason, *answer.notes))
         answer = replace(answer, usage_by_tier=with_usage(answer.usage_by_tier, ctx.usage_before))
-        if ctx.key is not None and answer.complete:
-            with ctx.timer.stage("cache_store"):
-                await self._cache.put(
-                    ctx.request.tenant.id,
-                    ctx.key.rpartition(":")[0],
-                    ctx.key,
-                    ctx.request.query,
-                    answer_to_cache(answer, reason),
-                )
+        await self._store(ctx, answer, reason)
         result = QueryResult(
             id=ctx.request.id,
             answer=answer,
@@ -353,6 +497,7 @@ class Pipeline:
             route_reason=reason,
             decision=ctx.decision,
             cache=ctx.cache,
+            cache_debug=_cache_debug(ctx),
             timings_ms=ctx.timer.report(),
             config_version=self.config_version,
         )
@@ -370,23 +515,35 @@ class Pipeline:
             whole_corpus_allowed=tenant.allow_full_context,
         )
 
-    async def _key(self, request: QueryRequest) -> str | None:
+    async def _scope(self, request: QueryRequest) -> CacheScope | None:
         try:
             generation = await self._s.retriever.generation(request.tenant.id)
         except BackendError as exc:
             # Without the generation no key is safe; serve uncached (routes that need no
             # retrieval still answer), never a possibly stale answer.
             log.warning("index generation unavailable, cache bypassed", extra={"error": str(exc)})
-            self._s.metrics.cache_lookups.labels("error").inc()
             return None
-        scope = CacheScope(
-            tenant=request.tenant.id,
+        return CacheScope(
             requested_route=request.route,
             generation=generation,
             config_version=self.config_version,
             embedding_model=self._s.embedder.model_id,
         )
-        return cache_key(scope, request.query, request.history)
+
+    async def _store(self, ctx: RequestContext, answer: Answer, reason: str) -> None:
+        """Store a computed answer the policy accepts, unless the client said no-store."""
+        if ctx.key is None or ctx.cache != "miss" or not ctx.request.cache_store:
+            return
+        assert ctx.scope is not None and ctx.question is not None
+        if (refused := cache_policy.refusal(answer)) is not None:
+            log.debug("answer not cached", extra={"request_id": ctx.request.id, "why": refused})
+            return
+        payload = answer_to_cache(answer, reason)
+        with ctx.timer.stage("cache_store"):
+            await self._cache.put(
+                ctx.request.tenant.id, ctx.scope, ctx.key, ctx.question, payload, ctx.vector
+            )
+        ctx.shared = Shared(payload, "exact")
 
     def _count_decision(self, decision: RouteDecision) -> None:
         self._s.metrics.route_decisions.labels(decision.route.value, decision.reason).inc()
@@ -407,6 +564,8 @@ class Pipeline:
             "tenant": ctx.request.tenant.id,
             "route": route,
             "cache": result.cache,
+            **({"cache_lookup": ctx.cache_result} if ctx.cache_result else {}),
+            **_semantic_fields(ctx.semantic),
             "escalated": answer.escalated,
             "agent_steps": len(answer.steps),
             "cost_usd": total.cost_usd,
@@ -477,6 +636,7 @@ def _streamed_completion(
         usage=final.usage or Usage(),
         finish_reason=str(final.extra.get("finish_reason") or "stop"),
         usage_estimated=bool(final.extra.get("usage_estimated")),
+        tool_calls=tuple(final.extra.get("tool_calls") or ()),
     )
 
 
@@ -485,3 +645,37 @@ def _fallback(generation: Generation) -> Answer:
     if generation.fallback is None:
         raise BackendUnavailable("llm", "the final answer's deadline passed")
     return generation.fallback
+
+
+def replay_pieces(text: str) -> list[str]:
+    """A cached answer as stream deltas: runs of a few words, joined back exactly."""
+    pieces = _REPLAY_PIECE.findall(text)
+    return pieces if pieces and "".join(pieces) == text else [text]
+
+
+# Leading space, up to four words, trailing space: the classes alternate, so it is linear.
+_REPLAY_PIECE = re.compile(r"\s*\S+(?:\s+\S+){0,3}\s*")
+
+
+def _semantic_fields(found: SemanticLookup | None) -> dict[str, Any]:
+    """The semantic lookup on the request's log line: what thresholds are tuned from."""
+    if found is None:
+        return {}
+    fields: dict[str, Any] = {"cache_nearest_similarity": found.nearest}
+    if found.refused:
+        fields["cache_refused_by"] = found.refused
+    return fields
+
+
+def _cache_debug(ctx: RequestContext) -> dict[str, Any] | None:
+    """For `debug`: the lookup's result and, for the semantic tier, what it compared."""
+    if ctx.cache_result is None:
+        return None
+    body: dict[str, Any] = {"lookup": ctx.cache_result}
+    if (found := ctx.semantic) is not None:
+        body["nearest_similarity"] = found.nearest
+        body["refused_by"] = found.refused
+        if found.payload is not None:
+            body["similarity"] = found.similarity
+            body["cached_question"] = found.question
+    return body

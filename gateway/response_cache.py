@@ -1,98 +1,174 @@
-"""The response cache: which answers may be reused, for whom, and under which key.
+"""The response cache: which answers may be reused, for whom, and how they are found.
 
-A key scopes an answer to everything that could change it: the tenant, the requested route,
-the tenant's index generation (so a document change retires the answers computed before it),
-the configuration version, the embedding model, the conversation and the normalised query.
-The store fails open: an error is counted and treated as a miss, never as a failed request.
+Two tiers, looked up in order, both within one tenant and one scope (`gateway.cache.keys`):
+
+1. exact: the normalised self-contained question; needs no embedding, so it is looked up
+   before the query is embedded;
+2. semantic: the query's embedding (the one the router computes anyway) against the nearest
+   cached questions (`CacheStore.nearest`, a bounded candidate set). A neighbour is served when
+   its similarity reaches the threshold of the route that answered it and no guard
+   (`gateway.cache.guards`) tells the two questions apart.
+
+Only answers `gateway.cache.policy` accepts are stored, with a fixed TTL and the tenant's entry
+cap; concurrent identical misses compute once (`gateway.cache.single_flight`).
+
+The store fails open: an error is counted (`querygate_cache_lookups_total{result="error"}`)
+and the request is served uncached, never failed. An entry whose answer cannot be decoded is
+deleted and never served. Each request counts one lookup result: exact, semantic, miss, error,
+or bypass (`Cache-Control: no-cache`, or a follow-up that could not be rewritten).
 """
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import json
 import logging
-import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from backends.cache.base import CachedEntry, CacheStore
+from backends.cache.base import CachedEntry, CacheStore, CorruptEntry
 from backends.errors import BackendError
-from backends.llm.base import Message
+from backends.retrieval.base import Vector
+from gateway.cache import guards
+from gateway.cache.single_flight import SingleFlight
 from gateway.metrics import Metrics
+from gateway.settings import CacheConfig
+from gateway.wire import answer_from_cache
+from routers.types import Route
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True, slots=True)
-class CacheScope:
-    tenant: str
-    requested_route: str
-    generation: int
-    config_version: str
-    embedding_model: str
+Payload = dict[str, Any]
 
 
-def normalise_query(text: str) -> str:
-    """Case, Unicode form and white space do not change a question; punctuation can."""
-    return " ".join(unicodedata.normalize("NFKC", text).casefold().split())
+class StoreFailed(Exception):
+    """The store failed (already logged and counted): serve this request uncached."""
 
 
-def cache_key(scope: CacheScope, query: str, history: tuple[Message, ...]) -> str:
-    material = json.dumps(
-        [
-            scope.tenant,
-            scope.requested_route,
-            scope.generation,
-            scope.config_version,
-            scope.embedding_model,
-            [(m.role, m.content) for m in history],
-            normalise_query(query),
-        ],
-        ensure_ascii=False,
-    )
-    # The tenant stays readable in the key so an operator can purge one tenant by prefix.
-    # Client text is clean by now (gateway/text.py); a rewrite from the model may not be, so a
-    # lone surrogate is hashed as it is rather than failing the request.
-    digest = hashlib.sha256(material.encode("utf-8", "surrogatepass")).hexdigest()
-    return f"qg:{scope.tenant}:{digest}"
+@dataclass(slots=True)
+class SemanticLookup:
+    """What the semantic tier found: the served neighbour's answer (or None), and what the
+    thresholds can be tuned from: the nearest similarity and the guards that refused."""
+
+    payload: Payload | None = None
+    similarity: float | None = None  # of the served neighbour
+    nearest: float | None = None  # of the nearest neighbour, served or not
+    question: str | None = None  # the cached question served
+    refused: list[str] = field(default_factory=list)  # guard names, nearest first
 
 
 class ResponseCache:
     def __init__(
-        self, store: CacheStore | None, ttl_s: int, max_entries: int, metrics: Metrics
+        self, store: CacheStore | None, config: CacheConfig, metrics: Metrics, lease_s: float
     ) -> None:
         self._store = store
-        self._ttl_s = ttl_s
-        self._max_entries = max_entries
+        self._config = config
         self._metrics = metrics
+        self.flights = (
+            None if store is None else SingleFlight(store, config.single_flight_wait_s, lease_s)
+        )
 
     @property
     def enabled(self) -> bool:
         return self._store is not None
 
-    async def get(self, tenant: str, key: str) -> dict[str, Any] | None:
-        if self._store is None:
-            return None
+    @property
+    def semantic_enabled(self) -> bool:
+        return self._store is not None and self._config.semantic.enabled
+
+    def count(self, result: str) -> None:
+        self._metrics.cache_lookups.labels(result).inc()
+
+    async def exact(self, tenant: str, key: str) -> Payload | None:
+        """The answer stored under `key`; raises StoreFailed when the store failed."""
+        assert self._store is not None
         try:
             entry = await self._store.get(tenant, key)
-            payload = None if entry is None else dict(json.loads(entry.payload))
-        except (BackendError, ValueError) as exc:
-            # CorruptEntry included: the store has deleted it; it is never served.
-            log.warning("cache lookup failed, serving uncached", extra={"error": str(exc)})
-            self._metrics.cache_lookups.labels("error").inc()
+        except CorruptEntry as exc:
+            log.warning("corrupt cache entry deleted", extra={"error": str(exc)})
             return None
-        self._metrics.cache_lookups.labels("miss" if payload is None else "exact").inc()
-        return payload
+        except BackendError as exc:
+            raise self._failed("lookup", exc) from exc
+        if entry is None:
+            return None
+        return await self._decoded(tenant, entry)
+
+    async def semantic(
+        self, tenant: str, scope: str, question: str, vector: Vector
+    ) -> SemanticLookup:
+        """The nearest cached answer that may be served for `question`; raises StoreFailed."""
+        assert self._store is not None
+        found = SemanticLookup()
+        semantic = self._config.semantic
+        try:
+            neighbours = await self._store.nearest(tenant, scope, vector, semantic.candidates)
+        except CorruptEntry as exc:
+            log.warning("corrupt cache entry deleted", extra={"error": str(exc)})
+            neighbours = []
+        except BackendError as exc:
+            raise self._failed("semantic lookup", exc) from exc
+        if not neighbours:
+            return found
+        found.nearest = neighbours[0].similarity
+        self._metrics.cache_nearest_similarity.observe(max(0.0, found.nearest))
+        probe = guards.facts(question)
+        for neighbour in neighbours:
+            payload = await self._decoded(tenant, neighbour.entry)
+            if payload is None:
+                continue
+            threshold = semantic.thresholds.get(Route(payload["route"]))
+            if threshold is None or neighbour.similarity < threshold:
+                continue
+            refusal = guards.refusal(probe, guards.facts(neighbour.entry.question))
+            if refusal is not None:
+                found.refused.append(refusal)
+                self._metrics.cache_guard_refusals.labels(refusal).inc()
+                continue
+            found.payload, found.question = payload, neighbour.entry.question
+            found.similarity = neighbour.similarity
+            break
+        return found
 
     async def put(
-        self, tenant: str, scope: str, key: str, question: str, payload: dict[str, Any]
+        self,
+        tenant: str,
+        scope: str,
+        key: str,
+        question: str,
+        payload: Payload,
+        vector: Vector | None,
     ) -> None:
-        if self._store is None:
-            return
-        entry = CachedEntry(key, question, json.dumps(payload).encode())
+        assert self._store is not None
+        searchable = self.semantic_enabled and len(question) <= guards.MAX_SEMANTIC_CHARS
+        entry = CachedEntry(
+            key, question, json.dumps(payload).encode(), vector if searchable else None
+        )
         try:
             await self._store.put(
-                tenant, scope, entry, ttl_s=self._ttl_s, max_entries=self._max_entries
+                tenant,
+                scope,
+                entry,
+                ttl_s=self._config.ttl_s,
+                max_entries=self._config.max_entries,
             )
         except BackendError as exc:
             log.warning("cache store failed", extra={"error": str(exc)})
+
+    async def _decoded(self, tenant: str, entry: CachedEntry) -> Payload | None:
+        """The entry's answer; one that does not decode is deleted and never served."""
+        try:
+            payload = json.loads(entry.payload)
+            if not isinstance(payload, dict):
+                raise ValueError("not a cached answer")
+            answer_from_cache(payload)
+        except (ValueError, UnicodeDecodeError) as exc:
+            log.warning("undecodable cache entry deleted", extra={"error": str(exc)})
+            assert self._store is not None
+            with contextlib.suppress(BackendError):  # else its TTL ends it
+                await self._store.delete(tenant, entry.key)
+            return None
+        return payload
+
+    def _failed(self, what: str, exc: BackendError) -> StoreFailed:
+        log.warning(f"cache {what} failed, serving uncached", extra={"error": str(exc)})
+        return StoreFailed()

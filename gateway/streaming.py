@@ -8,6 +8,7 @@ can fail after that; it ends the stream with an error event instead of a silent 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from typing import Any, Protocol
 
@@ -79,16 +80,24 @@ async def stream_answer(
         return response
     finally:
         preparing.cancel()  # a no-op when done; stops the work when the client went away
-    if not response.prepared:
-        await _open(request, response, fmt)
     try:
-        async with request_guard(server.request_timeout_s - prepared.timer.elapsed_s()):
-            async for item in runtime.pipeline.stream(prepared):
-                chunk = fmt.delta(item) if isinstance(item, str) else fmt.done(item)
-                await response.write(chunk)
-    except Exception as exc:
-        await _end_with_error(response, fmt, exc)
-        return response
+        if not response.prepared:
+            await _open(request, response, fmt)
+        try:
+            async with (
+                request_guard(server.request_timeout_s - prepared.timer.elapsed_s()),
+                contextlib.aclosing(runtime.pipeline.stream(prepared)) as items,
+            ):
+                async for item in items:
+                    chunk = fmt.delta(item) if isinstance(item, str) else fmt.done(item)
+                    await response.write(chunk)
+        except Exception as exc:
+            await _end_with_error(response, fmt, exc)
+            return response
+    finally:
+        # The stream's end (or a client gone before it began) ends the request's single-
+        # flight lead: its followers do not wait for an answer that will not be stored.
+        await runtime.pipeline.release(prepared)
     await response.write_eof()
     return response
 

@@ -19,9 +19,11 @@ class QueryResult:
     original_query: str | None
     route_reason: str
     decision: RouteDecision | None
-    cache: str  # miss | exact
+    cache: str  # miss | exact | semantic: the tier that answered
     timings_ms: dict[str, float]
     config_version: str
+    # For `debug`: the lookup's result and what the semantic tier compared (None: no lookup).
+    cache_debug: dict[str, Any] | None = None
 
 
 def answer_to_cache(answer: Answer, route_reason: str) -> dict[str, Any]:
@@ -36,25 +38,36 @@ def answer_to_cache(answer: Answer, route_reason: str) -> dict[str, Any]:
 
 
 def answer_from_cache(payload: dict[str, Any]) -> tuple[Answer, str]:
-    """A cached answer costs nothing now: its usage is empty."""
-    answer = Answer(
-        text=payload["answer"],
-        route=Route(payload["route"]),
-        citations=tuple(Citation(**c) for c in payload["citations"]),
-        extractive=payload["extractive"],
-        escalated=payload["escalated"],
-    )
-    return answer, payload["route_reason"]
+    """A cached answer costs nothing now: its usage is empty. Raises ValueError for a payload
+    that is not one `answer_to_cache` wrote."""
+    try:
+        answer = Answer(
+            text=str(payload["answer"]),
+            route=Route(payload["route"]),
+            citations=tuple(Citation(**c) for c in payload["citations"]),
+            extractive=bool(payload["extractive"]),
+            escalated=bool(payload["escalated"]),
+        )
+        return answer, str(payload["route_reason"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"not a cached answer: {exc!r}") from exc
 
 
 def query_body(result: QueryResult, debug: bool = False) -> dict[str, Any]:
     """The /v1/query answer; `debug` adds the routing decision in full (classifier scores,
-    weights), absent on a cache hit since nothing was decided."""
+    weights), absent on a cache hit since nothing was decided, and the cache lookup (for the
+    semantic tier: the nearest similarity, the guards that refused, the cached question served)."""
     body = _answer_body(result)
-    if debug and result.decision is not None:
-        body["debug"] = {"decision": decision_body(result.decision)}
+    if debug:
+        extra: dict[str, Any] = {}
+        if result.decision is not None:
+            extra["decision"] = decision_body(result.decision)
         if result.answer.steps:
-            body["debug"]["agent"] = agent_body(result.answer)
+            extra["agent"] = agent_body(result.answer)
+        if result.cache_debug is not None:
+            extra["cache"] = result.cache_debug
+        if extra:
+            body["debug"] = extra
     return body
 
 

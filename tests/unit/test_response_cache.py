@@ -1,37 +1,44 @@
+import asyncio
+
+import numpy as np
+
 from backends.cache.base import CachedEntry, Neighbour
 from backends.cache.memory import MemoryCacheStore
 from backends.errors import BackendUnavailable
-from backends.llm.base import Message
 from backends.retrieval.base import Vector
+from gateway.cache.keys import CacheScope, exact_key, normalise_query
+from gateway.cache.single_flight import Shared, SingleFlight
 from gateway.metrics import Metrics
-from gateway.response_cache import CacheScope, ResponseCache, cache_key
+from gateway.pipeline import replay_pieces
+from gateway.response_cache import ResponseCache, StoreFailed
+from gateway.settings import CacheConfig
 
-SCOPE = CacheScope("acme", "auto", 3, "cfg1", "all-MiniLM-L6-v2")
+SCOPE = CacheScope("auto", 3, "cfg1", "all-MiniLM-L6-v2")
 
 
-def test_key_ignores_case_and_spacing_but_not_words() -> None:
-    a = cache_key(SCOPE, "What is  RRF?", ())
-    assert a == cache_key(SCOPE, "what is rrf?", ())
-    assert a != cache_key(SCOPE, "what is not rrf?", ())
+def test_key_ignores_case_spacing_and_closing_mark_but_not_words() -> None:
+    a = exact_key(SCOPE, "What is  RRF?")
+    assert a == exact_key(SCOPE, "what is rrf")
+    assert a != exact_key(SCOPE, "what is not rrf?")
+    assert normalise_query("C++?") != normalise_query("C?")
 
 
 def test_key_separates_every_scope() -> None:
-    base = cache_key(SCOPE, "q", ())
+    base = exact_key(SCOPE, "q")
     for changed in (
-        CacheScope("other", "auto", 3, "cfg1", "all-MiniLM-L6-v2"),
-        CacheScope("acme", "lookup", 3, "cfg1", "all-MiniLM-L6-v2"),
-        CacheScope("acme", "auto", 4, "cfg1", "all-MiniLM-L6-v2"),
-        CacheScope("acme", "auto", 3, "cfg2", "all-MiniLM-L6-v2"),
-        CacheScope("acme", "auto", 3, "cfg1", "other-model"),
+        CacheScope("lookup", 3, "cfg1", "all-MiniLM-L6-v2"),
+        CacheScope("auto", 4, "cfg1", "all-MiniLM-L6-v2"),
+        CacheScope("auto", 3, "cfg2", "all-MiniLM-L6-v2"),
+        CacheScope("auto", 3, "cfg1", "other-model"),
+        CacheScope("auto", 3, "cfg1", "all-MiniLM-L6-v2", prompts_version="p2"),
+        CacheScope("auto", 3, "cfg1", "all-MiniLM-L6-v2", payload_version=99),
     ):
-        assert cache_key(changed, "q", ()) != base
+        assert exact_key(changed, "q") != base
+        assert changed.digest != SCOPE.digest
 
 
-def test_key_depends_on_the_conversation() -> None:
-    history = (Message("user", "tell me about Paris"),)
-    assert cache_key(SCOPE, "and its population?", history) != cache_key(
-        SCOPE, "and its population?", ()
-    )
+def _vec(*values: float) -> Vector:
+    return np.asarray(values, dtype=np.float32)
 
 
 async def test_memory_store_expires_and_evicts_the_oldest_of_that_tenant_only() -> None:
@@ -46,7 +53,42 @@ async def test_memory_store_expires_and_evicts_the_oldest_of_that_tenant_only() 
     assert await store.get("acme", "b") is not None
     assert await store.get("globex", "g") is not None  # another tenant's entry stays
     now[0] = 10.0
-    assert await store.get("acme", "b") is None
+    assert await store.get("acme", "b") is None  # read at 0 and 9: the TTL was not extended
+
+
+async def test_memory_store_nearest_stays_in_its_tenant_and_scope() -> None:
+    store = MemoryCacheStore()
+    v = _vec(1.0, 0.0, 0.0)
+    near = _vec(0.99, 0.1, 0.0)
+    for tenant, scope, key in (("acme", "s1", "a"), ("acme", "s2", "b"), ("globex", "s1", "c")):
+        entry = CachedEntry(key, "q", b"{}", v)
+        await store.put(tenant, scope, entry, ttl_s=10, max_entries=10)
+    found = await store.nearest("acme", "s1", near, limit=4)
+    assert [n.entry.key for n in found] == ["a"]
+    assert 0.99 < found[0].similarity <= 1.0
+
+
+async def test_memory_store_nearest_scores_a_bounded_candidate_set() -> None:
+    store = MemoryCacheStore(tables=4, bits=2, bucket_cap=8)  # 16 buckets of 8 at most
+    rng = np.random.default_rng(0)
+    for i in range(2_000):
+        vector = rng.standard_normal(16).astype(np.float32)
+        entry = CachedEntry(f"k{i}", "q", b"{}", vector)
+        await store.put("acme", "s", entry, ttl_s=60, max_entries=10_000)
+    found = await store.nearest("acme", "s", rng.standard_normal(16).astype(np.float32), 100)
+    assert len(found) <= 4 * 8
+
+
+async def test_memory_store_claim_is_held_until_released_or_expired() -> None:
+    now = [0.0]
+    store = MemoryCacheStore(clock=lambda: now[0])
+    assert await store.claim("acme", "k", ttl_s=5)
+    assert not await store.claim("acme", "k", ttl_s=5)
+    assert await store.claim("globex", "k", ttl_s=5)  # per tenant
+    await store.release("acme", "k")
+    assert await store.claim("acme", "k", ttl_s=5)
+    now[0] = 5.0
+    assert await store.claim("acme", "k", ttl_s=5)  # the lease ended by itself
 
 
 class BrokenStore:
@@ -79,10 +121,67 @@ class BrokenStore:
         return None
 
 
-async def test_a_failing_store_is_a_counted_miss_not_an_error() -> None:
-    metrics = Metrics()
-    cache = ResponseCache(BrokenStore(), ttl_s=60, max_entries=10, metrics=metrics)
-    assert await cache.get("acme", "k") is None
-    await cache.put("acme", "s", "k", "q", {"answer": "x"})
-    value = metrics.registry.get_sample_value("querygate_cache_lookups_total", {"result": "error"})
-    assert value == 1.0
+async def test_a_failing_store_fails_the_lookup_softly_and_a_put_silently() -> None:
+    cache = ResponseCache(BrokenStore(), CacheConfig(), Metrics(), lease_s=5)
+    for lookup in (cache.exact("acme", "k"), cache.semantic("acme", "s", "q", _vec(1.0))):
+        try:
+            await lookup
+        except StoreFailed:
+            pass
+        else:
+            raise AssertionError("a failing store must say so")
+    await cache.put("acme", "s", "k", "q", {"answer": "x"}, None)  # does not raise
+
+
+async def test_an_undecodable_answer_is_deleted_and_not_served() -> None:
+    store = MemoryCacheStore()
+    await store.put("acme", "s", CachedEntry("k", "q", b"{not json"), ttl_s=60, max_entries=9)
+    cache = ResponseCache(store, CacheConfig(), Metrics(), lease_s=5)
+    assert await cache.exact("acme", "k") is None
+    assert await store.get("acme", "k") is None
+
+
+async def test_single_flight_followers_get_the_leaders_answer_and_one_claim_is_held() -> None:
+    store = MemoryCacheStore()
+    flights = SingleFlight(store, wait_s=5, lease_s=5)
+
+    async def nothing() -> None:
+        return None
+
+    lease, payload = await flights.lead("acme", "k", nothing)
+    assert payload is None and lease.claimed
+    assert not await store.claim("acme", "k", ttl_s=5)  # the fleet sees the claim
+    leader = flights.leader_of("acme", "k")
+    assert leader is lease
+    followers = [asyncio.create_task(flights.follow(leader)) for _ in range(3)]
+    await asyncio.sleep(0)
+    await flights.finish(lease, Shared({"answer": "x"}, "exact"))
+    assert [(await f).payload for f in followers] == [{"answer": "x"}] * 3  # type: ignore[union-attr]
+    assert flights.leader_of("acme", "k") is None
+    assert await store.claim("acme", "k", ttl_s=5)  # released
+
+
+async def test_a_waiter_in_another_process_leads_when_the_claim_comes_free() -> None:
+    store = MemoryCacheStore()
+    assert await store.claim("acme", "k", ttl_s=5)  # another process leads
+    flights = SingleFlight(store, wait_s=2, lease_s=5)
+
+    async def nothing() -> None:
+        return None
+
+    async def free_it() -> None:
+        await asyncio.sleep(0.1)
+        await store.release("acme", "k")  # it stored nothing
+
+    freeing = asyncio.create_task(free_it())
+    lease, payload = await flights.lead("acme", "k", nothing)
+    await freeing
+    assert payload is None and lease.claimed
+
+
+def test_a_replayed_answer_is_several_pieces_that_join_to_it_exactly() -> None:
+    text = "The Eiffel Tower was designed by  Gustave Eiffel's firm [1].\n\nIt opened in 1889 [2]."
+    pieces = replay_pieces(text)
+    assert len(pieces) > 2
+    assert "".join(pieces) == text
+    assert replay_pieces("") == [""]

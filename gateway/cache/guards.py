@@ -1,0 +1,180 @@
+"""When two questions close in meaning may still not share an answer.
+
+Embeddings place "What is the population of France?" next to "… of Spain?", "Which countries
+use the euro?" next to "… do not use the euro?" and "revenue in 2019" next to "… in 2020". A
+semantic hit is refused when the two questions differ in any of these, each read from the
+text alone, deterministically, in one linear pass over a bounded question:
+
+- numbers: digits (1,000 = 1000; 1st = 1) and number words (two … billion, second … twelfth);
+- dates: month and weekday names, and time words (today, last, next, before, after, ago …);
+- negation: how many negating words (not, n't, never, no, without, except, non- …);
+- comparison: superlatives and comparatives (largest, most, fewer, older …), which flip what
+  is asked while keeping every noun;
+- entities: a capitalised word (not a common word such as a question word) or a quoted string
+  in one question that the other does not contain, whatever its case there;
+- identifiers: error codes, SKUs and snake_case names (`routers.features.identifiers_in`, the
+  router's own detection) and any word mixing letters and digits.
+
+A refusal costs a recomputed answer; a false hit serves a wrong one. So a guard errs towards
+refusing: "biggest" vs "largest" is refused too.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from routers.features import identifiers_in
+
+# Only the semantic tier reads these, and only for questions this long or shorter; longer
+# ones are cached exactly only (and an embedding truncates long text, so two long questions
+# that differ near their end could look identical to it).
+MAX_SEMANTIC_CHARS = 500
+
+# A word, or a number with its separators ("1,000.5", "ERR-4471", "don't"); each part is a run
+# of letters or digits and each separator one character that no part contains: linear.
+_TOKEN = re.compile(r"[^\W_]+(?:['\u2019.,_-][^\W_]+)*")
+_NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
+_QUOTED = re.compile(r"\"([^\"]*)\"|“([^”“]*)”|«([^»«]*)»")
+
+_NUMBER_WORDS = {
+    **{
+        w: str(n)
+        for n, w in enumerate(
+            "zero _ two three four five six seven eight nine ten eleven twelve thirteen "
+            "fourteen fifteen sixteen seventeen eighteen nineteen twenty".split()
+        )
+        if w != "_"  # "one" is a pronoun more often than a number ("which one")
+    },
+    **{w: str(n * 10) for n, w in enumerate("_ _ _ thirty forty fifty sixty seventy eighty "
+                                              "ninety".split()) if w != "_"},
+    "hundred": "100", "thousand": "1000", "million": "1e6", "billion": "1e9",
+    "trillion": "1e12", "dozen": "12", "half": "0.5", "twice": "2", "thrice": "3",
+    **{w: str(n) for n, w in enumerate("_ first second third fourth fifth sixth seventh "
+                                         "eighth ninth tenth eleventh twelfth".split()) if n},
+}  # fmt: skip
+_MONTHS = frozenset(
+    "january february march april june july august september october november december "
+    "jan feb mar apr jun jul aug sep sept oct nov dec".split()
+)
+_WEEKDAYS = frozenset(
+    "monday tuesday wednesday thursday friday saturday sunday mon tue tues wed thu thur thurs "
+    "fri sat sun".split()
+)
+_TIME_WORDS = frozenset(
+    "today yesterday tomorrow tonight now currently current recent recently ago before after "
+    "since until till during last next previous former prior later earlier latest earliest "
+    "upcoming past future weekly monthly yearly annual annually daily quarterly century "
+    "decade".split()
+)
+_NEGATIONS = frozenset(
+    "not no never none nobody nothing nowhere neither nor without cannot except excluding "
+    "unless lack lacks lacking absent".split()
+)
+_COMPARISON = frozenset(
+    "most least more less fewer greater larger smaller higher lower bigger biggest largest "
+    "smallest highest lowest maximum minimum max min best worst better worse older oldest "
+    "younger youngest newer newest longer longest shorter shortest faster fastest slower "
+    "slowest cheaper cheapest top bottom only".split()
+)
+# Capitalised at the start of a question or a sentence without naming anything.
+_COMMON = frozenset(
+    "what who whom whose which when where why how is are was were be been do does did can "
+    "could would should will shall may might must has have had the a an in on at of for to "
+    "from by with about as and or but if then than that this these those there here it its "
+    "i me my we our you your he his she her they their them tell please list name give show "
+    "explain describe find compare summarise summarize define according between among during "
+    "hi hello hey thanks yes no ok okay so also any all some each every".split()
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """What the guards compare, read once per question."""
+
+    words: frozenset[str]  # every token, casefolded
+    numbers: frozenset[str]
+    dates: frozenset[str]
+    negations: int
+    comparison: frozenset[str]
+    entities: frozenset[str]  # casefolded capitalised words and quoted strings
+    identifiers: frozenset[str]
+
+
+def facts(question: str) -> Facts:
+    text = question[:MAX_SEMANTIC_CHARS]
+    tokens = _TOKEN.findall(text)
+    folded = [t.casefold().replace("\u2019", "'") for t in tokens]
+    numbers: set[str] = set()
+    dates: set[str] = set()
+    comparison: set[str] = set()
+    entities: set[str] = set()
+    identifiers = {i.casefold() for i in identifiers_in(text)}
+    negations = 0
+    for i, (token, word) in enumerate(zip(tokens, folded, strict=True)):
+        has_digit = any(c.isdigit() for c in word)
+        if has_digit:
+            numbers.update(n.replace(",", "") for n in _NUMBER.findall(word))
+            if any(c.isalpha() for c in word) and not _is_ordinal(word):
+                identifiers.add(word)
+        elif word in _NUMBER_WORDS:
+            numbers.add(_NUMBER_WORDS[word])
+        if word in _MONTHS or word in _WEEKDAYS or word in _TIME_WORDS:
+            dates.add(word)
+        elif word == "may" and token[0].isupper() and i > 0:
+            dates.add(word)  # the month, not the verb
+        if word in _NEGATIONS or word.endswith("n't") or word.startswith("non-"):
+            negations += 1
+        if word in _COMPARISON:
+            comparison.add(word)
+        if token[0].isupper() and word not in _COMMON and not has_digit:
+            entities.update(word.split("-"))
+    for match in _QUOTED.finditer(text):
+        quoted = next(g for g in match.groups() if g is not None)
+        if quoted.strip():
+            entities.add(" ".join(quoted.casefold().split()))
+    return Facts(
+        frozenset(folded),
+        frozenset(numbers),
+        frozenset(dates),
+        negations,
+        frozenset(comparison),
+        frozenset(entities),
+        frozenset(identifiers),
+    )
+
+
+def _is_ordinal(word: str) -> bool:
+    """1st, 22nd, 3rd, 4th: a number, not an identifier."""
+    digits = word.rstrip("stndrh")
+    return digits.isdigit() and word[len(digits) :] in ("st", "nd", "rd", "th")
+
+
+def refusal(a: Facts, b: Facts) -> str | None:
+    """The first guard that tells the two questions apart, or None: they may share an answer."""
+    if a.numbers != b.numbers:
+        return "numbers"
+    if a.dates != b.dates:
+        return "dates"
+    if a.negations != b.negations:
+        return "negation"
+    if a.comparison != b.comparison:
+        return "comparison"
+    if a.identifiers != b.identifiers:
+        return "identifiers"
+    if not _contained(a.entities, b) or not _contained(b.entities, a):
+        return "entities"
+    return None
+
+
+def _contained(entities: frozenset[str], other: Facts) -> bool:
+    """Every entity of one question occurs in the other, in any case (a quoted string only
+    quoted alike)."""
+    for entity in entities:
+        if entity in other.words or entity in other.entities:
+            continue
+        return False
+    return True
+
+
+GUARDS = ("numbers", "dates", "negation", "comparison", "identifiers", "entities")

@@ -1,0 +1,87 @@
+"""What a cached answer is filed under: its tenant, a scope and the normalised question.
+
+The scope is a digest of everything besides the question that could change an answer: the
+requested route, the tenant's index generation (a document change retires the answers computed
+before it), the configuration version (models, routing, retrieval), the prompts' text, the
+embedding model (the semantic tier compares its vectors) and the cached form's own version.
+When any of them changes, new requests look under a new scope and the old entries are never
+read again; their TTL ends them, with no scan.
+
+The history is not in the key: only a self-contained question is cached. A follow-up is
+cached under the self-contained form the rewrite stage gave it; one that was not rewritten
+(no model, rewriting off or failed) is not cached at all, since its meaning lies in a
+conversation the key does not hold.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import unicodedata
+from dataclasses import dataclass
+
+from routers import prompts
+
+# Bump when the cached payload's shape changes (gateway.wire.answer_to_cache).
+PAYLOAD_VERSION = 2
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _prompts_version() -> str:
+    texts = {
+        name: value
+        for name, value in sorted(vars(prompts).items())
+        if name.isupper() and isinstance(value, str)
+    }
+    return _digest(json.dumps(texts, ensure_ascii=False))[:12]
+
+
+PROMPTS_VERSION = _prompts_version()
+
+
+@dataclass(frozen=True, slots=True)
+class CacheScope:
+    requested_route: str
+    generation: int
+    config_version: str
+    embedding_model: str
+    prompts_version: str = PROMPTS_VERSION
+    payload_version: int = PAYLOAD_VERSION
+
+    @property
+    def digest(self) -> str:
+        material = json.dumps(
+            [
+                self.requested_route,
+                self.generation,
+                self.config_version,
+                self.embedding_model,
+                self.prompts_version,
+                self.payload_version,
+            ],
+            ensure_ascii=False,
+        )
+        return _digest(material)[:24]
+
+
+def normalise_query(text: str) -> str:
+    """Case, Unicode compatibility forms, white space and the closing punctuation do not change
+    a question; other punctuation can ("C" vs "C++")."""
+    folded = " ".join(unicodedata.normalize("NFKC", text).casefold().split())
+    return folded.rstrip("?!.。？！ ")  # noqa: RUF001 (full-width marks on purpose)
+
+
+def display_question(text: str) -> str:
+    """The question as the guards read it: white space collapsed, case kept (capitals mark
+    names)."""
+    return " ".join(text.split())
+
+
+def exact_key(scope: CacheScope, question: str) -> str:
+    """The exact tier's key within a tenant: the scope, then the normalised question."""
+    # Client text is clean by now (gateway/text.py); a rewrite from the model may not be, so a
+    # lone surrogate is hashed as it is rather than failing the request.
+    return f"{scope.digest}:{_digest(normalise_query(question))[:32]}"

@@ -1,0 +1,36 @@
+"""Which answers may be stored: one test per reason an answer is refused."""
+
+from gateway.cache.policy import refusal
+from routers.generation import NOT_FOUND
+from routers.lookup import NO_EVIDENCE_TEXT
+from routers.types import Answer, Citation, Route
+
+CITED = (Citation("d", "d#0", "D", "text", 1.0),)
+
+
+def test_a_complete_cited_answer_is_stored() -> None:
+    assert refusal(Answer("Gustave Eiffel [1].", Route.LOOKUP, CITED)) is None
+
+
+def test_an_incomplete_answer_is_not_stored() -> None:
+    truncated = Answer("Gustave", Route.LOOKUP, CITED, complete=False)
+    assert refusal(truncated) == "incomplete"
+
+
+def test_an_escalated_answer_is_not_stored_even_when_complete() -> None:
+    escalated = Answer("x [1]", Route.MULTIHOP, CITED, escalated=True, escalation_reason="low")
+    assert refusal(escalated) == "escalated"
+
+
+def test_a_capped_agent_answer_is_not_stored_even_when_complete() -> None:
+    assert refusal(Answer("x [1]", Route.MULTIHOP, CITED, cap="steps")) == "capped"
+
+
+def test_an_abstention_is_not_stored_whichever_route_wrote_it() -> None:
+    for text in (NOT_FOUND, NO_EVIDENCE_TEXT, f"Sorry. {NOT_FOUND}"):
+        assert refusal(Answer(text, Route.DIRECT)) == "abstention"
+
+
+def test_an_answer_with_invented_citations_is_not_stored() -> None:
+    answer = Answer("x [1]", Route.LOOKUP, CITED, notes=("2 invented citation(s) dropped",))
+    assert refusal(answer) == "invented_citations"
