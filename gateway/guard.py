@@ -7,8 +7,9 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
 
-from gateway.errors import DeadlineExceeded, Forbidden
+from gateway.errors import BadRequest, DeadlineExceeded, Forbidden
 from routers.policy import RouteNotAllowed
+from routers.types import OptionNotHonoured
 
 # The loop time by which the current request must be answered, set by the middleware when the
 # request arrives: time spent reading the body and waiting for admission counts against it.
@@ -29,6 +30,8 @@ async def request_guard(deadline_s: float) -> AsyncIterator[None]:
             yield
     except RouteNotAllowed as exc:
         raise Forbidden(str(exc)) from exc
+    except OptionNotHonoured as exc:
+        raise BadRequest(str(exc)) from exc
     except TimeoutError as exc:
         raise DeadlineExceeded(
             "the request deadline passed", retry_after_s=DEADLINE_RETRY_AFTER_S

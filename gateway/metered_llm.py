@@ -11,7 +11,16 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from backends.errors import BackendError
-from backends.llm.base import LLM, Completion, Message, StreamDelta, Tier, Usage
+from backends.llm.base import (
+    LLM,
+    NO_OPTIONS,
+    Completion,
+    GenerationOptions,
+    Message,
+    StreamDelta,
+    Tier,
+    Usage,
+)
 from gateway.metrics import Metrics
 
 
@@ -34,10 +43,11 @@ class MeteredLLM:
         tools: list[dict[str, Any]] | None = None,
         max_tokens: int | None = None,
         route: str = "",
+        options: GenerationOptions = NO_OPTIONS,
     ) -> Completion:
         try:
             completion = await self._inner.complete(
-                tier, messages, tools=tools, max_tokens=max_tokens, route=route
+                tier, messages, tools=tools, max_tokens=max_tokens, route=route, options=options
             )
         except BackendError:
             self._failed(tier)
@@ -46,11 +56,17 @@ class MeteredLLM:
         return completion
 
     async def stream(
-        self, tier: Tier, messages: list[Message], *, max_tokens: int | None = None, route: str = ""
+        self,
+        tier: Tier,
+        messages: list[Message],
+        *,
+        max_tokens: int | None = None,
+        route: str = "",
+        options: GenerationOptions = NO_OPTIONS,
     ) -> AsyncIterator[StreamDelta]:
         try:
             async for delta in self._inner.stream(
-                tier, messages, max_tokens=max_tokens, route=route
+                tier, messages, max_tokens=max_tokens, route=route, options=options
             ):
                 if delta.done:
                     self._answered(tier, delta.model, delta.usage or Usage(), route)

@@ -38,7 +38,15 @@ from contextvars import ContextVar
 from typing import Any, TypeVar
 
 from backends.errors import BackendError
-from backends.llm.base import LLM, Completion, Message, StreamDelta, Tier
+from backends.llm.base import (
+    LLM,
+    NO_OPTIONS,
+    Completion,
+    GenerationOptions,
+    Message,
+    StreamDelta,
+    Tier,
+)
 from backends.quotas.base import QuotaStore
 from backends.quotas.memory import MemoryQuotaStore
 from gateway.errors import TooManyRequests
@@ -255,24 +263,34 @@ class BudgetedLLM:
         tools: list[dict[str, Any]] | None = None,
         max_tokens: int | None = None,
         route: str = "",
+        options: GenerationOptions = NO_OPTIONS,
     ) -> Completion:
         tenant = current_tenant.get()
         if tenant is not None:
             await self._quotas.check_budget(tenant)
         completion = await self._inner.complete(
-            tier, messages, tools=tools, max_tokens=max_tokens, route=route
+            tier, messages, tools=tools, max_tokens=max_tokens, route=route, options=options
         )
         if tenant is not None:
             await self._record(tenant, completion.usage.cost_usd)
         return completion
 
     async def stream(
-        self, tier: Tier, messages: list[Message], *, max_tokens: int | None = None, route: str = ""
+        self,
+        tier: Tier,
+        messages: list[Message],
+        *,
+        max_tokens: int | None = None,
+        route: str = "",
+        options: GenerationOptions = NO_OPTIONS,
     ) -> AsyncIterator[StreamDelta]:
         tenant = current_tenant.get()
         if tenant is not None:
             await self._quotas.check_budget(tenant)
-        async for delta in self._inner.stream(tier, messages, max_tokens=max_tokens, route=route):
+        stream = self._inner.stream(
+            tier, messages, max_tokens=max_tokens, route=route, options=options
+        )
+        async for delta in stream:
             if delta.done and tenant is not None and delta.usage is not None:
                 await self._record(tenant, delta.usage.cost_usd)
             yield delta

@@ -183,6 +183,8 @@ class _Run:
             tools=TOOL_SPECS,
             max_tokens=self.config.step_max_tokens,
             route=Route.MULTIHOP.value,
+            # every turn may write the answer, so every turn takes the client's parameters
+            options=self.ctx.options,
         )
         self.usage_estimated |= completion.usage_estimated
         model_ms = round((time.perf_counter() - started) * 1000, 3)
@@ -236,6 +238,7 @@ class _Run:
             max_tokens=self.config.step_max_tokens,
             usage_estimated=self.usage_estimated,
             fallback=self._stopped(cap) if cap else None,
+            options=self.ctx.options,
         )
 
     def _notes(self, cap: str | None) -> tuple[str, ...]:

@@ -12,10 +12,17 @@ from typing import Protocol
 
 from backends.llm.base import Tier
 from routers.agent import AgentConfig, AgentDeps, MultihopExecutor
-from routers.direct import DirectExecutor
+from routers.direct import DirectExecutor, model_only_params
 from routers.full_context import FullContextExecutor
 from routers.lookup import LookupExecutor, LookupParams
-from routers.types import Answer, Escalation, Generation, Route, RouteContext
+from routers.types import (
+    Answer,
+    Escalation,
+    Generation,
+    OptionNotHonoured,
+    Route,
+    RouteContext,
+)
 
 
 class Executor(Protocol):
@@ -53,6 +60,23 @@ def route_tiers(
     return routes
 
 
+class FromSources:
+    """A route that answers from sources, refusing before any work the parameters only the
+    direct route honours (client tools, a response format): its answer is cited prose."""
+
+    def __init__(self, route: Route, inner: Executor) -> None:
+        self._route = route
+        self._inner = inner
+
+    async def __call__(self, ctx: RouteContext) -> Answer | Generation | Escalation:
+        if wanted := model_only_params(ctx.options):
+            raise OptionNotHonoured(
+                f"{wanted}: the question was routed to {self._route.value}, which answers from "
+                "the documents and cannot honour it; send model 'direct' for a plain model call"
+            )
+        return await self._inner(ctx)
+
+
 def build_registry(deps: AgentDeps, config: RegistryConfig) -> dict[Route, Executor]:
     tiers = route_tiers(config, deps.llm.has_tier)
     registry: dict[Route, Executor] = {
@@ -63,4 +87,7 @@ def build_registry(deps: AgentDeps, config: RegistryConfig) -> dict[Route, Execu
         registry[Route.MULTIHOP] = MultihopExecutor(deps, config.agent, tier)
     if (tier := tiers.get(Route.FULL_CONTEXT)) is not None:
         registry[Route.FULL_CONTEXT] = FullContextExecutor(tier, tiers.get(Route.MULTIHOP))
-    return registry
+    return {
+        route: executor if route is Route.DIRECT else FromSources(route, executor)
+        for route, executor in registry.items()
+    }

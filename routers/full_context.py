@@ -58,4 +58,5 @@ class FullContextExecutor:
             messages=(Message("system", prompt), *ctx.history, Message("user", ctx.query)),
             sources=tuple(citation_from_hit(h) for h in hits),
             source_tag=tag,
+            options=ctx.options,
         )

@@ -74,7 +74,12 @@ async def plan_lookup(
     prompt = LOOKUP_SYSTEM.format(tag=tag, sources=format_sources(tag, hits))
     messages = (Message("system", prompt), *ctx.history, Message("user", ctx.query))
     return Generation(
-        route=Route.LOOKUP, tier=tier, messages=messages, sources=sources, source_tag=tag
+        route=Route.LOOKUP,
+        tier=tier,
+        messages=messages,
+        sources=sources,
+        source_tag=tag,
+        options=ctx.options,
     )
 
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from backends.llm.base import Message, Tier, Usage
+from backends.llm.base import NO_OPTIONS, GenerationOptions, Message, Tier, ToolCall, Usage
 from backends.retrieval.base import Hit, Vector
 
 if TYPE_CHECKING:
@@ -98,6 +98,15 @@ class Answer:
     # The agent loop's turns (multihop only), for `debug`, and the cap that stopped it.
     steps: tuple[AgentStep, ...] = ()
     cap: str | None = None
+    # The client's own tools the model called (direct only), and why the model stopped:
+    # stop, length (cut at the token limit) or tool_calls.
+    tool_calls: tuple[ToolCall, ...] = ()
+    finish_reason: str = "stop"
+
+
+class OptionNotHonoured(Exception):
+    """The client asked for a generation parameter this route cannot honour (client tools
+    or a response format on a route that answers from sources); the message names it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +138,8 @@ class Generation:
     usage_estimated: bool = False
     # What to answer when the call cannot finish within `timeout_s` (the agent's plain answer).
     fallback: Answer | None = None
+    # The client's generation parameters for this call.
+    options: GenerationOptions = NO_OPTIONS
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,3 +165,5 @@ class RouteContext:
     escalation: Escalation | None = None
     # The tenant's whole corpus, read only once the policy chose full context.
     corpus: tuple[Hit, ...] = ()
+    # The client's generation parameters, for the calls that write the answer.
+    options: GenerationOptions = NO_OPTIONS

@@ -90,8 +90,51 @@ class Completion:
 
 
 @dataclass(frozen=True, slots=True)
+class GenerationOptions:
+    """What a client asked of the call that writes its answer (OpenAI's parameters of that
+    name), sent upstream as given. None or empty: the tier's own setting. `max_tokens` caps the
+    call's own limit; `tools` are the client's (a caller's own `tools` argument wins)."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    response_format: dict[str, Any] | None = None
+    tools: tuple[dict[str, Any], ...] = ()
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+
+    def cap(self, max_tokens: int) -> int:
+        """The completion limit of a call whose own limit is `max_tokens`."""
+        return max_tokens if self.max_tokens is None else min(max_tokens, self.max_tokens)
+
+    def wire(self) -> dict[str, Any]:
+        """The parameters set, as an OpenAI request carries them (without max_tokens)."""
+        params: dict[str, Any] = {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "seed": self.seed,
+            "frequency_penalty": self.frequency_penalty,
+            "presence_penalty": self.presence_penalty,
+            "response_format": self.response_format,
+            "tool_choice": self.tool_choice,
+            "parallel_tool_calls": self.parallel_tool_calls,
+            "stop": list(self.stop) or None,
+            "tools": list(self.tools) or None,
+        }
+        return {k: v for k, v in params.items() if v is not None}
+
+
+NO_OPTIONS = GenerationOptions()
+
+
+@dataclass(frozen=True, slots=True)
 class StreamDelta:
-    """A piece of a streamed answer; the last one has `done=True` and the final usage."""
+    """A piece of a streamed answer; the last one has `done=True` and the final usage (and,
+    in `extra`, the finish reason and any tool calls the model made)."""
 
     text: str = ""
     done: bool = False
@@ -118,12 +161,20 @@ class LLM(Protocol):
         tools: list[dict[str, Any]] | None = None,
         max_tokens: int | None = None,
         route: str = "",
+        options: GenerationOptions = NO_OPTIONS,
     ) -> Completion: ...
 
     def stream(
-        self, tier: Tier, messages: list[Message], *, max_tokens: int | None = None, route: str = ""
+        self,
+        tier: Tier,
+        messages: list[Message],
+        *,
+        max_tokens: int | None = None,
+        route: str = "",
+        options: GenerationOptions = NO_OPTIONS,
     ) -> AsyncIterator[StreamDelta]:
-        """Deltas of the answer; usage comes with the final delta (usage chunk requested)."""
+        """Deltas of the answer; usage comes with the final delta (usage chunk requested), with
+        the tool calls the model made, whole, in its `extra["tool_calls"]`."""
         ...
 
     async def warm_up(self) -> None:

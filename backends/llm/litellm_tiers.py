@@ -42,6 +42,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from enum import Enum
+from types import SimpleNamespace
 from typing import Any, TypeVar
 
 import litellm
@@ -52,7 +53,9 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 
 from backends.errors import BackendUnavailable, UpstreamError
 from backends.llm.base import (
+    NO_OPTIONS,
     Completion,
+    GenerationOptions,
     Message,
     StreamDelta,
     Tier,
@@ -381,15 +384,17 @@ class LiteLLMTiers:
         tools: list[dict[str, Any]] | None = None,
         max_tokens: int | None = None,
         route: str = "",  # the gateway labels metrics by route; nothing to do here
+        options: GenerationOptions = NO_OPTIONS,
     ) -> Completion:
         wire = [_to_wire(m) for m in messages]
 
         async def attempt(deployment: _Deployment) -> Completion:
+            args = self._call_args(deployment, wire, max_tokens, options)
+            if tools is not None:
+                args["tools"] = tools
             # the SDK timeout bounds each socket operation; this bounds the whole call
             async with asyncio.timeout(deployment.config.timeout_s):
-                response = await litellm.acompletion(
-                    **self._call_args(deployment, wire, max_tokens), tools=tools
-                )
+                response = await litellm.acompletion(**args)
             if not isinstance(response, ModelResponse):
                 raise UpstreamError("llm", f"{deployment.model}: unexpected {type(response)}")
             return self._to_completion(tier, deployment, wire, response)
@@ -405,13 +410,14 @@ class LiteLLMTiers:
         *,
         max_tokens: int | None = None,
         route: str = "",
+        options: GenerationOptions = NO_OPTIONS,
     ) -> AsyncIterator[StreamDelta]:
         wire = [_to_wire(m) for m in messages]
 
         async def attempt(deployment: _Deployment) -> _OpenStream:
             async with asyncio.timeout(deployment.config.timeout_s):
                 chunks = await litellm.acompletion(
-                    **self._call_args(deployment, wire, max_tokens),
+                    **self._call_args(deployment, wire, max_tokens, options),
                     stream=True,
                     stream_options={"include_usage": True},
                 )
@@ -451,7 +457,11 @@ class LiteLLMTiers:
         litellm.in_memory_llm_clients_cache.flush_cache()  # type: ignore[no-untyped-call]
 
     def _call_args(
-        self, deployment: _Deployment, wire: list[dict[str, Any]], max_tokens: int | None
+        self,
+        deployment: _Deployment,
+        wire: list[dict[str, Any]],
+        max_tokens: int | None,
+        options: GenerationOptions,
     ) -> dict[str, Any]:
         config = deployment.config
         return {
@@ -460,8 +470,11 @@ class LiteLLMTiers:
             "api_base": config.api_base,
             "api_key": deployment.api_key,
             "timeout": config.timeout_s,
-            "max_tokens": max_tokens or config.max_tokens,
             "temperature": config.temperature,
+            # the client's parameters over the tier's (no litellm drop_params: a parameter an
+            # upstream refuses is refused, never dropped)
+            **options.wire(),
+            "max_tokens": options.cap(max_tokens or config.max_tokens),
             "max_retries": 0,  # tenacity is the one retry layer
         }
 
@@ -575,12 +588,14 @@ class LiteLLMTiers:
         """Deltas as they come, then one final delta with usage and cost."""
         deployment = opened.deployment
         parts: list[str] = []
+        calls: dict[int, dict[str, str]] = {}  # streamed tool calls by index, pieces joined
         finish_reason = ""
         reported: tuple[int, int] | None = None
         try:
             async for chunk in _prepend(opened.first, opened.chunks):
                 if chunk.choices:
                     finish_reason = chunk.choices[0].finish_reason or finish_reason
+                    _gather_tool_calls(calls, chunk.choices[0].delta)
                     if text := chunk.choices[0].delta.content:
                         parts.append(text)
                         yield StreamDelta(text=text, model=deployment.model)
@@ -596,8 +611,27 @@ class LiteLLMTiers:
             done=True,
             usage=deployment.cost(*reported),
             model=deployment.model,
-            extra={"finish_reason": finish_reason, "usage_estimated": estimated},
+            extra={
+                "finish_reason": finish_reason,
+                "usage_estimated": estimated,
+                "tool_calls": tuple(_streamed_tool_call(calls[i]) for i in sorted(calls)),
+            },
         )
+
+
+def _gather_tool_calls(calls: dict[int, dict[str, str]], delta: Any) -> None:
+    """Join a stream's tool-call pieces: id and name come first, the arguments in fragments."""
+    for piece in getattr(delta, "tool_calls", None) or ():
+        call = calls.setdefault(int(piece.index or 0), {"id": "", "name": "", "arguments": ""})
+        call["id"] = piece.id or call["id"]
+        if piece.function is not None:
+            call["name"] = piece.function.name or call["name"]
+            call["arguments"] += piece.function.arguments or ""
+
+
+def _streamed_tool_call(call: dict[str, str]) -> ToolCall:
+    function = SimpleNamespace(name=call["name"], arguments=call["arguments"])
+    return _parse_tool_call(SimpleNamespace(id=call["id"], function=function))
 
 
 async def _prepend(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
