@@ -27,7 +27,15 @@ from typing import Any
 from backends.cache.base import CacheStore
 from backends.embeddings.base import Embedder
 from backends.errors import BackendError, BackendUnavailable
-from backends.llm.base import LLM, Completion, Message, StreamDelta, Usage
+from backends.llm.base import (
+    LLM,
+    NO_OPTIONS,
+    Completion,
+    GenerationOptions,
+    Message,
+    StreamDelta,
+    Usage,
+)
 from backends.retrieval.base import Hit, Retriever, Vector
 from gateway.accounting import current_record
 from gateway.cache import policy as cache_policy
@@ -82,6 +90,8 @@ class QueryRequest:
     # `no-store`: do not store it.
     cache_lookup: bool = True
     cache_store: bool = True
+    # The client's parameters for the calls that write the answer (the chat endpoint's).
+    options: GenerationOptions = NO_OPTIONS
 
 
 @dataclass(slots=True)
@@ -343,6 +353,7 @@ class Pipeline:
             request.history,
             decision,
             corpus=ctx.corpus,
+            options=request.options,
         )
         outcome = await self._run(decision.route, route_ctx, ctx.timer)
         if isinstance(outcome, Escalation):
@@ -462,6 +473,7 @@ class Pipeline:
             list(generation.messages),
             max_tokens=generation.max_tokens,
             route=generation.route.value,
+            options=generation.options,
         )
 
     def _stream_call(self, generation: Generation) -> AsyncIterator[StreamDelta]:
@@ -470,6 +482,7 @@ class Pipeline:
             list(generation.messages),
             max_tokens=generation.max_tokens,
             route=generation.route.value,
+            options=generation.options,
         )
 
     async def _conclude(self, ctx: RequestContext, answer: Answer) -> QueryResult:
