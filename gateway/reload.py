@@ -45,6 +45,7 @@ RESTART_ONLY = (
     "retrieval.opensearch",
     "cache.backend",
     "cache.max_entries",  # the size of the store already built
+    "quotas",  # where the counters live, and the store's retry interval
     "models",
 )
 

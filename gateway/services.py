@@ -12,11 +12,14 @@ from backends.embeddings.coalescing import CoalescingEmbedder
 from backends.embeddings.config import build_embedder
 from backends.errors import BackendUnavailable
 from backends.llm.litellm_tiers import LiteLLMTiers
+from backends.quotas.redis import RedisQuotaStore
+from backends.redis_client import RedisConnection, RedisModeMismatch, RedisOptions
 from backends.retrieval.base import Retriever
 from backends.retrieval.embedded import EmbeddedRetriever
 from backends.retrieval.opensearch import OpenSearchRetriever, SharedChunksNotMigrated
 from gateway.metrics import Metrics
 from gateway.pipeline import Services
+from gateway.quotas import BudgetedLLM, Quotas
 from gateway.settings import ConfigError, Settings
 
 log = logging.getLogger(__name__)
@@ -55,6 +58,42 @@ def build_cache_store(settings: Settings) -> CacheStore | None:
     return None
 
 
+def redis_options(settings: Settings) -> RedisOptions:
+    c = settings.cache
+    return RedisOptions(
+        c.redis_url.get_secret_value(),
+        socket_timeout_s=c.redis_socket_timeout_s,
+        connect_timeout_s=c.redis_connect_timeout_s,
+        max_connections=c.redis_max_connections,
+    )
+
+
+def uses_redis(settings: Settings) -> bool:
+    return settings.cache.backend == "redis" or settings.quotas.uses_redis(settings.cache.backend)
+
+
+async def open_redis(settings: Settings) -> RedisConnection:
+    """The process's one Redis connection (cache and quotas share it). Redis down at start
+    only warns; a URL whose mode contradicts the server refuses to start."""
+    redis = RedisConnection(redis_options(settings))
+    try:
+        await redis.start()
+    except RedisModeMismatch as exc:
+        await redis.aclose()
+        raise ConfigError(f"cache.redis_url: {exc}") from exc
+    return redis
+
+
+def build_quotas(settings: Settings, metrics: Metrics, redis: RedisConnection | None) -> Quotas:
+    """In Redis when `quotas` says so (shared by every replica), else per process."""
+    shared = (
+        RedisQuotaStore(redis)
+        if redis is not None and settings.quotas.uses_redis(settings.cache.backend)
+        else None
+    )
+    return Quotas(shared, metrics, retry_s=settings.quotas.redis_retry_s)
+
+
 @asynccontextmanager
 async def open_services(settings: Settings, metrics: Metrics) -> AsyncIterator[Services]:
     async with AsyncExitStack() as stack:
@@ -63,16 +102,23 @@ async def open_services(settings: Settings, metrics: Metrics) -> AsyncIterator[S
         retriever = build_retriever(settings, embedder.dimension)
         stack.push_async_callback(retriever.aclose)
         await _bootstrap(retriever)
-        llm = LiteLLMTiers(
+        redis = await open_redis(settings) if uses_redis(settings) else None
+        if redis is not None:
+            stack.push_async_callback(redis.aclose)
+        quotas = build_quotas(settings, metrics, redis)
+        stack.push_async_callback(quotas.aclose)
+        tiers = LiteLLMTiers(
             settings.models.small,
             settings.models.large,
             on_cooldown=lambda tier, model, is_open: metrics.llm_cooldown_open.labels(
                 tier, model
             ).set(1 if is_open else 0),
         )
+        # Every model call of every stage checks and records the request's tenant's budget.
+        llm = BudgetedLLM(tiers, quotas)
         stack.push_async_callback(llm.aclose)
         await llm.warm_up()
         cache_store = build_cache_store(settings)
         if cache_store is not None:
             stack.push_async_callback(cache_store.aclose)
-        yield Services(embedder, retriever, llm, cache_store, metrics)
+        yield Services(embedder, retriever, llm, cache_store, metrics, quotas)

@@ -28,6 +28,7 @@ RESTART_CASES: dict[str, dict[str, Any]] = {
     "retrieval.opensearch": {"retrieval": {"opensearch": {"hosts": ["http://search:9200"]}}},
     "cache.backend": {"cache": {"backend": "off"}},
     "cache.max_entries": {"cache": {"max_entries": 10}},
+    "quotas": {"quotas": {"backend": "memory"}},
     "models": {"models": {"small": {"model": "openai/gpt-4o-mini"}}},
 }
 
@@ -38,6 +39,16 @@ LIVE_CASES: dict[str, dict[str, Any]] = {
     "request deadline": {"server": {"request_timeout_s": 5}},
     "tenants": {"tenants": [{"id": "initech", "api_key_sha256": hash_api_key("key-i")}]},
     "admin key": {"admin_api_key_sha256": hash_api_key("admin")},
+    "a tenant's limits": {
+        "tenants": [
+            {
+                "id": "initech",
+                "api_key_sha256": hash_api_key("key-i"),
+                "rate_limit": {"requests_per_s": 2, "burst": 4},
+                "daily_budget_usd": 5,
+            }
+        ]
+    },
 }
 
 

@@ -1,0 +1,175 @@
+"""Rate limits and budgets over HTTP, in process (per-process store: no Redis configured): the
+app from `create_app`, litellm's real client path to the fake upstream pricing each call."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client.parser import text_string_to_metric_families
+
+from backends.embeddings.minilm import MiniLMEmbedder
+from backends.retrieval.embedded import EmbeddedRetriever
+from gateway.app import create_app
+from gateway.ingest.pipeline import ingest_documents
+from gateway.ingest.readers import read_paths
+from gateway.settings import Settings, hash_api_key
+from tests.fixtures.gateway import DATA
+from tests.fixtures.upstream import calls_for
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+# Each test has its own tenant, so none sees another's bucket or spend.
+BUDGET = {"daily_budget_usd": 0.0025}  # a call below costs 0.001: three calls, then refused
+RATE = {"rate_limit": {"requests_per_s": 0.01, "burst": 2}}
+TENANTS: dict[str, dict[str, Any]] = {
+    "spender": BUDGET,
+    "streamer": BUDGET,
+    "bystander": {**BUDGET, **RATE},
+    "agent": {"daily_budget_usd": 0.0015},
+    "burster": RATE,
+}
+
+
+def auth(tenant: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer key-{tenant}"}
+
+
+@pytest.fixture(scope="module")
+async def client(
+    fake_upstream: str, minilm: MiniLMEmbedder, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[TestClient[Any, Any]]:
+    data_dir = tmp_path_factory.mktemp("quotas")
+    async with EmbeddedRetriever(data_dir / "index.sqlite3") as index:
+        await ingest_documents("agent", list(read_paths([DATA / "acme"])), minilm, index)
+    tier = {"api_base": fake_upstream, "retries": 0, "input_cost_per_token": 1e-6}
+    settings = Settings.model_validate(
+        {
+            "data_dir": data_dir,
+            "server": {"reload_poll_s": 0},
+            "tenants": [
+                {"id": name, "api_key_sha256": hash_api_key(f"key-{name}"), **limits}
+                for name, limits in TENANTS.items()
+            ],
+            "models": {
+                "small": {"model": "openai/fake-small", **tier},
+                "large": {"model": "openai/fake-large", **tier},
+            },
+            "cache": {"backend": "off"},
+        }
+    )
+    async with TestClient(TestServer(create_app(settings))) as test_client:
+        yield test_client
+
+
+def priced(key: str, prompt_tokens: int = 1000, **script: Any) -> str:
+    """A question whose model call costs prompt_tokens * 1e-6 USD."""
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": 0}
+    directive = {"key": key, "usage": usage, **script}
+    return f"Say hello. {uuid.uuid4().hex[:6]} [[fake:{json.dumps(directive)}]]"
+
+
+async def ask(
+    client: TestClient[Any, Any], tenant: str, query: str, **body: Any
+) -> tuple[int, dict[str, str], Any]:
+    payload = {"query": query, "route": "direct", **body}
+    async with client.post("/v1/query", json=payload, headers=auth(tenant)) as resp:
+        raw = await resp.read()
+        is_json = resp.content_type == "application/json"
+        return resp.status, dict(resp.headers), json.loads(raw) if is_json else raw.decode()
+
+
+async def samples(client: TestClient[Any, Any]) -> dict[tuple[str, tuple[Any, ...]], float]:
+    async with client.get("/metrics") as resp:
+        text = await resp.text()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+async def test_a_spent_budget_refuses_the_next_question_naming_it_before_any_model_call(
+    client: TestClient[Any, Any], fake_upstream: str
+) -> None:
+    key = uuid.uuid4().hex
+    for _ in range(3):  # 0, 0.001, 0.002 spent before each: under 0.0025
+        status, _, body = await ask(client, "spender", priced(key))
+        assert status == 200, body
+        assert body["usage"]["cost_usd"] == pytest.approx(0.001)
+    status, headers, body = await ask(client, "spender", priced(key))
+    assert status == 429
+    assert 1 <= int(headers["Retry-After"]) <= 86_400  # until 00:00 UTC
+    assert body["error"]["type"] == "budget_exceeded"
+    assert "daily budget of $0.0025 (daily_budget_usd)" in body["error"]["message"]
+    assert await calls_for(fake_upstream, key) == 3  # the refused one never reached the model
+
+
+async def test_a_stream_refused_before_it_starts_is_a_plain_429(
+    client: TestClient[Any, Any], fake_upstream: str
+) -> None:
+    key = uuid.uuid4().hex
+    for _ in range(3):
+        status, _, _ = await ask(client, "streamer", priced(key), stream=True)
+        assert status == 200
+    status, headers, body = await ask(client, "streamer", priced(key), stream=True)
+    assert status == 429
+    assert headers["Content-Type"].startswith("application/json")  # not an event stream
+    assert int(headers["Retry-After"]) >= 1
+    assert body["error"]["type"] == "budget_exceeded"
+    assert await calls_for(fake_upstream, key) == 3  # streamed calls were recorded too
+
+
+async def test_a_tenant_at_its_limits_never_limits_another(
+    client: TestClient[Any, Any],
+) -> None:
+    # "spender" spent its budget above; "bystander" has the same budget and is untouched.
+    for _ in range(2):
+        status, _, body = await ask(client, "bystander", priced(uuid.uuid4().hex))
+        assert status == 200, body
+    assert (await ask(client, "spender", priced(uuid.uuid4().hex)))[0] == 429
+
+
+async def test_over_the_rate_limit_is_429_with_retry_after_before_the_body_is_read(
+    client: TestClient[Any, Any],
+) -> None:
+    for _ in range(2):  # the burst
+        async with client.post("/v1/route", json={"query": "hi"}, headers=auth("burster")) as r:
+            assert r.status == 200
+    # Not even valid JSON: the limit is taken before the body is read or parsed.
+    async with client.post("/v1/route", data=b"{not json", headers=auth("burster")) as resp:
+        assert resp.status == 429
+        retry_after = resp.headers["Retry-After"]
+        body = await resp.json()
+    assert retry_after.isdigit() and 90 <= int(retry_after) <= 100  # one token per 100 s
+    assert body["error"]["type"] == "rate_limit_exceeded"
+    assert "rate limit of 0.01 requests/s (burst 2)" in body["error"]["message"]
+    got = await samples(client)
+    assert got[("querygate_quota_refusals_total", (("reason", "rate_limit"),))] >= 1
+    endpoint = (("endpoint", "POST /v1/route"), ("outcome", "rate_limited"))
+    assert got[("querygate_http_requests_total", endpoint)] >= 1
+
+
+async def test_an_agent_whose_budget_runs_out_stops_at_its_next_call_with_429(
+    client: TestClient[Any, Any], fake_upstream: str
+) -> None:
+    key = uuid.uuid4().hex
+    search = {"name": "search", "arguments": {"query": "Acme warranty"}, "id": "s"}
+    turns = [{"tool_calls": [search]}, {"answer": "Two years {cite:1}."}]
+    query = priced(key, prompt_tokens=2000, turns=turns)  # the first turn spends 0.002
+    status, _, body = await ask(client, "agent", query, route="multihop")
+    assert status == 429
+    assert body["error"]["type"] == "budget_exceeded"
+    assert await calls_for(fake_upstream, key) == 1  # the second turn was never sent
+
+
+async def test_quota_metrics_name_no_tenant(client: TestClient[Any, Any]) -> None:
+    got = await samples(client)
+    quota = [labels for name, labels in got if name.startswith("querygate_quota_")]
+    assert quota  # else the check below passes vacuously
+    assert {k for labels in quota for k, _ in labels} <= {"reason", "check"}
+    assert ("querygate_quota_refusals_total", (("reason", "budget"),)) in got
