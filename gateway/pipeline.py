@@ -40,7 +40,7 @@ from backends.retrieval.base import Hit, Retriever, Vector
 from gateway.accounting import current_record
 from gateway.cache import policy as cache_policy
 from gateway.cache.guards import MAX_SEMANTIC_CHARS
-from gateway.cache.keys import CacheScope, display_question, exact_key
+from gateway.cache.keys import CacheScope, display_question, exact_key, options_digest
 from gateway.cache.single_flight import Lease, Shared
 from gateway.metered_llm import MeteredLLM
 from gateway.metrics import Metrics
@@ -225,6 +225,10 @@ class Pipeline:
             return None
         if request.original_query is None and looks_like_followup(request.query, request.history):
             # Not rewritten: its meaning lies in a conversation no key holds.
+            self._count(ctx, "bypass")
+            return None
+        if request.options.tools:
+            # The client's own tools: the answer may be a call of them, for this client.
             self._count(ctx, "bypass")
             return None
         with ctx.timer.stage("cache_lookup"):
@@ -528,6 +532,7 @@ class Pipeline:
             generation=generation,
             config_version=self.config_version,
             embedding_model=self._s.embedder.model_id,
+            options=options_digest(request.options),
         )
 
     async def _store(self, ctx: RequestContext, answer: Answer, reason: str) -> None:

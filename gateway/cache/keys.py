@@ -3,7 +3,8 @@
 The scope is a digest of everything besides the question that could change an answer: the
 requested route, the tenant's index generation (a document change retires the answers computed
 before it), the configuration version (models, routing, retrieval), the prompts' text, the
-embedding model (the semantic tier compares its vectors) and the cached form's own version.
+embedding model (the semantic tier compares its vectors), the client's generation parameters
+and the cached form's own version.
 When any of them changes, new requests look under a new scope and the old entries are never
 read again; their TTL ends them, with no scan.
 
@@ -20,6 +21,7 @@ import json
 import unicodedata
 from dataclasses import dataclass
 
+from backends.llm.base import GenerationOptions
 from routers import prompts
 
 # Bump when the cached payload's shape changes (gateway.wire.answer_to_cache).
@@ -48,6 +50,8 @@ class CacheScope:
     generation: int
     config_version: str
     embedding_model: str
+    # The client's generation parameters (temperature, max_tokens …), as `options_digest`.
+    options: str = ""
     prompts_version: str = PROMPTS_VERSION
     payload_version: int = PAYLOAD_VERSION
 
@@ -59,12 +63,21 @@ class CacheScope:
                 self.generation,
                 self.config_version,
                 self.embedding_model,
+                self.options,
                 self.prompts_version,
                 self.payload_version,
             ],
             ensure_ascii=False,
         )
         return _digest(material)[:24]
+
+
+def options_digest(options: GenerationOptions) -> str:
+    """The client's generation parameters as part of a scope: answers written with other
+    parameters (a temperature, a token cap, stop sequences) are never shared. Empty for none."""
+    params = {**options.wire(), "max_tokens": options.max_tokens}
+    params = {k: v for k, v in params.items() if v is not None}
+    return _digest(json.dumps(params, sort_keys=True, default=str))[:16] if params else ""
 
 
 def normalise_query(text: str) -> str:

@@ -10,7 +10,9 @@ that would be right to give again go in. Refused, with the reason (a short tag f
 - `capped`: the agent loop stopped at one of its caps (its forced answer may be partial);
 - `invented_citations`: the model cited sources it was not given (they were removed, but the
   answer's grounding is in doubt);
-- `abstention`: the text says it cannot answer, whichever route wrote it.
+- `abstention`: the text says it cannot answer, whichever route wrote it;
+- `tool_calls`: the model called the client's tools, or stopped for any reason but the end
+  of its answer.
 
 Errors never reach this point (nothing is stored for a request that failed), and a stream is
 judged once it has completed: a stream that failed or whose client left is never stored.
@@ -31,6 +33,8 @@ def refusal(answer: Answer) -> str | None:
         return "escalated"
     if answer.cap is not None:
         return "capped"
+    if answer.tool_calls or answer.finish_reason != "stop":
+        return "tool_calls" if answer.tool_calls else "incomplete"
     if not answer.complete:
         return "incomplete"
     if any("invented citation" in note for note in answer.notes):

@@ -1,5 +1,6 @@
 """Which answers may be stored: one test per reason an answer is refused."""
 
+from backends.llm.base import ToolCall
 from gateway.cache.policy import refusal
 from routers.generation import NOT_FOUND
 from routers.lookup import NO_EVIDENCE_TEXT
@@ -34,3 +35,13 @@ def test_an_abstention_is_not_stored_whichever_route_wrote_it() -> None:
 def test_an_answer_with_invented_citations_is_not_stored() -> None:
     answer = Answer("x [1]", Route.LOOKUP, CITED, notes=("2 invented citation(s) dropped",))
     assert refusal(answer) == "invented_citations"
+
+
+def test_an_answer_calling_the_clients_tools_or_cut_short_is_not_stored() -> None:
+    call = ToolCall("c1", "lookup_weather", {})
+    assert refusal(Answer("", Route.DIRECT, tool_calls=(call,), finish_reason="tool_calls")) == (
+        "tool_calls"
+    )
+    assert refusal(Answer("Gustave [1]", Route.LOOKUP, CITED, finish_reason="length")) == (
+        "incomplete"
+    )

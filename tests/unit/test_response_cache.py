@@ -5,8 +5,9 @@ import numpy as np
 from backends.cache.base import CachedEntry, Neighbour
 from backends.cache.memory import MemoryCacheStore
 from backends.errors import BackendUnavailable
+from backends.llm.base import NO_OPTIONS, GenerationOptions
 from backends.retrieval.base import Vector
-from gateway.cache.keys import CacheScope, exact_key, normalise_query
+from gateway.cache.keys import CacheScope, exact_key, normalise_query, options_digest
 from gateway.cache.single_flight import Shared, SingleFlight
 from gateway.metrics import Metrics
 from gateway.pipeline import replay_pieces
@@ -32,9 +33,15 @@ def test_key_separates_every_scope() -> None:
         CacheScope("auto", 3, "cfg1", "other-model"),
         CacheScope("auto", 3, "cfg1", "all-MiniLM-L6-v2", prompts_version="p2"),
         CacheScope("auto", 3, "cfg1", "all-MiniLM-L6-v2", payload_version=99),
+        CacheScope("auto", 3, "cfg1", "all-MiniLM-L6-v2", options_digest(GenerationOptions(0.2))),
     ):
         assert exact_key(changed, "q") != base
         assert changed.digest != SCOPE.digest
+
+
+def test_no_options_add_nothing_to_the_scope() -> None:
+    assert options_digest(NO_OPTIONS) == ""
+    assert options_digest(GenerationOptions(max_tokens=5)) != ""
 
 
 def _vec(*values: float) -> Vector:
