@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test command: set up, start real OpenSearch nodes, run lint, types and every test.
+# The test command: set up, start real OpenSearch nodes, get helm, run lint, types and every test.
 # Extra arguments go to pytest (e.g. scripts/test.sh -k tenant -x).
 #
 # Two nodes: 3.5.0 (the pinned version) serves the whole suite; 2.19.1 is the one whose
@@ -17,6 +17,11 @@ export OPENSEARCH_URL="http://127.0.0.1:$OPENSEARCH_PORT"
 scripts/setup.sh --test
 scripts/opensearch.sh start
 OPENSEARCH_VERSION=2.19.1 OPENSEARCH_PORT="$RRF_PORT" scripts/opensearch.sh start
+# helm for the chart (built once per machine from the Go module proxy, then cached); the chart's
+# tests fail rather than skip without it.
+QUERYGATE_HELM="$(scripts/helm.sh)"
+export QUERYGATE_HELM QUERYGATE_REQUIRE_HELM=1
+"$QUERYGATE_HELM" lint --strict helm/querygate
 
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
