@@ -16,11 +16,13 @@ from aiohttp import web
 
 from backends.errors import BackendError, BackendUnavailable, UpstreamError
 from gateway.accounting import current_record, failure_of
+from gateway.appkeys import SERVICES
 from gateway.guard import request_guard
 from gateway.pipeline import QueryRequest, RequestContext
 from gateway.runtime import Runtime
 from gateway.settings import ServerConfig
 from gateway.wire import QueryResult, query_body
+from routers.types import Generation
 
 
 class StreamFormat(Protocol):
@@ -82,6 +84,11 @@ async def stream_answer(
         preparing.cancel()  # a no-op when done; stops the work when the client went away
     try:
         if not response.prepared:
+            # A budget spent since arrival (this request's rewrite, other requests) refuses
+            # the model call to come now, as a plain 429, not as a stream's error event.
+            quotas = request.app[SERVICES].quotas
+            if quotas is not None and isinstance(prepared.outcome, Generation):
+                await quotas.check_budget(query.tenant)
             await _open(request, response, fmt)
         try:
             async with (

@@ -31,6 +31,7 @@ TENANTS: dict[str, dict[str, Any]] = {
     "streamer": BUDGET,
     "bystander": {**BUDGET, **RATE},
     "agent": {"daily_budget_usd": 0.0015},
+    "rewriter": {"daily_budget_usd": 0.0015},
     "burster": RATE,
 }
 
@@ -60,6 +61,7 @@ async def client(
                 "large": {"model": "openai/fake-large", **tier},
             },
             "cache": {"backend": "off"},
+            "router": {"classifier": "heuristic"},  # the questions here force their route
         }
     )
     async with TestClient(TestServer(create_app(settings))) as test_client:
@@ -122,6 +124,23 @@ async def test_a_stream_refused_before_it_starts_is_a_plain_429(
     assert int(headers["Retry-After"]) >= 1
     assert body["error"]["type"] == "budget_exceeded"
     assert await calls_for(fake_upstream, key) == 3  # streamed calls were recorded too
+
+
+async def test_a_stream_whose_own_rewrite_spent_the_budget_is_still_a_plain_429(
+    client: TestClient[Any, Any], fake_upstream: str
+) -> None:
+    key = uuid.uuid4().hex
+    history = [
+        {"role": "user", "content": "Tell me about the Acme router."},
+        {"role": "assistant", "content": "It is a home router."},
+    ]
+    directive = {"key": key, "usage": {"prompt_tokens": 2000, "completion_tokens": 0}}
+    query = f"And its warranty? [[fake:{json.dumps(directive)}]]"  # the rewrite spends 0.002
+    status, headers, body = await ask(client, "rewriter", query, history=history, stream=True)
+    assert status == 429
+    assert headers["Content-Type"].startswith("application/json")
+    assert body["error"]["type"] == "budget_exceeded"
+    assert await calls_for(fake_upstream, key) == 1  # the rewrite; the answer was never asked
 
 
 async def test_a_tenant_at_its_limits_never_limits_another(
