@@ -118,8 +118,14 @@ def pod_annotations(docs: list[Doc]) -> dict[str, str]:
     return annotations
 
 
+def config_map(docs: list[Doc]) -> Doc:
+    """The gateway's ConfigMap (dashboards come in ConfigMaps of their own)."""
+    (found,) = [d for d in find(docs, "ConfigMap") if d["metadata"]["name"] == FULLNAME]
+    return found
+
+
 def rendered_config(docs: list[Doc]) -> Doc:
-    text = one(docs, "ConfigMap")["data"]["config.yaml"]
+    text = config_map(docs)["data"]["config.yaml"]
     config: Doc = yaml.safe_load(text)
     return config
 
@@ -255,7 +261,11 @@ def test_every_object_is_named_after_the_release_and_labelled() -> None:
     }  # fmt: skip
     for doc in docs:
         meta = doc["metadata"]
-        assert meta["name"] == FULLNAME, doc["kind"]
+        dashboard = doc["kind"] == "ConfigMap" and "grafana_dashboard" in meta["labels"]
+        if dashboard:
+            assert meta["name"].startswith(f"{FULLNAME}-dashboard-")
+        else:
+            assert meta["name"] == FULLNAME, doc["kind"]
         assert meta["namespace"] == NAMESPACE, doc["kind"]
         labels = meta["labels"]
         assert labels["app.kubernetes.io/name"] == "querygate"
@@ -472,7 +482,7 @@ def test_secrets_are_referenced_never_inlined() -> None:
         "QUERYGATE_CACHE__REDIS_URL": ("qg-redis", "redis-url"),
     }
     assert not find(docs, "Secret")
-    assert "redis://" not in one(docs, "ConfigMap")["data"]["config.yaml"]
+    assert "redis://" not in config_map(docs)["data"]["config.yaml"]
 
 
 def test_a_model_key_nobody_provides_is_refused() -> None:
@@ -568,6 +578,7 @@ RESTART_CHANGES: dict[str, Doc] = {
     "cache.backend": with_config({"cache": {"backend": "off"}}),
     "cache.max_entries": with_config({"cache": {"max_entries": 10}}),
     "models": with_config({"models": {"small": {"model": "openai/gpt-4o-mini"}}}),
+    "quotas": with_config({"quotas": {"redis_retry_s": 5}}),
 }
 CHART_OWNED = {"server.host", "data_dir"}
 
@@ -698,6 +709,8 @@ def chart_with_files(tmp_path: Path) -> Iterator[Path]:
     """The chart with one dashboard and one rule file, as the metrics and alerts work adds them."""
     chart = tmp_path / "querygate"
     shutil.copytree(CHART, chart)
+    for shipped in [*chart.glob("files/dashboards/*.json"), *chart.glob("files/alerts/*.yaml")]:
+        shipped.unlink()
     dashboard = {"title": "querygate", "uid": "querygate", "panels": []}
     (chart / "files" / "dashboards" / "querygate.json").write_text(json.dumps(dashboard))
     rules = {"groups": [{"name": "querygate-test", "rules": [{"alert": "X", "expr": "vector(1)"}]}]}
@@ -717,10 +730,21 @@ def test_dashboards_and_alerts_render_from_the_charts_files(chart_with_files: Pa
     assert not find(render(values={}, chart=chart_with_files), "PrometheusRule")
 
 
-def test_the_empty_slots_render_nothing_yet() -> None:
+def test_the_charts_own_files_fill_the_slots() -> None:
+    """One dashboard ConfigMap per shipped JSON and one PrometheusRule with every shipped group;
+    nothing while the folders hold none."""
+    dashboards = sorted(p.name for p in (CHART / "files" / "dashboards").glob("*.json"))
+    groups = [
+        group["name"]
+        for path in sorted((CHART / "files" / "alerts").glob("*.yaml"))
+        for group in yaml.safe_load(path.read_text())["groups"]
+    ]
     docs = render(FLEET)
-    assert not find(docs, "PrometheusRule")
-    assert [d["metadata"]["name"] for d in find(docs, "ConfigMap")] == [FULLNAME]
+    shipped = [d for d in find(docs, "ConfigMap") if d["metadata"]["name"] != FULLNAME]
+    assert sorted(key for d in shipped for key in d["data"]) == dashboards
+    rules = find(docs, "PrometheusRule")
+    assert [g["name"] for r in rules for g in r["spec"]["groups"]] == groups
+    assert len(rules) == (1 if groups else 0)
 
 
 # --- the image the chart runs -------------------------------------------------------------------

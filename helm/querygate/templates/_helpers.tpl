@@ -123,6 +123,7 @@ modes, so changing one rolls the pods instead of being refused by every running 
   "retrieval" (pick $retrieval "backend" "opensearch")
   "cache" (pick $cache "backend" "max_entries")
   "models" ($c.models | default dict)
+  "quotas" ($c.quotas | default dict)
 }}
 {{- toYaml $picked }}
 {{- end }}
