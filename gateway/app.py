@@ -20,6 +20,7 @@ from gateway.handlers import (
     handle_readyz,
     handle_route,
 )
+from gateway.health import watch_dependencies
 from gateway.limits import limits_middleware
 from gateway.metrics import Metrics
 from gateway.middleware import error_middleware, request_id_middleware
@@ -30,6 +31,8 @@ from gateway.services import open_services
 from gateway.settings import Settings
 
 log = logging.getLogger(__name__)
+
+HEALTH_EVERY_S = 10.0
 
 
 class AdmittingHolder(RuntimeHolder):
@@ -72,8 +75,10 @@ def create_app(
             runtime = build_runtime(settings, services)
             app[RUNTIME] = AdmittingHolder(runtime, admission)
             metrics.config_info.labels(settings.version).set(1)
+            health = asyncio.create_task(watch_dependencies(services, metrics, HEALTH_EVERY_S))
             log.info("ready", extra={"config_version": settings.version})
             yield
+            health.cancel()
 
     async def resources(app: web.Application) -> AsyncIterator[None]:
         task = asyncio.create_task(metrics.publish_resources())

@@ -197,6 +197,14 @@ class Metrics:
             multiprocess_mode="livemax",
             registry=r,
         )
+        self.dependency_up = Gauge(
+            "querygate_dependency_up",
+            "1 while a backend answers its health probe (every 10 s), by dependency: retrieval, "
+            "cache. With several workers, the minimum over them.",
+            ["dependency"],
+            multiprocess_mode="livemin",
+            registry=r,
+        )
         self._multiprocess_dir = os.environ.get(MULTIPROC_ENV)
         self._resources = None if self._multiprocess_dir is None else WorkerResources(r)
         if self._multiprocess_dir is None:

@@ -1,0 +1,140 @@
+"""The shipped Grafana dashboard and alert rules: valid PromQL, naming only what the gateway
+exports (read from a live /metrics, not from a list kept here), and — with promtool — alerts
+that fire on the series they should and stay quiet on healthy ones."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import promql_parser
+import pytest
+import requests
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from scripts.make_dashboard import OUT as DASHBOARD
+from scripts.make_dashboard import render
+from tests.fixtures.gateway import REPO_ROOT, GatewayProcess
+
+RULES = REPO_ROOT / "helm/querygate/files/alerts/querygate.yaml"
+RULE_TESTS = REPO_ROOT / "tests/alerts/querygate_test.yaml"
+# Grafana's variables, as Grafana would substitute them.
+GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$job": ".*"}
+_SUFFIXES = {
+    "counter": ("_total", "_created"),
+    "histogram": ("_bucket", "_count", "_sum", "_created"),
+}
+
+
+def exported_names(gw: GatewayProcess) -> set[str]:
+    """Every series name the live gateway's /metrics declares (a family with no sample yet
+    still names its series through its type)."""
+    response = requests.get(f"{gw.url}/metrics", timeout=5)
+    assert response.status_code == 200
+    names: set[str] = set()
+    for family in text_string_to_metric_families(response.text):
+        names.add(family.name)
+        names.update(family.name + suffix for suffix in _SUFFIXES.get(family.type, ()))
+        names.update(sample.name for sample in family.samples)
+    return names
+
+
+def selectors(expr: str) -> Iterator[str]:
+    """The metric names an expression reads (parsing it: an invalid expression fails here)."""
+    yield from _walk(promql_parser.parse(expr))
+
+
+def _walk(node: Any) -> Iterator[str]:
+    if type(node).__name__ == "VectorSelector":
+        yield node.name
+        return
+    for attribute in ("lhs", "rhs", "expr", "param", "vector_selector"):
+        child = getattr(node, attribute, None)
+        if child is not None and not isinstance(child, (str, int, float)):
+            yield from _walk(child)
+    for child in getattr(node, "args", None) or ():
+        yield from _walk(child)
+
+
+def dashboard_expressions() -> list[str]:
+    board = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    exprs = [t["expr"] for p in board["panels"] for t in p.get("targets", [])]
+    for variable in board["templating"]["list"]:
+        if variable["type"] == "query":
+            exprs.append(variable["query"].removeprefix("label_values(").split(",")[0])
+    out = []
+    for expr in exprs:
+        for name, value in GRAFANA_VARIABLES.items():
+            expr = expr.replace(name, value)
+        out.append(expr)
+    return out
+
+
+def rules() -> list[dict[str, Any]]:
+    groups = yaml.safe_load(RULES.read_text(encoding="utf-8"))["groups"]
+    return [rule for group in groups for rule in group["rules"]]
+
+
+def test_the_shipped_dashboard_is_the_generators_output() -> None:
+    assert DASHBOARD.read_text(encoding="utf-8") == render()
+
+
+def test_every_dashboard_expression_reads_only_exported_metrics(gateway: GatewayProcess) -> None:
+    exported = exported_names(gateway)
+    exprs = dashboard_expressions()
+    assert len(exprs) > 30
+    unknown = {(name, expr) for expr in exprs for name in selectors(expr) if name not in exported}
+    assert not unknown
+
+
+def test_every_rule_expression_reads_exported_or_recorded_series(gateway: GatewayProcess) -> None:
+    exported = exported_names(gateway)
+    recorded = {rule["record"] for rule in rules() if "record" in rule}
+    alerts = [rule for rule in rules() if "alert" in rule]
+    assert len(alerts) >= 10
+    for rule in rules():
+        names = set(selectors(rule["expr"]))
+        assert names, rule
+        assert names <= exported | recorded, (rule.get("alert") or rule["record"], names - exported)
+
+
+def test_every_alert_has_a_runbook_entry() -> None:
+    runbook = (REPO_ROOT / "docs/runbook.md").read_text(encoding="utf-8")
+    for rule in rules():
+        if "alert" not in rule:
+            continue
+        url = rule["annotations"]["runbook_url"]
+        anchor = url.split("#", 1)[1]
+        assert f"## {rule['alert']}" in runbook and anchor == rule["alert"].lower()
+        assert rule["labels"]["severity"] in {"page", "ticket"}
+
+
+@pytest.fixture(scope="module")
+def promtool() -> Path | None:
+    path = os.environ.get("QUERYGATE_PROMTOOL")
+    if path:
+        return Path(path)
+    if os.environ.get("QUERYGATE_REQUIRE_PROMTOOL") == "1":
+        pytest.fail("QUERYGATE_PROMTOOL is not set (scripts/test.sh builds promtool)")
+    return None
+
+
+def test_promtool_checks_the_rules_and_their_unit_tests(promtool: Path | None) -> None:
+    if promtool is None:
+        pytest.skip("no promtool (scripts/promtool.sh builds it; scripts/test.sh requires it)")
+    checked = subprocess.run(
+        [str(promtool), "check", "rules", str(RULES)], capture_output=True, text=True, check=False
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    tested = subprocess.run(
+        [str(promtool), "test", "rules", str(RULE_TESTS)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert tested.returncode == 0, tested.stdout + tested.stderr
