@@ -9,12 +9,13 @@ keys sit in one slot, the same slot as the tenant's cache entries):
 
 The bucket is refilled with the server's clock (`TIME`), so replicas whose clocks disagree
 still share one bucket; it expires once it would be full again (an absent bucket is a full
-one). A day's spend expires an hour after that UTC day ends. The connection is not ours: the
-process's one `RedisConnection` (`backends.redis_client`, short timeouts, no client retries)
-is opened and closed by services.py; this store borrows it and stops using it at `aclose`.
-Every failure raises `BackendError`: unreachable, too slow or refused is
-`BackendUnavailable` (the connection's one map), an answer that is not a usable number is
-`UpstreamError`.
+one, and so is one whose fields are not numbers: the script starts it afresh). A day's spend
+expires an hour after that UTC day ends; a spend that is not a number is an error, never a
+limit. The connection is not ours: the process's one `RedisConnection`
+(`backends.redis_client`, short timeouts, no client retries) is opened and closed by
+services.py; this store borrows it and stops using it at `aclose`. Every failure raises
+`BackendError`: unreachable, too slow or refused is `BackendUnavailable` (the connection's one
+map), an answer that is not a usable number is `UpstreamError`.
 """
 
 from __future__ import annotations

@@ -148,6 +148,25 @@ async def test_a_paused_redis_costs_one_socket_timeout(redis_server: RedisServer
             redis_server.resume()
 
 
+async def test_two_gateways_quotas_share_the_limit_and_the_budget(url: str) -> None:
+    acme, globex = limited(tenant_id("acme"), budget=0.25), limited(tenant_id("globex"))
+    async with store(url) as s1, store(url) as s2:
+        one, two = Quotas(s1, Metrics()), Quotas(s2, Metrics())
+        await one.admit(acme, answering=True)
+        await two.admit(acme, answering=True)
+        for quotas in (two, one):  # a burst of 2, spent across both
+            with pytest.raises(RateLimited):
+                await quotas.admit(acme, answering=False)
+        await one.admit(globex, answering=False)  # its own bucket
+        await one.record_spend(acme, 0.125)
+        await two.check_budget(acme)
+        await two.record_spend(acme, 0.125)
+        for quotas in (one, two):
+            with pytest.raises(BudgetExceeded):
+                await quotas.check_budget(acme)
+        assert not one.degraded and not two.degraded
+
+
 def limited(name: str, budget: float | None = None) -> TenantConfig:
     return TenantConfig.model_validate(
         {
