@@ -1,8 +1,8 @@
 """The Helm chart (helm/querygate), rendered by a real helm and read back as Kubernetes objects.
 
-helm comes from scripts/helm.sh (built once per machine from the Go module proxy):
-QUERYGATE_HELM names the binary, else the per-machine cache is searched. Without one these tests
-skip, unless QUERYGATE_REQUIRE_HELM=1 (scripts/test.sh sets it): then they fail.
+helm comes from scripts/helm.sh (built once per machine from the Go module proxy); without it
+these tests skip, unless QUERYGATE_REQUIRE_HELM=1 (scripts/test.sh sets it): then they fail
+(tests/helm_chart.py).
 """
 
 from __future__ import annotations
@@ -12,9 +12,7 @@ import json
 import math
 import os
 import shutil
-import subprocess
 from collections.abc import Iterator
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -23,71 +21,11 @@ import yaml
 
 from gateway.reload import RESTART_ONLY, fingerprint
 from gateway.settings import Settings, hash_api_key, load_settings
+from tests.helm_chart import CHART, REPO, Doc, HelmFailed, render, run_helm
 
-REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "helm" / "querygate"
 RELEASE = "rel"
 NAMESPACE = "qg"
 FULLNAME = f"{RELEASE}-querygate"
-
-Doc = dict[str, Any]
-
-
-def _find_helm() -> str | None:
-    named = os.environ.get("QUERYGATE_HELM")
-    if named:
-        return named
-    root = os.environ.get("QUERYGATE_HELM_CACHE") or str(
-        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "querygate" / "helm"
-    )
-    built = sorted(Path(root).glob("v*/helm"))
-    return str(built[-1]) if built else shutil.which("helm")
-
-
-@cache
-def helm() -> str:
-    found = _find_helm()
-    if found is None or not os.access(found, os.X_OK):
-        message = f"no helm binary ({found or 'none found'}): run scripts/helm.sh"
-        if os.environ.get("QUERYGATE_REQUIRE_HELM") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
-    return found
-
-
-def run_helm(*args: str, chart: Path = CHART, values: Doc | None = None) -> str:
-    """helm ARGS CHART [-f values]; raises HelmFailed with helm's message when it refuses."""
-    command = [helm(), *args, str(chart)]
-    if values:
-        command += ["--values", "-"]
-    done = subprocess.run(
-        command,
-        input=json.dumps(values or {}),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise HelmFailed(done.stderr + done.stdout)
-    return done.stdout
-
-
-class HelmFailed(Exception):
-    pass
-
-
-@cache
-def _template(values_json: str, release: str, chart: Path) -> tuple[Doc, ...]:
-    out = run_helm(
-        "template", release, "--namespace", NAMESPACE, chart=chart, values=json.loads(values_json)
-    )
-    return tuple(d for d in yaml.safe_load_all(out) if d)
-
-
-def render(values: Doc | None = None, release: str = RELEASE, chart: Path = CHART) -> list[Doc]:
-    # Cached by value: the same rendering is asked for by several tests.
-    return copy.deepcopy(list(_template(json.dumps(values or {}, sort_keys=True), release, chart)))
 
 
 def find(docs: list[Doc], kind: str) -> list[Doc]:
@@ -365,6 +303,14 @@ def test_the_only_writable_mounts_are_the_data_dir_and_tmp() -> None:
     assert volumes[config["name"]]["configMap"]["name"] == FULLNAME
     assert container(docs)["command"][:3] == ["querygate", "--config", "/etc/querygate/config.yaml"]
     assert container(docs)["args"][0] == "serve"
+
+
+def test_workers_are_a_number_passed_to_serve() -> None:
+    assert container(render())["args"] == ["serve", "--workers", "1"]
+    assert container(render({"workers": 4}))["args"] == ["serve", "--workers", "4"]
+    # `auto` would count the node's cores, not the pod's CPU.
+    with pytest.raises(HelmFailed, match="workers"):
+        render({"workers": "auto"})
 
 
 def test_an_existing_claim_holds_the_data_dir() -> None:
