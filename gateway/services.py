@@ -8,6 +8,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 
 from backends.cache.base import CacheStore
 from backends.cache.memory import MemoryCacheStore
+from backends.cache.redis import RedisCacheStore
 from backends.embeddings.coalescing import CoalescingEmbedder
 from backends.embeddings.config import build_embedder
 from backends.errors import BackendUnavailable
@@ -52,9 +53,17 @@ async def _bootstrap(retriever: Retriever) -> None:
         log.warning("OpenSearch not reachable at start-up", extra={"error": str(exc)})
 
 
-def build_cache_store(settings: Settings) -> CacheStore | None:
+def build_cache_store(
+    settings: Settings, redis: RedisConnection | None = None
+) -> CacheStore | None:
+    """memory: per process; redis: shared by the fleet, on the process's one connection
+    (opened by open_services whenever the cache uses Redis); off: None."""
     if settings.cache.backend == "memory":
         return MemoryCacheStore(settings.cache.max_entries)
+    if settings.cache.backend == "redis":
+        if redis is None:
+            raise ConfigError("cache.backend: redis needs the Redis connection")
+        return RedisCacheStore(redis, settings.cache.max_entries)
     return None
 
 
@@ -118,7 +127,7 @@ async def open_services(settings: Settings, metrics: Metrics) -> AsyncIterator[S
         llm = BudgetedLLM(tiers, quotas)
         stack.push_async_callback(llm.aclose)
         await llm.warm_up()
-        cache_store = build_cache_store(settings)
+        cache_store = build_cache_store(settings, redis)
         if cache_store is not None:
             stack.push_async_callback(cache_store.aclose)
         yield Services(embedder, retriever, llm, cache_store, metrics, quotas)

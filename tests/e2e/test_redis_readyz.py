@@ -1,0 +1,95 @@
+"""A gateway on the Redis cache: /readyz stays 200 and says `degraded` while Redis is down
+(the cache fails open, so no replica leaves the load balancer for it), answers go on, and both
+clear by themselves once Redis is back."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from tests.fixtures.gateway import GatewayProcess, start_gateway, stop_gateway
+from tests.redis_server import RedisServer, running_redis
+
+pytestmark = pytest.mark.integration
+
+QUESTION = "What does the Acme warranty cover?"
+
+
+@pytest.fixture(scope="module")
+def redis() -> Iterator[RedisServer]:
+    with running_redis() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def cached_gateway(
+    redis: RedisServer, fake_upstream: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
+    overrides = {
+        "cache": {
+            "backend": "redis",
+            "redis_url": redis.url,
+            "redis_socket_timeout_s": 0.1,
+            "redis_connect_timeout_s": 0.2,
+        },
+        "router": {"classifier": "heuristic"},  # the learned model is not what is tested here
+    }
+    gw = start_gateway(
+        Path(tmp_path_factory.mktemp("redis-cache")), fake_upstream, overrides=overrides
+    )
+    yield gw
+    stop_gateway(gw)
+
+
+def ask(gw: GatewayProcess, text: str) -> dict[str, Any]:
+    response = requests.post(
+        f"{gw.url}/v1/query", json={"query": text}, headers=gw.headers(), timeout=30
+    )
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def readyz(gw: GatewayProcess) -> requests.Response:
+    return requests.get(f"{gw.url}/readyz", timeout=10)
+
+
+def test_answers_are_cached_in_redis(cached_gateway: GatewayProcess, redis: RedisServer) -> None:
+    text = f"{QUESTION} ({uuid.uuid4().hex[:6]})"
+    assert ask(cached_gateway, text)["cache"] == "miss"
+    assert ask(cached_gateway, text)["cache"] == "exact"
+    assert b"qg:cache:{acme}:ent" in redis.command("KEYS", "qg:cache:*")
+
+
+def test_redis_down_is_degraded_not_unready_and_recovers(
+    cached_gateway: GatewayProcess, redis: RedisServer
+) -> None:
+    gw = cached_gateway
+    before = readyz(gw)
+    assert before.status_code == 200
+    assert before.json()["status"] == "ok" and before.json()["checks"]["cache"] == "ok"
+    redis.kill()
+    try:
+        down = readyz(gw)
+        assert down.status_code == 200, down.text  # still in the load balancer
+        assert down.json()["status"] == "degraded"
+        assert down.json()["checks"] == {"retrieval": "ok", "cache": "unavailable"}
+        started = time.monotonic()
+        body = ask(gw, f"{QUESTION} ({uuid.uuid4().hex[:6]})")  # answered without the cache
+        assert body["cache"] in ("miss", "error")
+        assert time.monotonic() - started < 10
+    finally:
+        redis.restart()
+    deadline = time.monotonic() + 15
+    while readyz(gw).json()["status"] != "ok":
+        assert time.monotonic() < deadline, "readiness did not recover by itself"
+        time.sleep(0.2)
+    text = f"{QUESTION} ({uuid.uuid4().hex[:6]})"
+    assert ask(gw, text)["cache"] == "miss"
+    assert ask(gw, text)["cache"] == "exact"  # the cache is back in use, scripts reloaded
