@@ -1,29 +1,34 @@
 """`POST /v1/chat/completions`: OpenAI's wire format in and out, querygate's routing inside.
 
-`model` picks the route ("auto" classifies; "direct", "lookup" or "multihop" force one). The
-last user message is the query, earlier messages the history. Route, citations and cost come
-back in an extra `querygate` field that OpenAI clients ignore.
+`model` picks the route ("auto" classifies; "direct", "lookup" or "multihop" force one, where
+this deployment can execute it: the names `GET /v1/models` lists). The last user message is
+the query, earlier messages the history. Route, citations and cost come back in an extra
+`querygate` field that OpenAI clients ignore. Every OpenAI parameter is honoured or refused
+with 400 naming it (gateway/chat_params.py); client tools' calls come back in OpenAI's shape.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict
 from typing import Any
 
 from aiohttp import web
 
-from backends.llm.base import Message
+from backends.llm.base import NO_OPTIONS, Message, ToolCall
+from gateway.accounting import current_record
 from gateway.appkeys import RUNTIME
-from gateway.errors import NotFound, Unprocessable
+from gateway.chat_params import generation_options, refuse_unsupported
+from gateway.errors import BadRequest, Unprocessable
 from gateway.handlers import answer, cache_control, check_limits, parse_body
+from gateway.models_endpoint import deployment_models, model_not_found
 from gateway.pipeline import QueryRequest
 from gateway.schemas import ChatBody, ChatMessage
 from gateway.streaming import sse, stream_answer
 from gateway.wire import QueryResult, rewrite_fields
 from routers.generation import usage_total
 
-MODELS = ("auto", "direct", "lookup", "multihop")
 _HISTORY_ROLES = {
     "system": "system",
     "developer": "system",
@@ -34,6 +39,15 @@ _HISTORY_ROLES = {
 
 def split_messages(messages: list[ChatMessage]) -> tuple[str, tuple[Message, ...]]:
     """(query, history): the last message must be the user's question."""
+    for i, m in enumerate(messages):
+        # A conversation that goes on with tool results cannot be routed as a question yet;
+        # refused rather than answered without them.
+        if m.role == "tool" or (m.model_extra or {}).get("tool_calls"):
+            raise BadRequest(
+                f"messages.{i}: tool calls and tool results cannot be sent back; the gateway "
+                "returns a model's tool calls but does not continue a conversation with their "
+                "results"
+            )
     last = messages[-1]
     if last.role != "user" or not last.text().strip():
         raise Unprocessable("messages: the last message must be a non-empty user message")
@@ -60,6 +74,26 @@ def extension(result: QueryResult) -> dict[str, Any]:
         "config_version": result.config_version,
         **rewrite_fields(result),
     }
+
+
+def tool_calls_body(calls: tuple[ToolCall, ...]) -> list[dict[str, Any]]:
+    """The model's calls of the client's tools, in OpenAI's shape."""
+    return [
+        {
+            "id": call.id,
+            "type": "function",
+            "function": {"name": call.name, "arguments": json.dumps(call.arguments)},
+        }
+        for call in calls
+    ]
+
+
+def message_body(result: QueryResult) -> dict[str, Any]:
+    answer = result.answer
+    if not answer.tool_calls:
+        return {"role": "assistant", "content": answer.text}
+    calls = tool_calls_body(answer.tool_calls)
+    return {"role": "assistant", "content": answer.text or None, "tool_calls": calls}
 
 
 def usage_block(result: QueryResult) -> dict[str, int]:
@@ -99,10 +133,14 @@ class ChatStreamFormat:
         return sse(self._chunk([choice]))
 
     def done(self, result: QueryResult) -> bytes:
-        final = self._chunk(
-            [{"index": 0, "delta": {}, "finish_reason": "stop"}], querygate=extension(result)
-        )
-        out = sse(final)
+        out = b""
+        if calls := tool_calls_body(result.answer.tool_calls):
+            # whole calls in one delta (OpenAI streams them in pieces; clients join either)
+            pieces = [{"index": i, **call} for i, call in enumerate(calls)]
+            choice = {"index": 0, "delta": {"tool_calls": pieces}, "finish_reason": None}
+            out += sse(self._chunk([choice]))
+        finish = {"index": 0, "delta": {}, "finish_reason": result.answer.finish_reason}
+        out += sse(self._chunk([finish], querygate=extension(result)))
         if self._include_usage:
             out += sse(self._chunk([], usage=usage_block(result)))
         return out + sse("[DONE]")
@@ -115,11 +153,18 @@ async def handle_chat_completions(request: web.Request) -> web.StreamResponse:
     runtime = request.app[RUNTIME].current
     tenant = runtime.tenant_for(request.headers.get("Authorization"))
     body = await parse_body(request, ChatBody)
-    if body.model not in MODELS:
-        raise NotFound(f"model {body.model!r} does not exist; use one of {', '.join(MODELS)}")
+    if body.model not in (models := deployment_models(runtime)):
+        raise model_not_found(body.model, models)
+    refuse_unsupported(body)
+    options = generation_options(body)
     query_text, history = split_messages(body.messages)
     check_limits(runtime, query_text, len(history))
     lookup, store = cache_control(request)
+    if options is not NO_OPTIONS:
+        # an answer to the client's own parameters: not the cache's to give, nor to keep
+        lookup = store = False
+    if (record := current_record.get()) is not None and (body.user or body.safety_identifier):
+        record.fields["user"] = body.user or body.safety_identifier
     query = QueryRequest(
         id=request["request_id"],
         tenant=tenant,
@@ -128,9 +173,10 @@ async def handle_chat_completions(request: web.Request) -> web.StreamResponse:
         route=body.model,
         cache_lookup=lookup,
         cache_store=store,
+        options=options,
     )
     if body.stream:
-        include_usage = bool((body.stream_options or {}).get("include_usage"))
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
         fmt = ChatStreamFormat(query.id, body.model, include_usage)
         return await stream_answer(request, runtime, query, fmt)
     result = await answer(runtime, query)
@@ -143,8 +189,8 @@ async def handle_chat_completions(request: web.Request) -> web.StreamResponse:
             "choices": [
                 {
                     "index": 0,
-                    "message": {"role": "assistant", "content": result.answer.text},
-                    "finish_reason": "stop",
+                    "message": message_body(result),
+                    "finish_reason": result.answer.finish_reason,
                 }
             ],
             "usage": usage_block(result),

@@ -11,6 +11,7 @@ from pydantic import (
     ConfigDict,
     Field,
     field_validator,
+    model_validator,
 )
 
 from gateway.text import clean_text
@@ -63,7 +64,8 @@ class TextPart(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    # OpenAI clients send fields we do not use (name, tool_call_id, ...): accept and ignore.
+    # OpenAI clients send fields we do not use (name, refusal, ...): accept and ignore. Tool
+    # calls and their results are refused by the handler (gateway/openai_compat.py).
     model_config = ConfigDict(strict=True, extra="allow", frozen=True)
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
@@ -78,10 +80,87 @@ class ChatMessage(BaseModel):
         return self.content or ""
 
 
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow", frozen=True)
+
+    include_usage: bool = False
+
+
+class FunctionSpec(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolSpec(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+class NamedFunction(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    type: Literal["text", "json_object", "json_schema"]
+    # {"name", "schema"?, "strict"?, "description"?}, as OpenAI takes it (type json_schema).
+    json_schema: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("json_schema is required with type json_schema, and only with it")
+        if self.json_schema is not None and not isinstance(self.json_schema.get("name"), str):
+            raise ValueError("json_schema.name must be a string")
+        return self
+
+
 class ChatBody(BaseModel):
+    """OpenAI's chat completion request. The parameters declared here are honoured (see
+    gateway/chat_params.py for where); any other one is refused there with 400 naming it,
+    unless it is at the value that asks for nothing (`n: 1`, `logprobs: false`, ...)."""
+
     model_config = ConfigDict(strict=True, extra="allow", frozen=True)
 
     model: str
     messages: list[ChatMessage] = Field(min_length=1)
     stream: bool = False
-    stream_options: dict[str, Any] | None = None
+    stream_options: StreamOptions | None = None
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    response_format: ResponseFormat | None = None
+    tools: list[ToolSpec] | None = Field(default=None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    # Who the end user is, for the log line (never a metric label).
+    user: CleanStr | None = Field(default=None, max_length=256)
+    safety_identifier: CleanStr | None = Field(default=None, max_length=256)
+
+    @field_validator("stop")
+    @classmethod
+    def _up_to_four(cls, value: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(value, list) and not 1 <= len(value) <= 4:
+            raise ValueError("at most 4 stop sequences, and at least one in a list")
+        return value

@@ -12,7 +12,9 @@ Endpoints
                               base64), with usage; ``dimensions`` honoured (default 384).
 ``GET  /v1/models``            a static list.
 ``GET  /health``               ``{"status": "ok"}``.
-``GET|POST /admin/stats``      request counts: total, by endpoint, model, status and key.
+``GET|POST /admin/stats``      request counts: total, by endpoint, model, status and key; and
+                              ``params_by_key``: the parameters (all but ``messages``) of the
+                              last chat request carrying each key, as received.
 
 Scripting, chosen per request
 -----------------------------
@@ -82,6 +84,8 @@ class Stats:
     by_key: Counter[str] = field(default_factory=Counter)
     # attempts per key that the directive applied to: what fail_first counts against
     applied_by_key: Counter[str] = field(default_factory=Counter)
+    # the last chat request's parameters per key: proof of what reached the upstream
+    params_by_key: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -90,6 +94,7 @@ class Stats:
             "by_model": dict(self.by_model),
             "by_status": {str(k): v for k, v in self.by_status.items()},
             "by_key": dict(self.by_key),
+            "params_by_key": self.params_by_key,
         }
 
 
@@ -357,6 +362,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         return _error(400, f"bad fake directive: {exc}")
     model = str(body.get("model", ""))
     _record(request, "chat", model, directive)
+    if key := directive.get("key"):
+        params = {k: v for k, v in body.items() if k != "messages"}
+        request.app[STATS_KEY].params_by_key[str(key)] = params
     if not _applies(directive, model):
         directive = {}
     elif (failure := await _scripted_failure(request, directive)) is not None:

@@ -1,0 +1,338 @@
+"""Every OpenAI parameter of `POST /v1/chat/completions` is honoured or refused by name.
+
+The fake upstream records the parameters of the last chat request carrying each directive key
+(`params_by_key` in its /admin/stats): what it shows is what reached the model.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import string
+import uuid
+from typing import Any
+
+import requests
+
+from tests.fixtures.gateway import GatewayProcess
+
+WEATHER_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+def key() -> str:
+    # letters only: a key that looks like an identifier (digits) would send a question to lookup
+    return "params" + "".join(random.choice(string.ascii_lowercase) for _ in range(12))
+
+
+def ask(text: str, directive: dict[str, Any]) -> list[dict[str, str]]:
+    """One user message carrying the fake's directive (a fresh key: never a cached answer)."""
+    return [{"role": "user", "content": f"{text} [[fake:{json.dumps(directive)}]]"}]
+
+
+def chat(gw: GatewayProcess, **body: Any) -> requests.Response:
+    return requests.post(
+        f"{gw.url}/v1/chat/completions", headers=gw.headers(), json=body, timeout=30
+    )
+
+
+def stats(upstream: str) -> dict[str, Any]:
+    resp = requests.get(f"{upstream.removesuffix('/v1')}/admin/stats", timeout=5)
+    assert resp.status_code == 200
+    body: dict[str, Any] = resp.json()
+    return body
+
+
+def received(upstream: str, k: str) -> dict[str, Any]:
+    """The parameters the upstream got with the last chat request carrying key `k`."""
+    params: dict[str, Any] = stats(upstream)["params_by_key"][k]
+    return params
+
+
+def calls(upstream: str, k: str) -> int:
+    return int(stats(upstream)["by_key"].get(k, 0))
+
+
+def route_of(gw: GatewayProcess, text: str) -> str:
+    resp = requests.post(
+        f"{gw.url}/v1/route", headers=gw.headers(), json={"query": text}, timeout=30
+    )
+    assert resp.status_code == 200
+    route: str = resp.json()["route"]
+    return route
+
+
+SAMPLING: dict[str, Any] = {
+    "temperature": 0.3,
+    "top_p": 0.9,
+    "seed": 7,
+    "stop": ["END", "STOP"],
+    "frequency_penalty": 0.5,
+    "presence_penalty": 0.25,
+}
+
+
+def test_sampling_parameters_reach_the_direct_routes_model_call(
+    gateway: GatewayProcess, fake_upstream: str
+) -> None:
+    k = key()
+    resp = chat(gateway, model="direct", messages=ask("Hello", {"key": k}), **SAMPLING)
+    assert resp.status_code == 200, resp.text
+    got = received(fake_upstream, k)
+    assert {name: got.get(name) for name in SAMPLING} == SAMPLING
+
+
+def test_sampling_parameters_reach_the_lookup_routes_answer_call(
+    gateway: GatewayProcess, fake_upstream: str
+) -> None:
+    k = key()
+    text = "How do I fix ERR-4471?"
+    resp = chat(gateway, model="lookup", messages=ask(text, {"key": k}), **SAMPLING)
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["querygate"]["citations"], resp.json()  # it answered from sources
+    got = received(fake_upstream, k)
+    assert {name: got.get(name) for name in SAMPLING} == SAMPLING
+
+
+def test_max_completion_tokens_caps_the_answer_and_says_length(
+    gateway: GatewayProcess, fake_upstream: str
+) -> None:
+    k = key()
+    messages = ask("Hello", {"key": k, "answer": "one two three four five six seven"})
+    resp = chat(gateway, model="direct", messages=messages, max_completion_tokens=3)
+    assert resp.status_code == 200, resp.text
+    assert received(fake_upstream, k)["max_tokens"] == 3
+    choice = resp.json()["choices"][0]
+    assert choice["finish_reason"] == "length"
+    assert choice["message"]["content"] == "one two three"
+
+
+def test_max_tokens_below_the_tiers_limit_wins_and_above_it_does_not(
+    gateway: GatewayProcess, fake_upstream: str
+) -> None:
+    low, high = key(), key()
+    assert chat(gateway, model="direct", messages=ask("Hi", {"key": low}), max_tokens=40).ok
+    assert chat(gateway, model="direct", messages=ask("Hi", {"key": high}), max_tokens=10**6).ok
+    assert received(fake_upstream, low)["max_tokens"] == 40
+    assert received(fake_upstream, high)["max_tokens"] == 512  # the tier's own (TierConfig)
+
+
+def test_n_above_one_is_refused_naming_n_and_n_one_is_fine(
+    gateway: GatewayProcess, fake_upstream: str
+) -> None:
+    k = key()
+    resp = chat(gateway, model="direct", messages=ask("Hello", {"key": k}), n=2)
+    assert resp.status_code == 400
+    assert resp.json()["error"]["message"].startswith("n: ")
+    assert calls(fake_upstream, k) == 0
+    assert chat(gateway, model="direct", messages=ask("Hello", {"key": k}), n=1).status_code == 200
+
+
+def test_unsupported_and_unknown_parameters_are_each_named_and_nothing_runs(
+    gateway: GatewayProcess, fake_upstream: str
+) -> None:
+    k = key()
+    resp = chat(
+        gateway,
+        model="auto",
+        messages=ask("Hello", {"key": k}),
+        logprobs=True,
+        logit_bias={"50256": -100},
+        functions=[{"name": "f", "parameters": {}}],
+        made_up_param=1,
+    )
+    assert resp.status_code == 400
+    message = resp.json()["error"]["message"]
+    for name in ("logprobs", "logit_bias", "functions", "made_up_param"):
+        assert f"{name}: " in message, message
+    assert calls(fake_upstream, k) == 0
+
+
+def test_parameters_at_the_value_that_asks_for_nothing_are_accepted(
+    gateway: GatewayProcess,
+) -> None:
+    resp = chat(
+        gateway,
+        model="direct",
+        messages=ask("Hello", {"key": key()}),
+        n=1,
+        logprobs=False,
+        store=False,
+        service_tier="auto",
+        logit_bias=None,
+    )
+    assert resp.status_code == 200, resp.text
+
+
+def test_client_tools_on_direct_come_back_as_openai_tool_calls(
+    gateway: GatewayProcess, fake_upstream: str
+) -> None:
+    k = key()
+    script = {"key": k, "tool_calls": [{"name": "get_weather", "arguments": {"city": "Oslo"}}]}
+    resp = chat(
+        gateway,
+        model="direct",
+        messages=ask("What is the weather in Oslo?", script),
+        tools=[WEATHER_TOOL],
+        tool_choice="auto",
+        parallel_tool_calls=False,
+    )
+    assert resp.status_code == 200, resp.text
+    choice = resp.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    call = choice["message"]["tool_calls"][0]
+    assert call["type"] == "function" and call["id"]
+    assert call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"]) == {"city": "Oslo"}
+    got = received(fake_upstream, k)
+    assert got["tools"] == [WEATHER_TOOL]
+    assert (got["tool_choice"], got["parallel_tool_calls"]) == ("auto", False)
+
+
+def test_streamed_tool_calls_come_back_in_chunks_with_finish_reason_tool_calls(
+    gateway: GatewayProcess,
+) -> None:
+    script = {"key": key(), "tool_calls": [{"name": "get_weather", "arguments": {"city": "Rome"}}]}
+    resp = requests.post(
+        f"{gateway.url}/v1/chat/completions",
+        headers=gateway.headers(),
+        json={
+            "model": "direct",
+            "messages": ask("Weather in Rome?", script),
+            "tools": [WEATHER_TOOL],
+            "stream": True,
+        },
+        stream=True,
+        timeout=30,
+    )
+    assert resp.status_code == 200
+    lines = [line.decode() for line in resp.iter_lines()]
+    events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    deltas = [c["choices"][0]["delta"] for c in events if c.get("choices")]
+    calls_seen = [t for d in deltas for t in d.get("tool_calls", [])]
+    assert [c["function"]["name"] for c in calls_seen] == ["get_weather"]
+    assert json.loads(calls_seen[0]["function"]["arguments"]) == {"city": "Rome"}
+    finishes = [c["choices"][0]["finish_reason"] for c in events if c.get("choices")]
+    assert finishes[-1] == "tool_calls"
+
+
+def test_tools_on_a_route_that_answers_from_documents_are_refused_before_any_call(
+    gateway: GatewayProcess, fake_upstream: str
+) -> None:
+    k = key()
+    resp = chat(
+        gateway,
+        model="lookup",
+        messages=ask("How do I fix ERR-4471?", {"key": k}),
+        tools=[WEATHER_TOOL],
+    )
+    assert resp.status_code == 400
+    assert resp.json()["error"]["message"].startswith("tools: the question was routed to lookup")
+    assert calls(fake_upstream, k) == 0
+
+
+def test_tools_with_auto_pass_through_when_it_routes_direct_and_are_refused_otherwise(
+    gateway: GatewayProcess, fake_upstream: str
+) -> None:
+    k = key()
+    direct_text = ask("Thank you so much, bye!", {"key": k})[0]["content"]
+    lookup_text = "How do I fix ERR-4471?"
+    assert route_of(gateway, direct_text) == "direct"  # what the two cases rest on
+    assert route_of(gateway, lookup_text) == "lookup"
+    resp = chat(
+        gateway,
+        model="auto",
+        messages=[{"role": "user", "content": direct_text}],
+        tools=[WEATHER_TOOL],
+    )
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["querygate"]["route"] == "direct"
+    assert received(fake_upstream, k)["tools"] == [WEATHER_TOOL]
+    refused = chat(
+        gateway,
+        model="auto",
+        messages=[{"role": "user", "content": lookup_text}],
+        tools=[WEATHER_TOOL],
+    )
+    assert refused.status_code == 400
+    assert "tools: the question was routed to lookup" in refused.json()["error"]["message"]
+
+
+def test_response_format_passes_through_on_direct_and_is_refused_on_lookup(
+    gateway: GatewayProcess, fake_upstream: str
+) -> None:
+    k = key()
+    schema = {"name": "city", "schema": {"type": "object"}, "strict": True}
+    response_format = {"type": "json_schema", "json_schema": schema}
+    messages = ask("Name a city", {"key": k, "answer": '{"city": "Oslo"}'})
+    resp = chat(gateway, model="direct", messages=messages, response_format=response_format)
+    assert resp.status_code == 200, resp.text
+    assert json.loads(resp.json()["choices"][0]["message"]["content"]) == {"city": "Oslo"}
+    assert received(fake_upstream, k)["response_format"] == response_format
+    refused = chat(
+        gateway,
+        model="lookup",
+        messages=ask("How do I fix ERR-4471?", {"key": key()}),
+        response_format={"type": "json_object"},
+    )
+    assert refused.status_code == 400
+    assert refused.json()["error"]["message"].startswith("response_format: ")
+
+
+def test_a_response_format_of_text_is_what_every_answer_is_anyway(gateway: GatewayProcess) -> None:
+    resp = chat(
+        gateway,
+        model="lookup",
+        messages=ask("How do I fix ERR-4471?", {"key": key()}),
+        response_format={"type": "text"},
+    )
+    assert resp.status_code == 200, resp.text
+
+
+def test_tool_results_sent_back_are_refused_naming_the_message(gateway: GatewayProcess) -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    messages = [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+        {"role": "user", "content": "And tomorrow?"},
+    ]
+    resp = chat(gateway, model="direct", messages=messages)
+    assert resp.status_code == 400
+    assert resp.json()["error"]["message"].startswith("messages.1: ")
+
+
+def test_a_request_with_parameters_is_answered_afresh_not_from_the_cache(
+    gateway: GatewayProcess, fake_upstream: str
+) -> None:
+    k = key()
+    for _ in range(2):
+        resp = chat(gateway, model="direct", messages=ask("Hello", {"key": k}), temperature=0.5)
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["querygate"]["cache"] == "miss"
+    assert calls(fake_upstream, k) == 2
+
+
+def test_user_goes_to_the_request_log_line(gateway: GatewayProcess) -> None:
+    user = f"end-user-{uuid.uuid4().hex[:8]}"
+    resp = chat(gateway, model="direct", messages=ask("Hello", {"key": key()}), user=user)
+    assert resp.status_code == 200, resp.text
+    request_id = resp.headers["X-Request-Id"]
+    lines = [json.loads(line) for line in gateway.log().splitlines() if request_id in line]
+    assert [line.get("user") for line in lines if line.get("msg") == "request"] == [user]
+
+
+def test_tools_on_a_deployment_without_a_model_are_refused(extractive: GatewayProcess) -> None:
+    resp = chat(extractive, model="direct", messages=ask("Hello", {}), tools=[WEATHER_TOOL])
+    assert resp.status_code == 400
+    assert resp.json()["error"]["message"].startswith("tools: no model is configured")
