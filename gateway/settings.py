@@ -204,11 +204,14 @@ class RetrievalConfig(BaseModel):
     candidates: int = Field(default=50, ge=1, le=1000)
     lexical_weight: float = Field(default=1.0, ge=0)
     dense_weight: float = Field(default=1.0, ge=0)
-    # Identifiers (error codes, SKUs) are found by exact terms, not by meaning.
-    identifier_lexical_weight: float = Field(default=2.0, ge=0)
-    # How hybrid search fuses BM25 and k-NN: "minmax" (scores scaled per arm, weighted sum; never
-    # below its better arm on bench/retrieval_eval.py's two benchmarks), "rrf" or "zscore".
-    # Applies to both backends (docs/opensearch.md, "Fusion").
+    # The lexical weight of a query naming identifiers (error codes, SKUs) or written as keywords
+    # rather than a question (`routers.policy.lexical_reason`): found by exact terms, not by
+    # meaning. 4 chosen with the fusion on bench/retrieval_eval.py's tuning split.
+    identifier_lexical_weight: float = Field(default=4.0, ge=0)
+    # How hybrid search fuses BM25 and k-NN: "minmax_peak" (scores scaled per arm, each arm
+    # weighted up by how far its best candidate leads; within the interval of the better arm on
+    # both of bench/retrieval_eval.py's benchmarks, recall@10 and MRR@10), "minmax", "rrf" or
+    # "zscore". Applies to both backends (docs/opensearch.md, "Fusion").
     fusion: FusionMethod = DEFAULT_FUSION
     opensearch: OpenSearchConfig = OpenSearchConfig()
 

@@ -5,7 +5,8 @@ Order, each step able to override the one before:
 2. per-route confidence thresholds, and no direct answer for a question naming an identifier;
 3. the first matching configured rule;
 4. a route forced by the request (when the tenant may force);
-5. identifiers raise the lexical weight (unless a rule set it);
+5. identifiers, or a query written as keywords rather than a question, raise the lexical
+   weight (unless a rule set it; `lexical_reason`);
 6. a route this deployment cannot execute falls back to lookup, and says so;
 7. a lookup or multihop decision the request did not force may become full context: the
    decision says so (`full_context_candidate`), the pipeline reads the tenant's corpus only
@@ -83,9 +84,10 @@ def decide(
         draft.route, draft.reason = Route(requested), "forced"
         draft.notes.append(f"the request forced {requested}")
     lexical = draft.lexical if draft.lexical is not None else config.lexical_weight
-    if identifiers and draft.lexical is None and draft.route is not Route.DIRECT:
+    why = lexical_reason(query, identifiers)
+    if why and draft.lexical is None and draft.route is not Route.DIRECT:
         lexical = max(lexical, config.identifier_lexical_weight)
-        draft.notes.append(f"identifiers {', '.join(identifiers[:5])} raise the lexical weight")
+        draft.notes.append(f"{why} raise the lexical weight")
     wanted = None
     if draft.route not in config.executable:
         wanted = draft.route
@@ -109,6 +111,32 @@ def decide(
         wanted=wanted,
         full_context_candidate=candidate,
     )
+
+
+# A query that opens with one of these (within its first three words) or holds a '?' is a
+# question; any other is keywords ("ERR-4471 upstream certificate", "1887 Gustave").
+_QUESTION_WORDS = frozenset(
+    "who whom whose what which when where why how is are was were do does did can could "
+    "should would will has have had name list tell give explain describe".split()
+)
+
+
+def lexical_reason(query: str, identifiers: list[str] | None = None) -> str | None:
+    """Why BM25 should count for more on this query, or None: it names identifiers, or it is
+    written as keywords rather than a question (a keyword search is a lexical search). The
+    policy then raises the lexical weight to `identifier_lexical_weight`; bench/retrieval_eval.py
+    measured both signals (docs/opensearch.md, "Fusion")."""
+    found = identifiers_in(query) if identifiers is None else identifiers
+    if found:
+        return f"identifiers {', '.join(found[:5])}"
+    words = query.split(maxsplit=3)[:3]
+    if words and "?" not in query and not any(_word(w) in _QUESTION_WORDS for w in words):
+        return "a keyword query (no question word)"
+    return None
+
+
+def _word(token: str) -> str:
+    return token.strip(".,;:!\"'()[]").casefold()
 
 
 def with_full_context(decision: RouteDecision) -> RouteDecision:

@@ -28,7 +28,7 @@ TEXTS = {
 }
 
 
-@pytest.mark.parametrize("fusion", ["minmax", "rrf"])
+@pytest.mark.parametrize("fusion", ["minmax_peak", "minmax", "rrf"])
 async def test_embedded_and_opensearch_rank_identically(
     make_opensearch_retriever: RetrieverFactory, tmp_path: Path, fusion: FusionMethod
 ) -> None:

@@ -1,7 +1,7 @@
 import pytest
 from pydantic import ValidationError
 
-from routers.policy import PolicyConfig, RouteNotAllowed, decide, with_full_context
+from routers.policy import PolicyConfig, RouteNotAllowed, decide, lexical_reason, with_full_context
 from routers.rules import RouterConfig, Rule
 from routers.types import Classification, Route
 
@@ -66,6 +66,24 @@ def test_identifiers_raise_the_lexical_weight() -> None:
     assert decision.lexical_weight == 2.5
     assert "ERR-4471" in decision.explanation
     assert decide(classified(), "auto", "what does it mean?", policy()).lexical_weight == 1.0
+
+
+@pytest.mark.parametrize(
+    ("query", "raised"),
+    [
+        ("1887 Gustave", True),  # keywords: a lexical search
+        ("upstream certificate expired", True),
+        ("Eiffel Tower designer", True),
+        ("Who designed the Eiffel Tower?", False),
+        ("In what year was the Eiffel Tower built", False),  # a question word among the first 3
+        ("the tower's designer?", False),  # a question mark
+    ],
+)
+def test_a_keyword_query_raises_the_lexical_weight(query: str, raised: bool) -> None:
+    decision = decide(classified(), "auto", query, policy())
+    assert decision.lexical_weight == (2.5 if raised else 1.0)
+    assert ("keyword query" in decision.explanation) is raised
+    assert (lexical_reason(query) is not None) is raised
 
 
 def test_low_confidence_direct_falls_back_to_lookup() -> None:
