@@ -103,9 +103,8 @@ class MemoryCacheStore:
         self, tenant: str, scope: str, entry: CachedEntry, *, ttl_s: int, max_entries: int
     ) -> None:
         self._check_open()
+        self._remove(tenant, entry.key)  # a rewrite is a new entry: newest, TTL from now
         entries = self._tenants.setdefault(tenant, OrderedDict())
-        if entry.key in entries:
-            self._remove(tenant, entry.key)
         unit = None if entry.vector is None else _unit(entry.vector)
         buckets = () if unit is None else self._signature(unit)
         entries[entry.key] = _Stored(scope, entry, self._clock() + ttl_s, unit, buckets)

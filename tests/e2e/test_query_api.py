@@ -15,19 +15,21 @@ from tests.fixtures.gateway import GatewayProcess
 from tests.fixtures.upstream import calls_for
 
 
-def query(gw: GatewayProcess, text: str, tenant: str = "acme", **body: object) -> requests.Response:
+def query(
+    gw: GatewayProcess, text: str, tenant: str = "acme", fresh: bool = False, **body: object
+) -> requests.Response:
+    """`fresh`: `Cache-Control: no-cache`, so no earlier test's cached answer can answer."""
+    headers = {**gw.headers(tenant), **NO_CACHE} if fresh else gw.headers(tenant)
     return requests.post(
-        f"{gw.url}/v1/query", json={"query": text, **body}, headers=gw.headers(tenant), timeout=30
+        f"{gw.url}/v1/query", json={"query": text, **body}, headers=headers, timeout=30
     )
 
 
-def fresh() -> list[dict[str, str]]:
-    """A conversation no earlier test had, so the cache cannot answer (the key includes it)."""
-    return [{"role": "assistant", "content": f"session {uuid.uuid4().hex[:8]}"}]
+NO_CACHE = {"Cache-Control": "no-cache"}
 
 
 def test_lookup_answers_with_citations_cost_and_timings(gateway: GatewayProcess) -> None:
-    resp = query(gateway, "How do I fix ERR-4471 on the Acme router?", history=fresh())
+    resp = query(gateway, "How do I fix ERR-4471 on the Acme router?", fresh=True)
     assert resp.status_code == 200, resp.text
     body = resp.json()
     assert body["route"] == "lookup"
@@ -44,9 +46,9 @@ def test_lookup_answers_with_citations_cost_and_timings(gateway: GatewayProcess)
 def test_repeated_question_is_an_exact_cache_hit_that_costs_nothing(
     gateway: GatewayProcess,
 ) -> None:
-    text, history = "What does the Acme warranty cover?", fresh()
-    first = query(gateway, text, history=history).json()
-    second = query(gateway, "  " + text.upper() + " ", history=history).json()
+    text = "What does the Acme warranty cover?"
+    first = query(gateway, text, fresh=True).json()
+    second = query(gateway, "  " + text.upper() + " ").json()
     assert first["cache"] == "miss"
     assert second["cache"] == "exact"
     assert second["answer"] == first["answer"]
@@ -55,9 +57,9 @@ def test_repeated_question_is_an_exact_cache_hit_that_costs_nothing(
 
 
 def test_cached_answers_never_cross_tenants(gateway: GatewayProcess) -> None:
-    text, history = "What does the warranty cover?", fresh()
-    assert query(gateway, text, tenant="acme", history=history).json()["cache"] == "miss"
-    other = query(gateway, text, tenant="globex", history=history).json()
+    text = "What does the warranty cover?"
+    assert query(gateway, text, tenant="acme", fresh=True).json()["cache"] == "miss"
+    other = query(gateway, text, tenant="globex").json()
     assert other["cache"] == "miss"
     assert other["citations"], other  # else the isolation check below would pass vacuously
     assert not {c["doc_id"] for c in other["citations"]} & {"errors.md", "warranty.txt"}
@@ -66,7 +68,7 @@ def test_cached_answers_never_cross_tenants(gateway: GatewayProcess) -> None:
 def test_a_tenant_never_sees_another_tenants_documents(gateway: GatewayProcess) -> None:
     # The globex document is the perfect match; acme must still get only its own.
     text = "What is the Hammerfall launch code HF-99812?"
-    body = query(gateway, text, route="lookup", history=fresh()).json()
+    body = query(gateway, text, route="lookup", fresh=True).json()
     assert body["citations"], body  # else the isolation check below would pass vacuously
     globex_docs = {"globex-launch", "globex-warranty"}
     assert not {c["doc_id"] for c in body["citations"]} & globex_docs, body
@@ -82,7 +84,7 @@ def test_greeting_goes_direct_without_retrieval(gateway: GatewayProcess) -> None
 
 def test_multihop_question_runs_the_agent_loop_on_the_large_tier(gateway: GatewayProcess) -> None:
     text = "What is the total population of the capitals of the five largest EU countries?"
-    resp = query(gateway, text, history=fresh(), debug=True)
+    resp = query(gateway, text, fresh=True, debug=True)
     assert resp.status_code == 200, resp.text
     body = resp.json()
     assert body["route"] == "multihop"
@@ -95,7 +97,7 @@ def test_without_a_large_model_multihop_is_answered_by_lookup_and_says_so(
     extractive: GatewayProcess,
 ) -> None:
     text = "What is the total population of the capitals of the five largest EU countries?"
-    body = query(extractive, text, history=fresh()).json()
+    body = query(extractive, text, fresh=True).json()
     assert body["route"] == "lookup"
     assert "multihop route is not available" in body["route_reason"]
 
@@ -119,10 +121,9 @@ def test_streamed_query_sends_deltas_then_the_full_body(gateway: GatewayProcess)
         f"{gateway.url}/v1/query",
         json={
             "query": "How long does Acme take to ship a replacement?",
-            "history": fresh(),
             "stream": True,
         },
-        headers=gateway.headers(),
+        headers={**gateway.headers(), **NO_CACHE},
         stream=True,
         timeout=30,
     )
@@ -139,14 +140,14 @@ def test_streamed_query_sends_deltas_then_the_full_body(gateway: GatewayProcess)
 
 def test_upstream_down_is_a_503_with_retry_after(gateway: GatewayProcess) -> None:
     # Forced direct: straight to the model, so the scripted failure is what the gateway meets.
-    resp = query(gateway, 'Hello [[fake:{"status": 500}]]', route="direct", history=fresh())
+    resp = query(gateway, 'Hello [[fake:{"status": 500}]]', route="direct", fresh=True)
     assert resp.status_code == 503
     assert int(resp.headers["Retry-After"]) > 0
     assert resp.json()["error"]["type"] == "unavailable"
 
 
 def test_metrics_expose_the_documented_families(gateway: GatewayProcess) -> None:
-    query(gateway, "Acme warranty length?", history=fresh())
+    query(gateway, "Acme warranty length?", fresh=True)
     text = requests.get(f"{gateway.url}/metrics", timeout=5).text
     for family in (
         "querygate_requests_total",
@@ -173,7 +174,7 @@ def test_health_and_readiness(gateway: GatewayProcess) -> None:
 
 
 def test_without_a_model_lookup_is_extractive_and_cited(extractive: GatewayProcess) -> None:
-    body = query(extractive, "How do I fix ERR-4471?", history=fresh()).json()
+    body = query(extractive, "How do I fix ERR-4471?", fresh=True).json()
     assert body["extractive"] is True
     assert body["citations"][0]["doc_id"] == "errors.md"
     assert "certificate" in body["answer"]
@@ -181,13 +182,9 @@ def test_without_a_model_lookup_is_extractive_and_cited(extractive: GatewayProce
 
 
 def test_debug_adds_the_full_decision_only_when_asked(gateway: GatewayProcess) -> None:
-    history = fresh()
-    plain = query(gateway, "What does the Acme warranty exclude?", history=history).json()
+    plain = query(gateway, "What does the Acme warranty exclude?", fresh=True).json()
     assert "debug" not in plain
-    fresh_history = fresh()
-    body = query(
-        gateway, "What does the Acme warranty exclude?", history=fresh_history, debug=True
-    ).json()
+    body = query(gateway, "What does the Acme warranty exclude?", fresh=True, debug=True).json()
     decision = body["debug"]["decision"]
     assert decision["route"] == body["route"]
     assert set(decision["classifier"]["scores"]) == {"direct", "lookup", "multihop"}
@@ -200,7 +197,7 @@ def test_thin_evidence_escalates_to_the_agent_visibly_and_is_counted(
     gateway: GatewayProcess,
 ) -> None:
     before = metric(gateway, "lookup", "multihop")
-    resp = query(gateway, THIN, history=fresh(), debug=True)
+    resp = query(gateway, THIN, fresh=True, debug=True)
     assert resp.status_code == 200, resp.text
     body = resp.json()
     assert body["debug"]["decision"]["route"] == "lookup"  # the policy chose lookup...
@@ -215,7 +212,7 @@ def test_thin_evidence_without_an_agent_says_so_with_the_best_passages(
     extractive: GatewayProcess,
 ) -> None:
     before = metric(extractive, "lookup", "none")
-    body = query(extractive, THIN, history=fresh()).json()
+    body = query(extractive, THIN, fresh=True).json()
     assert body["escalated"] is True
     assert body["answer"].startswith("Not enough evidence")
     assert body["citations"]  # the best it found, for the reader to judge
@@ -223,7 +220,7 @@ def test_thin_evidence_without_an_agent_says_so_with_the_best_passages(
 
 
 def test_a_forced_lookup_is_answered_as_asked_never_escalated(gateway: GatewayProcess) -> None:
-    body = query(gateway, THIN, route="lookup", history=fresh()).json()
+    body = query(gateway, THIN, route="lookup", fresh=True).json()
     assert body["route"] == "lookup"
     assert body["escalated"] is False
 

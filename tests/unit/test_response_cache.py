@@ -63,6 +63,14 @@ async def test_memory_store_expires_and_evicts_the_oldest_of_that_tenant_only() 
     assert await store.get("acme", "b") is None  # read at 0 and 9: the TTL was not extended
 
 
+async def test_memory_store_rewrites_a_tenants_only_entry() -> None:
+    store = MemoryCacheStore()
+    for payload in (b"1", b"2"):
+        await store.put("acme", "s", CachedEntry("k", "q", payload), ttl_s=10, max_entries=5)
+    entry = await store.get("acme", "k")
+    assert entry is not None and entry.payload == b"2"
+
+
 async def test_memory_store_nearest_stays_in_its_tenant_and_scope() -> None:
     store = MemoryCacheStore()
     v = _vec(1.0, 0.0, 0.0)
