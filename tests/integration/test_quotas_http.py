@@ -32,8 +32,12 @@ TENANTS: dict[str, dict[str, Any]] = {
     "bystander": {**BUDGET, **RATE},
     "agent": {"daily_budget_usd": 0.0015},
     "rewriter": {"daily_budget_usd": 0.0015},
+    "streaming-agent": {"daily_budget_usd": 0.0015},
     "burster": RATE,
 }
+
+
+KEEPALIVE_S = 1.0
 
 
 def auth(tenant: str) -> dict[str, str]:
@@ -51,7 +55,8 @@ async def client(
     settings = Settings.model_validate(
         {
             "data_dir": data_dir,
-            "server": {"reload_poll_s": 0},
+            # A stream opens (keep-alives) when its answer takes longer than this.
+            "server": {"reload_poll_s": 0, "sse_keepalive_s": KEEPALIVE_S},
             "tenants": [
                 {"id": name, "api_key_sha256": hash_api_key(f"key-{name}"), **limits}
                 for name, limits in TENANTS.items()
@@ -184,6 +189,30 @@ async def test_an_agent_whose_budget_runs_out_stops_at_its_next_call_with_429(
     assert status == 429
     assert body["error"]["type"] == "budget_exceeded"
     assert await calls_for(fake_upstream, key) == 1  # the second turn was never sent
+
+
+async def test_an_agent_stream_already_open_ends_with_a_budget_error_event(
+    client: TestClient[Any, Any], fake_upstream: str
+) -> None:
+    key = uuid.uuid4().hex
+    search = {"name": "search", "arguments": {"query": "Acme warranty"}, "id": "s"}
+    slow = int(KEEPALIVE_S * 1500)  # the first turn outlasts the keep-alive: the stream opens
+    turns = [{"tool_calls": [search], "delay_ms": slow}, {"answer": "Two years {cite:1}."}]
+    query = priced(key, prompt_tokens=2000, turns=turns)
+    status, headers, raw = await ask(
+        client, "streaming-agent", query, route="multihop", stream=True
+    )
+    assert status == 200
+    assert headers["Content-Type"].startswith("text/event-stream")
+    assert ": keep-alive" in raw
+    events = [e for e in raw.split("\n\n") if e.startswith("event:")]
+    assert [e.split("\n")[0] for e in events] == ["event: error"]
+    error = json.loads(events[0].split("data: ", 1)[1])["error"]
+    assert error["type"] == "budget_exceeded"
+    assert await calls_for(fake_upstream, key) == 1
+    got = await samples(client)
+    outcome = (("endpoint", "POST /v1/query"), ("outcome", "budget_exceeded"))
+    assert got[("querygate_http_requests_total", outcome)] >= 1
 
 
 async def test_quota_metrics_name_no_tenant(client: TestClient[Any, Any]) -> None:
