@@ -111,8 +111,9 @@ class RateLimit(BaseModel):
 
     model_config = _FROZEN
 
-    requests_per_s: float = Field(gt=0, allow_inf_nan=False)
-    burst: int = Field(ge=1)
+    # At least one request in ~3 hours: a slower bucket would outlive any sensible key TTL.
+    requests_per_s: float = Field(ge=1e-4, allow_inf_nan=False)
+    burst: int = Field(ge=1, le=1_000_000)
 
 
 class TenantConfig(BaseModel):

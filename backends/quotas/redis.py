@@ -53,7 +53,7 @@ else
 end
 redis.call('HSET', KEYS[1], 'tokens', string.format('%.17g', tokens),
            'ts', string.format('%.17g', last))
-redis.call('PEXPIRE', KEYS[1], math.ceil(burst / rate * 1000) + 1000)
+redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil(burst / rate * 1000) + 1000))
 return string.format('%.17g', wait)
 """
 

@@ -68,6 +68,12 @@ async def test_a_tenant_at_its_limit_leaves_another_untouched(url: str) -> None:
         assert await s.spent(globex, TODAY) == 0.0
 
 
+async def test_the_slowest_and_largest_bucket_allowed_works(url: str) -> None:
+    acme = tenant_id("acme")
+    async with store(url) as s:
+        assert await s.take(acme, 1e-4, 1_000_000) == 0.0  # its TTL: 1e13 ms, as an integer
+
+
 async def test_the_bucket_refills_on_the_servers_clock(url: str) -> None:
     acme = tenant_id("acme")
     async with store(url) as s:

@@ -122,6 +122,8 @@ def test_limits_are_optional_and_off_by_default() -> None:
     "fields",
     [
         {"rate_limit": {"requests_per_s": 0, "burst": 1}},
+        {"rate_limit": {"requests_per_s": 0.00001, "burst": 1}},
+        {"rate_limit": {"requests_per_s": 1, "burst": 2_000_000}},
         {"rate_limit": {"requests_per_s": float("nan"), "burst": 1}},
         {"rate_limit": {"requests_per_s": 1, "burst": 0}},
         {"rate_limit": {"requests_per_s": 1}},
