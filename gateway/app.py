@@ -9,7 +9,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from gateway.admin import handle_reload
+from gateway.admin import handle_config, handle_reload
 from gateway.admission import Admission
 from gateway.appkeys import METRICS, RUNTIME, SERVICES, RuntimeHolder
 from gateway.documents import handle_delete_document, handle_put_document
@@ -24,6 +24,7 @@ from gateway.health import watch_dependencies
 from gateway.limits import limits_middleware
 from gateway.metrics import Metrics
 from gateway.middleware import error_middleware, request_id_middleware
+from gateway.models_endpoint import handle_model, handle_models
 from gateway.openai_compat import handle_chat_completions
 from gateway.reload import Prepare, as_is, live_config
 from gateway.runtime import Runtime, build_runtime
@@ -90,6 +91,8 @@ def create_app(
     app.cleanup_ctx.append(live_config(config_path, prepare))
     app.router.add_post("/v1/query", handle_query)
     app.router.add_post("/v1/chat/completions", handle_chat_completions)
+    app.router.add_get("/v1/models", handle_models)
+    app.router.add_get("/v1/models/{model}", handle_model)
     app.router.add_post("/v1/route", handle_route)
     app.router.add_put("/v1/documents/{doc_id:.+}", handle_put_document)
     app.router.add_delete("/v1/documents/{doc_id:.+}", handle_delete_document)
@@ -97,4 +100,5 @@ def create_app(
     app.router.add_get("/readyz", handle_readyz)
     app.router.add_get("/metrics", handle_metrics)
     app.router.add_post("/admin/reload", handle_reload)
+    app.router.add_get("/admin/config", handle_config)
     return app

@@ -1,4 +1,5 @@
-"""`querygate`: serve, ingest, route, eval. Every command reads the same configuration."""
+"""`querygate`: serve, ingest, route, eval, config. Every command reads the same configuration
+(`config` reads the file it is given, or none)."""
 
 from __future__ import annotations
 
@@ -22,11 +23,15 @@ if TYPE_CHECKING:
 log = logging.getLogger("querygate")
 
 DEMO_KEY_FILE = "demo_api_key"
+# What pydantic writes its JSON schemas in.
+JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     configure_logging(args.log_level)
+    if args.command == "config":
+        return _config(args)
     try:
         settings = load_settings(args.config)
     except ConfigError as exc:
@@ -98,6 +103,16 @@ def _parser() -> argparse.ArgumentParser:
         kind.add_argument(
             "--show", type=_positive, default=10, help="worst misroutes / misses to list"
         )
+
+    config = sub.add_parser("config", help="the configuration's JSON schema, or check a file")
+    actions = config.add_subparsers(dest="action", required=True)
+    actions.add_parser("schema", help="print the configuration's JSON schema")
+    check = actions.add_parser(
+        "check",
+        help="validate a configuration file (with the QUERYGATE_* environment, as serve "
+        "reads it) without starting anything: exit 0 and OK, or 2 naming every bad field",
+    )
+    check.add_argument("file", type=Path)
     return parser
 
 
@@ -279,6 +294,23 @@ def _route(settings: Settings, args: argparse.Namespace) -> int:
         return decision_body(decide(classification, "auto", args.question, policy))
 
     print(json.dumps(asyncio.run(explain()), indent=2))
+    return 0
+
+
+def _config(args: argparse.Namespace) -> int:
+    if args.action == "schema":
+        schema = {"$schema": JSON_SCHEMA_DIALECT, **Settings.model_json_schema()}
+        print(json.dumps(schema, indent=2))
+        return 0
+    if not args.file.is_file():
+        print(f"cannot read {args.file}: no such file", file=sys.stderr)
+        return 2
+    try:
+        settings = load_settings(args.file)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    print(f"OK {args.file}: config version {settings.version}")
     return 0
 
 

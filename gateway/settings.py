@@ -116,11 +116,17 @@ class RateLimit(BaseModel):
     burst: int = Field(ge=1, le=1_000_000)
 
 
+def _one_or_many_schema(schema: dict[str, Any]) -> None:
+    """The published schema of a field that also takes one item for a list of one."""
+    many = {k: schema.pop(k) for k in ("type", "items", "minItems") if k in schema}
+    schema["anyOf"] = [{"type": "string"}, many]
+
+
 class TenantConfig(BaseModel):
     model_config = _FROZEN
 
     id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-    api_key_sha256: tuple[str, ...] = Field(min_length=1)
+    api_key_sha256: tuple[str, ...] = Field(min_length=1, json_schema_extra=_one_or_many_schema)
     # May a request name its own route instead of "auto"?
     allow_force_route: bool = True
     # May a question be answered from the tenant's whole corpus at once (full context, when
