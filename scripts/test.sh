@@ -22,6 +22,11 @@ OPENSEARCH_VERSION=2.19.1 OPENSEARCH_PORT="$RRF_PORT" scripts/opensearch.sh star
 QUERYGATE_HELM="$(scripts/helm.sh)"
 export QUERYGATE_HELM QUERYGATE_REQUIRE_HELM=1
 "$QUERYGATE_HELM" lint --strict helm/querygate
+# bubblewrap runs the gateway under the chart's pod conditions (tests/e2e/test_pod_conditions.py).
+if ! command -v bwrap >/dev/null; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null
+fi
+export QUERYGATE_REQUIRE_BWRAP=1
 
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
