@@ -454,6 +454,10 @@ def test_a_model_key_nobody_provides_is_refused() -> None:
             with_config({"server": {"reload_poll_s": 0}}, config={"liveReload": True}),
             "liveReload needs",
         ),
+        (
+            {"replicaCount": 2, "opensearch": {"enabled": True, "hosts": ["http://os:9200"]}},
+            "each pod would generate its own demo key",
+        ),
         ({"redis": {"enabled": True}}, "redis.enabled needs redis.existingSecret"),
         ({"opensearch": {"enabled": True}}, "opensearch.enabled needs opensearch.hosts"),
     ],

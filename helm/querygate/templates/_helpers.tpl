@@ -181,6 +181,9 @@ Every api_key_env of a tier and its fallbacks, one a line (recursive: fallbacks 
 {{- if and (eq $backend "embedded") (or .Values.autoscaling.enabled (gt (int .Values.replicaCount) 1)) }}
 {{- fail "retrieval.backend embedded keeps its index inside each pod: more than one replica (replicaCount > 1 or autoscaling.enabled) needs shared retrieval (opensearch.enabled: true)" }}
 {{- end }}
+{{- if and (or .Values.autoscaling.enabled (gt (int .Values.replicaCount) 1)) (not $c.tenants) (not .Values.secrets.tenants.existingSecret) (not .Values.secrets.demoApiKey.existingSecret) }}
+{{- fail "with no tenant configured each pod would generate its own demo key: more than one replica needs tenants (config.querygate.tenants or secrets.tenants) or secrets.demoApiKey" }}
+{{- end }}
 {{- end }}
 
 {{/* A Secret key reference as an EnvVar's valueFrom. */}}
