@@ -726,3 +726,37 @@ def test_the_image_installs_no_torch_and_runs_offline() -> None:
     for variable in ("LITELLM_OFFLINE_MODE", "LITELLM_LOCAL_MODEL_COST_MAP", "HF_HUB_OFFLINE"):
         assert variable in offline
         assert variable in _FINAL_STAGE
+
+
+# --- NOTES.txt ------------------------------------------------------------------------------------
+
+
+def notes(values: Doc, tmp_path: Path) -> str:
+    """NOTES.txt as `helm install` prints it. `helm template` renders it but prints nothing, and
+    an install needs a cluster, so a copy of the chart renders it through `tpl` into a ConfigMap."""
+    chart = tmp_path / "querygate"
+    if not chart.exists():
+        shutil.copytree(CHART, chart)
+        shutil.copy(CHART / "templates" / "NOTES.txt", chart / "files" / "notes.txt")
+        (chart / "templates" / "zz-notes.yaml").write_text(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\n"
+            'data: {notes: {{ tpl (.Files.Get "files/notes.txt") . | toJson }}}\n'
+        )
+    (found,) = [d for d in render(values, chart=chart) if d["metadata"]["name"] == "notes"]
+    text: str = found["data"]["notes"]
+    return text
+
+
+def test_notes_say_how_to_reach_it_and_where_the_demo_key_is(tmp_path: Path) -> None:
+    text = notes({}, tmp_path)
+    assert f"http://{FULLNAME}.{NAMESPACE}.svc:80" in text
+    assert "/var/lib/querygate/demo_api_key" in text
+    assert "Rolling: a change to config.querygate rolls the pods" in text
+    assert "embedded index inside the pod" in text
+
+
+def test_notes_of_a_fleet_describe_live_reload_and_no_demo_key(tmp_path: Path) -> None:
+    text = notes(FLEET, tmp_path)
+    assert "Live reload" in text
+    assert "demo" not in text
+    assert "embedded" not in text
