@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import uuid
+from typing import Any
 
 import openai
+import pytest
+from openai.types.chat import (
+    ChatCompletionFunctionToolParam,
+    ChatCompletionMessageFunctionToolCall,
+)
 
 from tests.fixtures.gateway import KEYS, GatewayProcess
 
@@ -26,7 +33,7 @@ def test_chat_completion_routes_and_reports_in_an_extra_field(gateway: GatewayPr
             {"role": "user", "content": "How do I fix ERR-4471?"},
         ],
     )
-    assert completion.choices[0].message.content.startswith("FAKE ANSWER")
+    assert (completion.choices[0].message.content or "").startswith("FAKE ANSWER")
     assert completion.usage is not None and completion.usage.prompt_tokens > 0
     extra = completion.model_extra["querygate"]  # type: ignore[index]
     assert extra["route"] == "lookup"
@@ -59,3 +66,112 @@ def test_bad_key_raises_the_clients_authentication_error(gateway: GatewayProcess
         assert exc.status_code == 401
     else:
         raise AssertionError("expected a 401")
+
+
+WEATHER_TOOL: ChatCompletionFunctionToolParam = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+def scripted(text: str, directive: dict[str, Any]) -> str:
+    return f"{text} [[fake:{json.dumps(directive)}]]"
+
+
+def test_n_of_two_is_the_clients_bad_request_naming_n(gateway: GatewayProcess) -> None:
+    with pytest.raises(openai.BadRequestError) as raised:
+        client(gateway).chat.completions.create(
+            model="direct", messages=[{"role": "user", "content": "hi"}], n=2
+        )
+    assert raised.value.status_code == 400
+    assert "n: " in str(raised.value)
+
+
+def test_tool_calls_come_back_as_the_clients_own_types(gateway: GatewayProcess) -> None:
+    script = {
+        "key": session(),
+        "tool_calls": [{"name": "get_weather", "arguments": {"city": "Oslo"}}],
+    }
+    completion = client(gateway).chat.completions.create(
+        model="direct",
+        messages=[{"role": "user", "content": scripted("Weather in Oslo?", script)}],
+        tools=[WEATHER_TOOL],
+        tool_choice="auto",
+    )
+    choice = completion.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.tool_calls is not None
+    call = choice.message.tool_calls[0]
+    assert isinstance(call, ChatCompletionMessageFunctionToolCall)
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Oslo"}
+
+
+def test_streamed_tool_calls_are_joined_by_the_client(gateway: GatewayProcess) -> None:
+    script = {
+        "key": session(),
+        "tool_calls": [{"name": "get_weather", "arguments": {"city": "Rome"}}],
+    }
+    with client(gateway).chat.completions.stream(
+        model="direct",
+        messages=[{"role": "user", "content": scripted("Weather in Rome?", script)}],
+        tools=[WEATHER_TOOL],
+    ) as stream:
+        final = stream.get_final_completion()
+    choice = final.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.tool_calls is not None
+    call = choice.message.tool_calls[0]
+    assert isinstance(call, ChatCompletionMessageFunctionToolCall)
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Rome"}
+
+
+def langchain_chat(gw: GatewayProcess, model: str, **kw: Any) -> Any:
+    from langchain_openai import ChatOpenAI
+    from pydantic import SecretStr
+
+    return ChatOpenAI(
+        base_url=f"{gw.url}/v1",
+        api_key=SecretStr(KEYS["acme"]),
+        model=model,
+        max_retries=0,
+        **kw,
+    )
+
+
+def test_langchain_answers_through_the_gateway_with_its_default_parameters(
+    gateway: GatewayProcess,
+) -> None:
+    reply = langchain_chat(gateway, "auto").invoke(f"How do I fix ERR-4471? ({session()})")
+    assert reply.content.startswith("FAKE ANSWER")
+    assert reply.response_metadata["finish_reason"] == "stop"
+
+
+def test_langchain_sampling_parameters_are_honoured_not_refused(gateway: GatewayProcess) -> None:
+    chat = langchain_chat(gateway, "lookup", temperature=0.2, max_completion_tokens=200, seed=3)
+    reply = chat.invoke(f"What does the Acme warranty exclude? ({session()})")
+    assert reply.content.startswith("FAKE ANSWER")
+
+
+def test_langchain_bound_tools_come_back_as_tool_calls(gateway: GatewayProcess) -> None:
+    script = {
+        "key": session(),
+        "tool_calls": [{"name": "get_weather", "arguments": {"city": "Oslo"}}],
+    }
+    chat = langchain_chat(gateway, "direct").bind_tools([WEATHER_TOOL])
+    reply = chat.invoke(scripted("Weather in Oslo?", script))
+    assert [(c["name"], c["args"]) for c in reply.tool_calls] == [("get_weather", {"city": "Oslo"})]
+
+
+def test_langchain_with_n_of_two_gets_the_400(gateway: GatewayProcess) -> None:
+    with pytest.raises(openai.BadRequestError):
+        langchain_chat(gateway, "direct", n=2).invoke("hi")
