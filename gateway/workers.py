@@ -8,7 +8,8 @@ while a worker restarts. Metrics are written per process into a shared directory
 (prometheus-client's multiprocess mode) and whichever worker serves `/metrics` reports the sum.
 
 A worker that dies is replaced; one that keeps dying at start (a bad config, the port) stops
-the supervisor. SIGTERM or SIGINT drains every worker within the shutdown grace.
+the supervisor. SIGTERM or SIGINT drains every worker within the shutdown grace; SIGHUP is
+passed on to every worker (each reloads its configuration).
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ class Supervisor:
         metrics_dir = Path(tempfile.mkdtemp(prefix="querygate-metrics-"))
         os.environ[MULTIPROC_ENV] = str(metrics_dir)  # inherited by every spawned worker
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, self._forward_reload)
         try:
             for _ in range(self._count):
                 self._spawn()
@@ -96,6 +98,12 @@ class Supervisor:
     def _on_signal(self, signum: int, frame: object) -> None:
         log.info("draining workers", extra={"signal": signal.Signals(signum).name})
         self._stopping = True
+
+    def _forward_reload(self, signum: int, frame: object) -> None:
+        """SIGHUP reloads the configuration: every worker reloads its own."""
+        for process, _ in self._workers.values():
+            if process.is_alive() and process.pid is not None:
+                os.kill(process.pid, signal.SIGHUP)
 
     def _spawn(self) -> None:
         process = self._context.Process(target=run_worker, args=(self._spec,), daemon=False)

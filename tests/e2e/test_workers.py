@@ -93,6 +93,16 @@ def test_requests_spread_over_workers_are_counted_once_each(workers: GatewayProc
     assert _sample(workers, "process_resident_memory_bytes") > 0
 
 
+def test_sighup_reloads_every_worker(workers: GatewayProcess) -> None:
+    before = _sample(workers, "querygate_config_reloads_total", result="unchanged")
+    workers.proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 20
+    while _sample(workers, "querygate_config_reloads_total", result="unchanged") < before + 2:
+        assert time.monotonic() < deadline, "not every worker reloaded"
+        time.sleep(0.2)
+    assert workers.proc.poll() is None  # the supervisor is not ended by it
+
+
 def test_a_worker_that_dies_is_replaced(workers: GatewayProcess) -> None:
     old = _children(workers.proc.pid)
     assert len(old) == 2
