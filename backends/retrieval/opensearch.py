@@ -1,4 +1,4 @@
-"""OpenSearch hybrid retriever: BM25 + k-NN (lucene HNSW), tenant filter inside both arms, RRF.
+"""OpenSearch hybrid retriever: BM25 + k-NN (lucene HNSW), tenant filter inside both arms, fused.
 
 Layout in the cluster, all named from `OpenSearchConfig.alias` (say `qg`):
 - `tenancy: index_per_tenant` (the default): each tenant has its own alias `qg-t<hash>` over one
@@ -13,6 +13,15 @@ Layout in the cluster, all named from `OpenSearchConfig.alias` (say `qg`):
   version.
 - `qg-meta` holds one document per tenant with its generation counter.
 - `qg-rrf` is the server-side RRF search pipeline, created only when neural-search is installed.
+  Server-side min-max needs none: each request carries its own (temporary) pipeline, since its
+  weights are per query.
+
+Fusion runs server-side (one hybrid query) when neural-search is installed and
+`server_side_fusion` allows it, for `rrf` with equal weights and for `minmax` (normalization-
+processor: min_max + weighted arithmetic_mean, ranking as `base.fuse` does); everything else,
+including the default `minmax_peak` (its weights read both arms' scores first), fuses
+client-side with `base.fuse` over one `_msearch`. Which path each method takes is decided at
+start-up and logged (`fusion_path`).
 
 Writes replace a document whole, with a short window (docs/opensearch.md, "Writes"): a new
 version's chunks are indexed hidden (`pending: true`, under `_id`s that include its content hash,
@@ -41,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
 import re
 import unicodedata
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
@@ -51,7 +61,7 @@ from typing import Any, Literal
 from opensearchpy import AsyncOpenSearch
 from opensearchpy.exceptions import ConnectionError as OSConnectionError
 from opensearchpy.exceptions import NotFoundError, TransportError
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 from tenacity import (
     AsyncRetrying,
     retry_if_exception_type,
@@ -77,6 +87,7 @@ from backends.retrieval.stopwords import without_stopwords
 
 BACKEND = "opensearch"
 Json = dict[str, Any]
+log = logging.getLogger(__name__)
 
 # Tokens for the `.ids` subfields: runs of letters/digits/_ joined by inner `-` or `.`, so
 # "ERR-4471", "v1.2.3" and "SKU_88" stay whole instead of being split by the standard tokenizer.
@@ -140,10 +151,16 @@ class OpenSearchConfig(BaseModel):
     number_of_replicas: int = Field(default=0, ge=0)
     hnsw_m: int = Field(default=16, ge=2, le=100)
     hnsw_ef_construction: int = Field(default=128, ge=2, le=4096)
-    use_server_side_rrf: Literal["auto", "on", "off"] = "auto"
+    # Fuse in the node (one hybrid query) where neural-search is installed: "auto" (detected at
+    # start, and logged), "on" (refuse to start without it), "off". Applies to "rrf" with equal
+    # weights and "minmax"; the server-side path's hits carry no per-arm ranks or scores.
+    # `use_server_side_rrf`, its former name, is still read.
+    server_side_fusion: Literal["auto", "on", "off"] = Field(
+        default="auto", validation_alias=AliasChoices("server_side_fusion", "use_server_side_rrf")
+    )
     # How hybrid search fuses its arms when a request does not say (`retrieval.fusion` sets it).
-    # Only "rrf" with equal weights runs server-side; "minmax"/"zscore" fuse client-side with
-    # `backends.retrieval.base.fuse`, the embedded index's own function (docs/opensearch.md).
+    # Client-side it is `backends.retrieval.base.fuse`, the embedded index's own function
+    # (docs/opensearch.md, "Fusion").
     fusion: FusionMethod = DEFAULT_FUSION
     fields: tuple[str, ...] = ("title^2", "title.ids^2", "section", "text", "text.ids^1.5")
     max_query_chars: int = Field(default=2000, ge=1, le=100_000)
@@ -364,7 +381,8 @@ class OpenSearchRetriever:
             max_retries=0,
             retry_on_timeout=False,
         )
-        self._server_rrf: bool | None = None
+        # Whether the node has neural-search (None: not asked yet); `server_side_fusion` decides.
+        self._neural_search: bool | None = None
         # Per-tenant aliases known to exist (index_per_tenant); they are never removed but by
         # drop_all.
         self._tenant_aliases: set[str] = set()
@@ -436,13 +454,19 @@ class OpenSearchRetriever:
             await self._create_index(
                 cfg.meta_index, {"settings": {"index": meta_settings}, "mappings": _META_MAPPINGS}
             )
-            if await self._use_server_rrf():
+            if await self._server_side():
                 await self._client.transport.perform_request(
                     "PUT",
                     f"/_search/pipeline/{cfg.pipeline}",
                     body=_rrf_pipeline(),
                     timeout=cfg.write_timeout_s,
                 )
+        log.info(
+            "opensearch hybrid fusion %s: %s",
+            cfg.fusion,
+            self.fusion_path(cfg.fusion),
+            extra={"fusion": cfg.fusion, "server_side": self._neural_search},
+        )
 
     async def _create_alias(self, alias: str) -> None:
         """`<alias>-v1` behind `alias`, unless the alias exists. Idempotent under races: the
@@ -511,7 +535,7 @@ class OpenSearchRetriever:
             await self._client.indices.delete_index_template(
                 name=cfg.alias, ignore=[404], request_timeout=cfg.write_timeout_s
             )
-            if await self._use_server_rrf():
+            if await self._server_side():
                 await self._client.transport.perform_request(
                     "DELETE", f"/_search/pipeline/{cfg.pipeline}", params={"ignore": 404}
                 )
@@ -650,15 +674,37 @@ class OpenSearchRetriever:
         )
         bm25 = self._bm25_body(request, text) if text and request.mode != "dense" else None
         dense = self._knn_body(request) if request.mode != "bm25" else None
-        equal_weights = request.lexical_weight == 1.0 and request.dense_weight == 1.0
-        rrf = (request.fusion or self.config.fusion) == "rrf"
-        if bm25 and dense and rrf and equal_weights and await self._use_server_rrf():
-            return await self._search_server_rrf(request, text)
-        return await self._search_client_rrf(request, bm25, dense)
+        method = request.fusion or self.config.fusion
+        if bm25 and dense and _server_fusable(method, request) and await self._server_side():
+            return await self._search_server_side(request, text, method)
+        return await self._search_client_side(request, bm25, dense)
 
-    async def _search_client_rrf(
+    def fusion_path(self, method: FusionMethod) -> str:
+        """Where hybrid search with `method` fuses, and why: what start-up logs. Known once
+        the node was asked for its plugins (`ensure_index`)."""
+        if method not in ("rrf", "minmax"):
+            why = {
+                "minmax_peak": "its weights read both arms' scores before fusing",
+                "zscore": "neural-search's z_score differs from base.fuse on missed documents",
+            }
+            return f"client-side, one _msearch ({why.get(method, method)})"
+        if self.config.server_side_fusion == "off":
+            return "client-side, one _msearch (server_side_fusion: off)"
+        if not self._neural_search:
+            return "client-side, one _msearch (neural-search is not installed on the node)"
+        if method == "rrf":
+            return (
+                "server-side with equal weights (hybrid query + score-ranker-processor rrf), "
+                "client-side otherwise"
+            )
+        return (
+            "server-side (hybrid query + normalization-processor min_max, weighted arithmetic_mean)"
+        )
+
+    async def _search_client_side(
         self, request: SearchRequest, bm25: Json | None, dense: Json | None
     ) -> list[Hit]:
+
         arms = [(name, body) for name, body in (("bm25", bm25), ("dense", dense)) if body]
         if not arms:
             return []
@@ -680,8 +726,10 @@ class OpenSearchRetriever:
         fused = fuse(rankings, request.fusion or self.config.fusion)
         return _best_first(_to_hits(fused, ranked))[: request.k]
 
-    async def _search_server_rrf(self, request: SearchRequest, text: str) -> list[Hit]:
-        body = {
+    async def _search_server_side(
+        self, request: SearchRequest, text: str, method: FusionMethod
+    ) -> list[Hit]:
+        body: Json = {
             "size": request.k,
             "_source": {"excludes": ["embedding"]},
             "query": {
@@ -695,14 +743,23 @@ class OpenSearchRetriever:
                 }
             },
         }
+        params = {"ignore_unavailable": "true"}
+        scale = 1.0
+        if method == "rrf":
+            params["search_pipeline"] = self.config.pipeline
+        else:
+            weights = request.lexical_weight + request.dense_weight
+            body["search_pipeline"] = _minmax_pipeline(
+                request.lexical_weight / weights, request.dense_weight / weights
+            )
+            # The node returns the weighted mean; `fuse` the weighted sum over rrf_k + 1.
+            scale = weights / (RRF_K + 1)
         with _translated("search"):
             response = await self._client.search(
-                index=self.config.tenant_alias(request.tenant),
-                body=body,
-                params={"search_pipeline": self.config.pipeline, "ignore_unavailable": "true"},
+                index=self.config.tenant_alias(request.tenant), body=body, params=params
             )
         raw = response["hits"]["hits"]
-        fused = [(h["_id"], float(h["_score"])) for h in raw]
+        fused = [(h["_id"], float(h["_score"]) * scale) for h in raw]
         return _best_first(_to_hits(fused, {"server": raw}))
 
     def _bm25_body(self, request: SearchRequest, text: str) -> Json:
@@ -1089,21 +1146,48 @@ class OpenSearchRetriever:
 
     # -- helpers -----------------------------------------------------------------------------
 
-    async def _use_server_rrf(self) -> bool:
-        if self.config.use_server_side_rrf == "off":
+    async def _server_side(self) -> bool:
+        """Whether fusion may run in the node: allowed by `server_side_fusion` and neural-search
+        installed (asked once)."""
+        if self.config.server_side_fusion == "off":
             return False
-        if self._server_rrf is None:
+        if self._neural_search is None:
             with _translated("plugins"):
                 plugins = await self._client.cat.plugins(format="json")
             installed = any(p.get("component") == "opensearch-neural-search" for p in plugins)
-            if self.config.use_server_side_rrf == "on" and not installed:
-                raise UpstreamError(BACKEND, "use_server_side_rrf=on but neural-search is missing")
-            self._server_rrf = installed
-        return self._server_rrf
+            if self.config.server_side_fusion == "on" and not installed:
+                raise UpstreamError(BACKEND, "server_side_fusion=on but neural-search is missing")
+            self._neural_search = installed
+        return self._neural_search
 
     def _check_vector(self, vector: Vector) -> None:
         if vector.shape != (self.config.dimension,):
             raise ValueError(f"vector shape {vector.shape} != ({self.config.dimension},)")
+
+
+def _server_fusable(method: FusionMethod, request: SearchRequest) -> bool:
+    """Whether the node's pipelines fuse `method` with these weights as `base.fuse` does."""
+    if method == "rrf":
+        return request.lexical_weight == 1.0 and request.dense_weight == 1.0
+    return method == "minmax" and request.lexical_weight + request.dense_weight > 0
+
+
+def _minmax_pipeline(lexical_share: float, dense_share: float) -> Json:
+    """A temporary search pipeline (in the request body): min-max per arm, lowest 0.001 as in
+    `base.fuse`, a missed document adding 0, combined as the weighted mean (weights sum to 1)."""
+    return {
+        "phase_results_processors": [
+            {
+                "normalization-processor": {
+                    "normalization": {"technique": "min_max"},
+                    "combination": {
+                        "technique": "arithmetic_mean",
+                        "parameters": {"weights": [lexical_share, dense_share]},
+                    },
+                }
+            }
+        ]
+    }
 
 
 def _rrf_pipeline() -> Json:

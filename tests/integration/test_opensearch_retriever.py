@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import time
 import uuid
@@ -173,8 +174,8 @@ async def test_server_side_rrf_matches_client_side(
 ) -> None:
     if not neural_search_installed:
         pytest.skip("neural-search is not installed on this node: no server-side RRF to compare")
-    server = await make_opensearch_retriever(use_server_side_rrf="on")
-    client = OpenSearchRetriever(server.config.model_copy(update={"use_server_side_rrf": "off"}))
+    server = await make_opensearch_retriever(server_side_fusion="on")
+    client = OpenSearchRetriever(server.config.model_copy(update={"server_side_fusion": "off"}))
     tenant = "rrf"
     words = ["alpha", "beta", "gamma", "delta", "epsilon"]
     for n in range(12):
@@ -191,6 +192,87 @@ async def test_server_side_rrf_matches_client_side(
             assert [h.score for h in on_server] == pytest.approx([h.score for h in on_client])
     finally:
         await client.aclose()
+
+
+async def test_server_side_minmax_matches_client_side(
+    make_opensearch_retriever: RetrieverFactory, neural_search_installed: bool
+) -> None:
+    """neural-search's normalization-processor (min_max, weighted arithmetic_mean, in a
+    temporary pipeline per request) ranks and scores as `base.fuse`'s "minmax", per-query
+    weights included: its lowest candidate scales to 0.001 as `fuse`'s does, a document one
+    arm missed adds 0, and its weighted mean is `fuse`'s weighted sum over the weights' sum."""
+    if not neural_search_installed:
+        pytest.skip("neural-search is not installed on this node: no server-side min-max")
+    server = await make_opensearch_retriever(server_side_fusion="on", fusion="minmax")
+    client = OpenSearchRetriever(server.config.model_copy(update={"server_side_fusion": "off"}))
+    assert server.fusion_path("minmax").startswith("server-side")
+    assert client.fusion_path("minmax").startswith("client-side")
+    tenant = "minmax"
+    words = ["alpha", "beta", "gamma", "delta", "epsilon"]
+    for n in range(12):
+        texts = [f"{words[n % 5]} {words[(n + c) % 5]} report {n} part {c}" for c in range(2)]
+        await server.upsert_document(tenant, doc(f"d{n}", texts, [100 + 2 * n, 101 + 2 * n]))
+    try:
+        for query, seed in [("alpha report", 104), ("gamma delta", 111), ("epsilon", 120)]:
+            for lexical, dense in [(1.0, 1.0), (4.0, 1.0), (1.0, 0.5), (0.0, 1.0)]:
+                request = SearchRequest(
+                    tenant,
+                    query,
+                    unit_vector(seed),
+                    k=8,
+                    candidates=20,
+                    lexical_weight=lexical,
+                    dense_weight=dense,
+                )
+                on_server = await server.search(request)
+                on_client = await client.search(request)
+                assert ids(on_server) == ids(on_client), (query, lexical)
+                # The node adds in float32.
+                assert [h.score for h in on_server] == pytest.approx(
+                    [h.score for h in on_client], rel=1e-5
+                )
+                assert on_server[0].bm25_rank is None  # fused in the node: no per-arm ranks
+                assert on_client[0].bm25_rank is not None or on_client[0].dense_rank is not None
+    finally:
+        await client.aclose()
+
+
+async def test_the_fusion_path_is_decided_at_start_and_logged(
+    make_opensearch_retriever: RetrieverFactory,
+    neural_search_installed: bool,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Never a silent fallback: start-up says where each method fuses; minmax_peak (the
+    default) is client-side on every node, its weights read both arms' scores first."""
+    caplog.set_level(logging.INFO, logger="backends.retrieval.opensearch")
+    retriever = await make_opensearch_retriever(fusion="minmax")
+    expected = "server-side" if neural_search_installed else "client-side"
+    assert retriever.fusion_path("minmax").startswith(expected)
+    if not neural_search_installed:
+        assert "neural-search is not installed" in retriever.fusion_path("minmax")
+    logged = [r.getMessage() for r in caplog.records if "hybrid fusion minmax" in r.getMessage()]
+    assert logged == [f"opensearch hybrid fusion minmax: {retriever.fusion_path('minmax')}"]
+    for method in ("minmax_peak", "zscore"):
+        assert retriever.fusion_path(method).startswith("client-side"), method
+    off = await make_opensearch_retriever(server_side_fusion="off")
+    assert "server_side_fusion: off" in off.fusion_path("rrf")
+
+
+async def test_minmax_peak_fuses_client_side_even_with_neural_search(
+    make_opensearch_retriever: RetrieverFactory,
+) -> None:
+    retriever = await make_opensearch_retriever(fusion="minmax_peak")
+    await retriever.upsert_document("peak", doc("a", ["zebra crossing rules"], [40]))
+    await retriever.upsert_document("peak", doc("b", ["unrelated words here"], [41]))
+    hits = await retriever.search(SearchRequest("peak", "zebra", unit_vector(40), k=2))
+    assert ids(hits)[0] == "a#0"
+    assert (hits[0].bm25_rank, hits[0].dense_rank) == (1, 1)  # both arms' ranks: client-side
+
+
+async def test_the_former_name_of_server_side_fusion_is_still_read() -> None:
+    config = OpenSearchConfig.model_validate({"use_server_side_rrf": "off"})
+    assert config.server_side_fusion == "off"
+    assert OpenSearchConfig().server_side_fusion == "auto"
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -524,7 +606,7 @@ async def test_hung_node_times_out_within_the_bound(silent_server: int) -> None:
         alias="hung",
         dimension=TEST_DIMENSION,
         search_timeout_s=timeout,
-        use_server_side_rrf="off",
+        server_side_fusion="off",
     )
     async with OpenSearchRetriever(config) as retriever:
         for call in (
@@ -542,7 +624,7 @@ async def test_server_side_fusion_keeps_tenants_apart(
 ) -> None:
     if not neural_search_installed:
         pytest.skip("neural-search is not installed on this node: no server-side RRF")
-    retriever = await make_opensearch_retriever(use_server_side_rrf="on")
+    retriever = await make_opensearch_retriever(server_side_fusion="on")
     secret = "merger plans for the Lisbon subsidiary"
     await retriever.upsert_document("tenant-b", doc("merger", [secret], [301]))
     await retriever.upsert_document("tenant-a", doc("wiki", ["team wiki home"], [302]))
@@ -615,7 +697,7 @@ async def retriever_via(
         alias=f"qgtest-proxy-{uuid.uuid4().hex[:8]}",
         dimension=TEST_DIMENSION,
         bulk_max_attempts=attempts,
-        use_server_side_rrf="off",
+        server_side_fusion="off",
         **overrides,
     )
     async with OpenSearchRetriever(config) as retriever:
@@ -702,7 +784,7 @@ async def test_membership_oracle_is_open_on_shared_and_closed_on_index_per_tenan
 ) -> None:
     """tests/fixtures/tenancy.py: which of its own documents ranks first tells the prober whether
     another tenant's documents hold a word, when (and only when) BM25 statistics are shared."""
-    retriever = await make_opensearch_retriever(tenancy=tenancy_mode, use_server_side_rrf="off")
+    retriever = await make_opensearch_retriever(tenancy=tenancy_mode, server_side_fusion="off")
     await tenancy.seed_prober(retriever, TEST_DIMENSION)
     before = await tenancy.observe(retriever, TEST_DIMENSION)
     assert before.first == "p1#0"
@@ -993,7 +1075,7 @@ async def test_two_writers_of_one_document_settle_on_one_whole_version(
 ) -> None:
     """Two processes (two clients) write different versions of one document at once, so both
     can flip; whatever the interleaving, readers are left with one version, whole."""
-    first = await make_opensearch_retriever(use_server_side_rrf="off")
+    first = await make_opensearch_retriever(server_side_fusion="off")
     second = OpenSearchRetriever(first.config)
     try:
         for n in range(8):
@@ -1020,7 +1102,7 @@ async def test_two_writers_of_one_document_settle_on_one_whole_version(
 async def test_index_per_tenant_refuses_to_start_over_chunks_of_the_shared_layout(
     make_opensearch_retriever: RetrieverFactory,
 ) -> None:
-    shared = await make_opensearch_retriever(tenancy="shared", use_server_side_rrf="off")
+    shared = await make_opensearch_retriever(tenancy="shared", server_side_fusion="off")
     await shared.upsert_document("t", doc("d", ["kept"], [1]))
     upgraded = OpenSearchRetriever(replace_config(shared.config, tenancy="index_per_tenant"))
     try:
@@ -1040,7 +1122,7 @@ async def test_index_per_tenant_refuses_to_start_over_chunks_of_the_shared_layou
 async def test_migration_moves_each_tenant_into_its_own_index_and_is_idempotent(
     make_opensearch_retriever: RetrieverFactory, opensearch_url: str
 ) -> None:
-    shared = await make_opensearch_retriever(tenancy="shared", use_server_side_rrf="off")
+    shared = await make_opensearch_retriever(tenancy="shared", server_side_fusion="off")
     await shared.upsert_documents("a", [doc("d1", ["alpha one"], [1]), doc("d2", ["two"], [2])])
     await shared.upsert_document("b", doc("d1", ["beta", "gamma"], [3, 4]))
     generations = {t: await shared.generation(t) for t in ("a", "b")}
