@@ -231,9 +231,7 @@ class SemanticCacheConfig(BaseModel):
     model_config = _FROZEN
 
     enabled: bool = True
-    thresholds: dict[Route, float] = Field(
-        default_factory=lambda: {route: 0.95 for route in Route}
-    )
+    thresholds: dict[Route, float] = Field(default_factory=lambda: {route: 0.95 for route in Route})
     # How many nearest entries are checked against the guards before giving up.
     candidates: int = Field(default=4, ge=1, le=32)
 
