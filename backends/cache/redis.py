@@ -25,25 +25,29 @@ evicts at most 256 entries past the cap (a cap lowered a lot shrinks over a few 
 of blocking Redis in one script). The tenant's keys expire with their newest entry, so a
 tenant that stops writing leaves nothing behind.
 
-Semantic lookup without a scan: random-hyperplane LSH (SimHash). `bands` groups of `bits` sign
-bits of seeded random projections (numpy's RandomState, whose stream is fixed across
-versions, so every replica buckets a vector alike). Each entry is a member of one bucket per
-band, in the scope's part of the tenant's `lsh` sorted set. A probe reads its own bucket in
-each band with one ZRANGE BYLEX (O(log n + m)), newest `bucket_limit` members first; the union
-of those ids is the candidate set, at most `bands * bucket_limit` whatever the tenant holds.
-Their float16 vectors come back in the same script and the exact cosine is computed here,
-best first; then the top `limit` entries are fetched. Expired candidates are pruned as they
-are met.
+Semantic lookup without a scan: random-hyperplane LSH (SimHash) with multi-probe. `bands`
+groups of `bits` sign bits of seeded random projections (numpy's RandomState, whose stream is
+fixed across versions, so every replica buckets a vector alike). Each entry is a member of one
+bucket per band, in the scope's part of the tenant's `lsh` sorted set. A probe reads, in each
+band, its own bucket and the `flips` buckets one bit away where its projection is nearest zero
+(the bits a near neighbour most likely disagrees on), each with one ZRANGE BYLEX (O(log n + m)),
+newest `bucket_limit` members first. The union of those ids is the candidate set: at most
+`bands * (1 + flips) * bucket_limit` whatever the tenant holds. Their float16 vectors come back
+in the same script and the exact cosine is computed here, best first; then the top `limit`
+entries are fetched. Expired candidates are pruned as they are met.
 
 Recall vs candidates: two unit vectors at cosine c share one band's bucket with probability
 p = (1 - arccos(c) / pi) ** bits. More bits make buckets smaller (fewer unrelated candidates,
-which is what the lookup pays for) but lower p; more bands win the recall back at the cost of
-memory (a member per band per entry) and of one range read per band. The defaults, 16 bands of
-12 bits and at most 24 members per bucket: at c = 0.90 a band shares with p = 0.155 and some
-band with 1 - (1 - p) ** 16 = 0.93; at c = 0.95, 0.99. The paraphrases that matter for a
-semantic hit sit above the tier's threshold (0.95 by default), where this misses about one in
-a hundred; a miss only costs a recomputed answer. Measured by `bench/cache_store_scale.py`
-(1k / 10k / 100k entries in one tenant; figures in docs/architecture.md).
+which is what a lookup pays for: ~770 bytes and two Lua calls each) but lower p; more bands
+win recall back at the cost of memory (a member per band per entry) and range reads; probing
+near buckets wins it back without memory. The per-bucket limit is what bounds the cost, and
+what costs recall once buckets overflow: with 16 bands of 12 bits, 24 per bucket and no
+probes, recall of the true nearest entry (cosine >= 0.9) fell from 0.98 at 10k entries to
+0.79 at 100k, as full buckets dropped older entries. Smaller buckets probed more widely keep
+it: the defaults, 12 bands of 16 bits, 3 flips, 12 per bucket (576 candidates at most),
+measured 0.98-0.99 at 1k, 10k and 100k, scoring ~45 candidates at 10k and ~240 at 100k.
+A miss only costs a recomputed answer. `bench/cache_store_scale.py` measures it; figures in
+docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -320,11 +324,26 @@ class LshScheme:
         return hashlib.sha256(raw).hexdigest()[:16]
 
     def prefixes(self, scope: str, unit: Vector) -> list[str]:
+        """The vector's own bucket in each band (where `put` files it)."""
+        return self.probe_prefixes(scope, unit, flips=0)
+
+    def probe_prefixes(self, scope: str, unit: Vector, flips: int) -> list[str]:
+        """Its own bucket in each band, then, per band, the `flips` buckets one bit away
+        where that bit is the least certain (the projection nearest zero): a near neighbour
+        that disagrees in a band mostly disagrees there (multi-probe LSH)."""
         tag = self.scope_tag(scope, unit.shape[0])
-        signs = (_planes(unit.shape[0], self.bands * self.bits) @ unit) > 0
-        buckets = signs.reshape(self.bands, self.bits).astype(np.uint64) @ self._weights
+        projections = (_planes(unit.shape[0], self.bands * self.bits) @ unit).reshape(
+            self.bands, self.bits
+        )
+        buckets = (projections > 0).astype(np.uint64) @ self._weights
         width = self._bucket_width
-        return [f"{tag}{band:02x}{int(b):0{width}x}" for band, b in enumerate(buckets)]
+        found: list[str] = []
+        for band, (bucket, row) in enumerate(zip(buckets, projections, strict=True)):
+            base = int(bucket)
+            found.append(f"{tag}{band:02x}{base:0{width}x}")
+            for bit in np.argsort(np.abs(row), kind="stable")[:flips]:
+                found.append(f"{tag}{band:02x}{base ^ (1 << int(bit)):0{width}x}")
+        return found
 
 
 class RedisCacheStore:
@@ -337,9 +356,10 @@ class RedisCacheStore:
         connection: RedisConnection,
         max_entries: int | None = None,
         *,
-        bands: int = 16,
-        bits: int = 12,
-        bucket_limit: int = 24,
+        bands: int = 12,
+        bits: int = 16,
+        bucket_limit: int = 12,
+        flips: int = 3,
     ) -> None:
         self._connection = connection
         # A per-tenant ceiling of the store's own (`cache.max_entries` at start; the smaller
@@ -347,6 +367,7 @@ class RedisCacheStore:
         self._ceiling = max_entries
         self._lsh = LshScheme(bands, bits)
         self._bucket_limit = bucket_limit
+        self._flips = flips
         self._put = connection.register_script(_PUT)
         self._get = connection.register_script(_GET)
         self._candidates = connection.register_script(_CANDIDATES)
@@ -359,6 +380,11 @@ class RedisCacheStore:
         self._closed = False
         # Candidates scored by the last `nearest` (for the scale benchmark and tests).
         self.last_candidates = 0
+
+    @property
+    def max_candidates(self) -> int:
+        """The bound on one lookup's candidates, whatever the tenant holds."""
+        return self._lsh.bands * (1 + self._flips) * self._bucket_limit
 
     # -- the seam ---------------------------------------------------------------------------
 
@@ -374,7 +400,7 @@ class RedisCacheStore:
         self.last_candidates = 0
         if unit is None or limit <= 0:
             return []
-        prefixes = self._lsh.prefixes(scope, unit)
+        prefixes = self._lsh.probe_prefixes(scope, unit, self._flips)
         flat = await self._script(self._candidates, tenant, self._bucket_limit, *prefixes)
         ids, similarities, corrupt = self._score(flat, unit)
         self.last_candidates = len(ids) + len(corrupt)

@@ -30,7 +30,7 @@ DIM = 384
 SCOPE = "scope-1"
 TTL_S = 60
 CAP = 1000
-BANDS = 16  # RedisCacheStore's default
+BANDS = 12  # RedisCacheStore's default
 
 
 @dataclass
@@ -253,14 +253,14 @@ async def test_a_corrupt_vector_is_deleted_on_lookup(env: Env) -> None:
 
 async def test_nearest_scores_a_bounded_candidate_set(env: Env) -> None:
     """2,000 entries in one scope, all near one another (a tenant's questions are): the
-    lookup reads at most bands x bucket_limit candidates, not the tenant's entries."""
+    lookup reads at most its bounded candidate set, not the tenant's entries."""
     tenant = _tenant()
     base = _vector(11)
     for i in range(2000):
         await _put(env.store, tenant, _entry(f"k{i}", _near(base, seed=i, noise=0.6)), cap=10_000)
     found = await env.store.nearest(tenant, SCOPE, base, limit=4)
     assert len(found) == 4
-    assert 0 < env.store.last_candidates <= BANDS * 24
+    assert 0 < env.store.last_candidates <= env.store.max_candidates < 2000
 
 
 # -- failure: down, slow, garbage ------------------------------------------------------------
