@@ -171,7 +171,7 @@ class Metrics:
         self.cache_guard_refusals = Counter(
             "querygate_cache_guard_refusals",
             "Cached answers above the similarity threshold refused by a guard: numbers, dates, "
-            "negation, comparison, identifiers, entities.",
+            "negation, comparison, scope, identifiers, entities.",
             ["guard"],
             registry=r,
         )

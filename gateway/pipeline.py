@@ -227,8 +227,9 @@ class Pipeline:
             # Not rewritten: its meaning lies in a conversation no key holds.
             self._count(ctx, "bypass")
             return None
-        if request.options.tools:
-            # The client's own tools: the answer may be a call of them, for this client.
+        if request.options.tools or any(m.role == "tool" or m.tool_calls for m in request.history):
+            # The client's own tools: the answer may be a call of them, or rest on their
+            # results, for this client only.
             self._count(ctx, "bypass")
             return None
         with ctx.timer.stage("cache_lookup"):

@@ -10,6 +10,9 @@ text alone, deterministically, in one linear pass over a bounded question:
 - negation: how many negating words (not, n't, never, no, without, except, non- …);
 - comparison: superlatives and comparatives (largest, most, fewer, older …), which flip what
   is asked while keeping every noun;
+- scope: how many things are asked for ("and", "or", "as well as") and quantifiers (each,
+  every, all, both, total, average …): "the five largest cities and their mayors" asks more
+  than "the five largest cities";
 - entities: a capitalised word (not a common word such as a question word) or a quoted string
   in one question that the other does not contain, whatever its case there;
 - identifiers: error codes, SKUs and snake_case names (`routers.features.identifiers_in`, the
@@ -35,6 +38,7 @@ MAX_SEMANTIC_CHARS = 500
 # of letters or digits and each separator one character that no part contains: linear.
 _TOKEN = re.compile(r"[^\W_]+(?:['\u2019.,_-][^\W_]+)*")
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
+_AS_WELL_AS = re.compile(r"\bas well as\b", re.IGNORECASE)
 _QUOTED = re.compile(r"\"([^\"]*)\"|“([^”“]*)”|«([^»«]*)»")
 
 _NUMBER_WORDS = {
@@ -71,6 +75,11 @@ _NEGATIONS = frozenset(
     "not no never none nobody nothing nowhere neither nor without cannot except excluding "
     "unless lack lacks lacking absent".split()
 )
+_QUANTIFIERS = frozenset(
+    "each every all both either respectively per total totals combined overall average "
+    "altogether sum".split()
+)
+_CONJUNCTIONS = frozenset(("and", "or", "plus", "&"))
 _COMPARISON = frozenset(
     "most least more less fewer greater larger smaller higher lower bigger biggest largest "
     "smallest highest lowest maximum minimum max min best worst better worse older oldest "
@@ -97,6 +106,7 @@ class Facts:
     dates: frozenset[str]
     negations: int
     comparison: frozenset[str]
+    scope: tuple[int, frozenset[str]]  # conjunctions counted, quantifiers
     entities: frozenset[str]  # casefolded capitalised words and quoted strings
     identifiers: frozenset[str]
 
@@ -110,8 +120,13 @@ def facts(question: str) -> Facts:
     comparison: set[str] = set()
     entities: set[str] = set()
     identifiers = {i.casefold() for i in identifiers_in(text)}
-    negations = 0
+    negations = conjunctions = 0
+    quantifiers: set[str] = set()
+    words = set(folded)
     for i, (token, word) in enumerate(zip(tokens, folded, strict=True)):
+        # A possessive or a contraction with "'s" ("Paris's", "What's") is its word.
+        base = word[:-2] if word.endswith("'s") and len(word) > 2 else word
+        words.add(base)
         has_digit = any(c.isdigit() for c in word)
         if has_digit:
             numbers.update(n.replace(",", "") for n in _NUMBER.findall(word))
@@ -127,18 +142,23 @@ def facts(question: str) -> Facts:
             negations += 1
         if word in _COMPARISON:
             comparison.add(word)
-        if token[0].isupper() and word not in _COMMON and not has_digit:
-            entities.update(word.split("-"))
+        if word in _QUANTIFIERS:
+            quantifiers.add(word)
+        conjunctions += word in _CONJUNCTIONS
+        if token[0].isupper() and base not in _COMMON and not has_digit:
+            entities.update(base.split("-"))
     for match in _QUOTED.finditer(text):
         quoted = next(g for g in match.groups() if g is not None)
         if quoted.strip():
             entities.add(" ".join(quoted.casefold().split()))
+    conjunctions += text.count("&") + len(_AS_WELL_AS.findall(text))
     return Facts(
-        frozenset(folded),
+        frozenset(words),
         frozenset(numbers),
         frozenset(dates),
         negations,
         frozenset(comparison),
+        (conjunctions, frozenset(quantifiers)),
         frozenset(entities),
         frozenset(identifiers),
     )
@@ -160,6 +180,8 @@ def refusal(a: Facts, b: Facts) -> str | None:
         return "negation"
     if a.comparison != b.comparison:
         return "comparison"
+    if a.scope != b.scope:
+        return "scope"
     if a.identifiers != b.identifiers:
         return "identifiers"
     if not _contained(a.entities, b) or not _contained(b.entities, a):
@@ -177,4 +199,4 @@ def _contained(entities: frozenset[str], other: Facts) -> bool:
     return True
 
 
-GUARDS = ("numbers", "dates", "negation", "comparison", "identifiers", "entities")
+GUARDS = ("numbers", "dates", "negation", "comparison", "scope", "identifiers", "entities")

@@ -8,11 +8,13 @@ that would be right to give again go in. Refused, with the reason (a short tag f
   with no model configured, the agent's plain answer at a cap;
 - `escalated`: the lookup did not trust its own evidence, whatever the agent then wrote;
 - `capped`: the agent loop stopped at one of its caps (its forced answer may be partial);
-- `invented_citations`: the model cited sources it was not given (they were removed, but the
-  answer's grounding is in doubt);
 - `abstention`: the text says it cannot answer, whichever route wrote it;
 - `tool_calls`: the model called the client's tools, or stopped for any reason but the end
   of its answer.
+
+An answer whose model also cited sources it was not given is stored as it was served: those
+citations are removed and the answer says so (routers.generation.finish), and it still cites a
+source it was given (else it is not complete).
 
 Errors never reach this point (nothing is stored for a request that failed), and a stream is
 judged once it has completed: a stream that failed or whose client left is never stored.
@@ -37,8 +39,6 @@ def refusal(answer: Answer) -> str | None:
         return "tool_calls" if answer.tool_calls else "incomplete"
     if not answer.complete:
         return "incomplete"
-    if any("invented citation" in note for note in answer.notes):
-        return "invented_citations"
     text = answer.text.casefold()
     if not text.strip() or any(a in text for a in _ABSTENTIONS):
         return "abstention"

@@ -32,6 +32,8 @@ def refused(a: str, b: str) -> str | None:
         ("How do I fix ERR-4471?", "How do I fix ERR-4472?", "numbers"),
         ("How do I fix ERR-AB1?", "How do I fix ERR-CD1?", "identifiers"),
         ("Is SKU_RED_XL in stock?", "Is SKU_BLUE_XL in stock?", "identifiers"),
+        ("The 5 tallest peaks and their heights?", "The 5 tallest peaks?", "scope"),
+        ("Who founded each Ivy League school?", "Who founded the Ivy League schools?", "scope"),
     ],
 )
 def test_a_guard_refuses_questions_that_differ_in_what_it_reads(a: str, b: str, guard: str) -> None:
@@ -49,6 +51,8 @@ def test_a_guard_refuses_questions_that_differ_in_what_it_reads(a: str, b: str, 
         ("How do I fix ERR-4471?", "how can I fix err-4471"),
         ("What is the capital of France?", "Tell me the capital of France."),
         ("What does the 1st clause say?", "What does the first clause say?"),
+        ("What is the population of Macau?", "What's the population of Macau?"),
+        ("What is Macau's population?", "what is macau's population"),
     ],
 )
 def test_a_paraphrase_passes_every_guard(a: str, b: str) -> None:

@@ -32,11 +32,6 @@ def test_an_abstention_is_not_stored_whichever_route_wrote_it() -> None:
         assert refusal(Answer(text, Route.DIRECT)) == "abstention"
 
 
-def test_an_answer_with_invented_citations_is_not_stored() -> None:
-    answer = Answer("x [1]", Route.LOOKUP, CITED, notes=("2 invented citation(s) dropped",))
-    assert refusal(answer) == "invented_citations"
-
-
 def test_an_answer_calling_the_clients_tools_or_cut_short_is_not_stored() -> None:
     call = ToolCall("c1", "lookup_weather", {})
     assert refusal(Answer("", Route.DIRECT, tool_calls=(call,), finish_reason="tool_calls")) == (
