@@ -2,9 +2,14 @@
 lexical features.
 
 Input row = [embedding (384) ‖ lexical features (FEATURE_NAMES order) ‖ 1]; one weight row per
-class; the softmax of the three scores gives the route and its confidence. The weights live in a
+class; the softmax of the three scores gives every class's probability. The weights live in a
 small JSON artifact written by `scripts/train_router.py`, in raw feature space (the trainer folds
-its standardisation into them), so inference is one small matrix-vector product.
+its standardisation and its calibration temperature into them), so inference is one small
+matrix-vector product and the probabilities are the calibrated ones.
+
+The route: multihop when the multihop score leads the better of the other two by more than the
+artifact's `multihop_margin` (the operating point chosen with the escalation grade; 0 would be
+the argmax), else the better of direct and lookup.
 
 An artifact trained on other features or another embedding model would give confident nonsense,
 so loading refuses it instead.
@@ -28,7 +33,7 @@ from routers.types import Classification, Route
 F64 = npt.NDArray[np.float64]
 
 DEFAULT_MODEL_PATH = Path(__file__).with_name("router_model.json")
-ARTIFACT_FORMAT = "querygate.router.logreg/1"
+ARTIFACT_FORMAT = "querygate.router.logreg/2"
 CLASSES: tuple[Route, ...] = (Route.DIRECT, Route.LOOKUP, Route.MULTIHOP)
 _TOP_FEATURES = 3
 
@@ -45,6 +50,21 @@ class RouterModel:
     embedding_dimension: int
     weights: F64  # (len(CLASSES), embedding_dimension + len(FEATURE_NAMES) + 1)
     training: dict[str, Any]
+    # Multihop when its logit leads the better other class by more than this (see route_index).
+    multihop_margin: float = 0.0
+
+
+_MULTIHOP = CLASSES.index(Route.MULTIHOP)
+
+
+def route_index(logits: F64, multihop_margin: float) -> int:
+    """The chosen class for one row of logits: multihop when it leads the better of the other
+    two by more than `multihop_margin`, else the better of those two (ties to the first)."""
+    others = [k for k in range(len(CLASSES)) if k != _MULTIHOP]
+    best_other = max(others, key=lambda k: (float(logits[k]), -k))
+    if float(logits[_MULTIHOP]) - float(logits[best_other]) > multihop_margin:
+        return _MULTIHOP
+    return best_other
 
 
 def feature_row(text: str, vector: Vector) -> F64:
@@ -71,7 +91,10 @@ def load_router_model(path: Path, *, embedding_model_id: str) -> RouterModel:
     weights = np.asarray(raw["weights"], dtype=np.float64)
     expected_shape = (len(CLASSES), dimension + len(FEATURE_NAMES) + 1)
     _expect(weights.shape, expected_shape, "weight matrix shape", path)
-    return RouterModel(embedding_model_id, dimension, weights, dict(raw.get("training", {})))
+    margin = float(raw["decision"]["multihop_margin"])
+    return RouterModel(
+        embedding_model_id, dimension, weights, dict(raw.get("training", {})), margin
+    )
 
 
 def _expect(found: object, wanted: object, what: str, path: Path) -> None:
@@ -120,7 +143,7 @@ class LearnedClassifier:
         logits = self._emb_weights @ embedding + self._lex_weights @ values + self._bias
         probs = np.exp(logits - logits.max())
         probs /= probs.sum()
-        best = int(probs.argmax())
+        best = route_index(logits, self._model.multihop_margin)
         return Classification(
             route=CLASSES[best],
             confidence=float(probs[best]),

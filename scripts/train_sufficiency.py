@@ -1,94 +1,112 @@
 """Train the learned sufficiency model and write `routers/sufficiency_model.json`.
 
     python scripts/train_sufficiency.py [--out PATH]
+    python scripts/train_sufficiency.py --check    # retrain in memory, diff against the artifact
 
-Data: the split of `scripts/train_router.py` (FanOutQA dev, by parent; the FanOutQA test file is
+Run it after `scripts/train_router.py`: it reads the router artifact (its L2, temperature and
+multihop margin) and records its digest.
+
+Data: the tuning part (train+val) of the split of `scripts/train_router.py` (FanOutQA dev, by
+parent; the dev test part is held out for `bench/escalation_eval.py`, the FanOutQA test file is
 never read). Each question runs the lookup path's real retrieval over the 10,033 Wikipedia lead
-sections in the embedded index (`bench/escalation_eval.py`'s `run_lookup`; the index and the
-embeddings are built and cached by `bench/retrieval_eval.py`'s helpers on the first run).
-Labels: parent questions = insufficient (1); leaf sub-questions whose evidence page is in the
-corpus ("lookup-in") = sufficient (0). Sub-questions whose page the corpus lacks are left out:
-their evidence is thin for a reason no feature of the question can know.
+sections in the embedded index, with the committed retrieval defaults (`bench/escalation_eval.py`'s
+`run_lookup`; the index is built and cached by `bench/retrieval_eval.py`'s helpers on the first
+run). Labels: parent questions = insufficient (1); leaf sub-questions whose evidence page is in
+the corpus ("lookup-in") = sufficient (0). Sub-questions whose page the corpus lacks are left out
+of the fit (their evidence is thin for a reason no feature of the question can know) and
+reported.
 
 Long single-hop questions, generated: FanOutQA's parents are long and its sub-questions short, so
-length alone separates the labels (AUC 0.995) and a model fitted on them escalates any long
-question. Every lookup-in sub-question of the TRAIN part gets one padded twin, also labelled
-sufficient (0): the question inside one of PADDING's neutral clauses (they add words, not facts,
-and name nothing a passage could hold), the clause picked by the SHA-256 of the question's text.
-The twin runs the same real retrieval; its classifier output comes from the router of its
-source's fold, and no twin fits a router. Val and the dev test part get no twins: L2 and the
-threshold are tuned, and the eval reports, on real questions only.
+length alone separates the labels and a model fitted on them escalates any long question. Every
+lookup-in sub-question of the tuning part gets one padded twin, also labelled sufficient (0): the
+question inside one of PADDING's neutral clauses (they add words, not facts, and name nothing a
+passage could hold), the clause picked by the SHA-256 of the question's text. The twin runs the
+same real retrieval and shares its source's fold.
 
-Classifier features without leakage: the shipped router was fitted on train+val, so its
-probabilities there are in-sample and overconfident. Train rows get cross-fitted ones (5 folds by
-parent, a router refitted on the other folds with the shipped router's L2), val rows those of a
-router fitted on train alone; in service the shipped router sees new questions, as these do.
+Classifier features without leakage: every row's router output comes from the router of its fold
+(`scripts/train_router.py`'s folds, fitted like the shipped router on the other folds of its
+training data, the shipped temperature and margin applied), so it is out of sample, as the
+shipped router's output on a new question is.
 
-Fit: class-balanced logistic regression on standardised features, Newton's method from zero, on
-TRAIN only; the L2 strength is chosen on val (AUC), and the threshold on val by the criterion of
-`bench/escalation_eval.py`: the most multihop escalation with at most 10% lookup-in escalation.
+Fit: class-balanced logistic regression on standardised features, Newton's method from zero. The
+L2 strength by out-of-fold AUC (multihop against lookup-in); the shipped model is fitted on every
+tuning row. The threshold is chosen jointly with the router's margin on out-of-fold
+probabilities: a question is flagged multihop when the router says so or when it reaches lookup
+and P(insufficient) exceeds the threshold (a lookup with no hits always escalates); the threshold
+flags the fewest lookup-in questions with at least TARGET_RECALL of the multihop questions
+flagged (ties: fewer lookup-out flagged, then the higher threshold). The frontier over other
+router margins is printed and stored, to check the router's margin against.
 Nothing is random and every float is rounded, so the same data gives the same file byte for byte.
 """
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import hashlib
-import json
-import sys
-from collections.abc import Sequence
-from dataclasses import replace
-from pathlib import Path
-from typing import Any
+import os
 
-import numpy as np
-import numpy.typing as npt
+for _threads in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_threads] = "1"  # one BLAS thread: the same sums in the same order
+
+import argparse  # noqa: E402
+import asyncio  # noqa: E402
+import hashlib  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
+from dataclasses import dataclass, replace  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import numpy as np  # noqa: E402
+import numpy.typing as npt  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a file, the repo's packages are not on the path
     sys.path.insert(0, str(REPO))
 
+from backends.embeddings.minilm import MiniLMEmbedder  # noqa: E402
 from backends.retrieval.base import Vector  # noqa: E402
-from bench.escalation_eval import (  # noqa: E402
-    MAX_LOOKUP_ESCALATION,
-    Graded,
-    auc,
-    embed,
-    grade_all,
-)
+from bench.escalation_eval import Graded, auc, grade_all  # noqa: E402
 from bench.retrieval_eval import corpus_digest  # noqa: E402
 from gateway.ingest.wiki_sample import load_wiki_sample  # noqa: E402
+from gateway.settings import RetrievalConfig  # noqa: E402
 from routers.grading import learned_features  # noqa: E402
-from routers.learned import CLASSES  # noqa: E402
+from routers.learned import CLASSES, route_index  # noqa: E402
 from routers.learned import DEFAULT_MODEL_PATH as ROUTER_MODEL_PATH  # noqa: E402
 from routers.sufficiency import (  # noqa: E402
     ARTIFACT_FORMAT,
     DEFAULT_MODEL_PATH,
     SUFFICIENCY_FEATURES,
 )
-from routers.types import Classification  # noqa: E402
+from routers.types import Classification, Route  # noqa: E402
 from scripts.train_router import (  # noqa: E402
+    FOLDS,
     SIGNIFICANT_DIGITS,
     Example,
     _rounded,
     _sha256,
+    check,
     fanoutqa_path,
     feature_matrix,
-    fit_router,
+    fold_of,
+    fold_weights,
     labels_of,
-    load_examples,
+    margins,
+    render,
+    training_examples,
 )
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
+Bools = npt.NDArray[np.bool_]
 
 TRAIN_COMMAND = "python scripts/train_sufficiency.py"
-FOLDS = 5
 L2_GRID = (1e-3, 1e-2, 1e-1, 1.0)
 NEWTON_MAX_STEPS = 50
 NEWTON_TOLERANCE = 1e-10
 POPULATIONS = ("multihop", "lookup-in")  # label 1, label 0
+# Multihop recall (router and escalation together) the threshold must keep on the tuning part.
+TARGET_RECALL = 0.95
+FRONTIER_MARGINS = tuple(round(0.25 * i, 2) for i in range(-2, 13))
 PADDING = (
     "I am writing a short report and want to check one detail before I hand it in: {}",
     "{} I need it for a school project, so a short answer with its source is enough.",
@@ -148,102 +166,89 @@ def _fitted(x: F64, y: I64, l2: float) -> dict[str, Any]:
     return model
 
 
-def rates(p: F64, y: I64, threshold: float) -> tuple[float, float]:
-    """(multihop escalation, lookup-in escalation) when P > threshold escalates."""
-    escalated = p > threshold
-    return float(escalated[y == 1].mean()), float(escalated[y == 0].mean())
+# -- the operating point: router margin and threshold together ---------------------------------
 
 
-def choose_threshold(p: F64, y: I64) -> float:
-    """Max multihop escalation s.t. lookup-in escalation <= 10%; ties to the lower lookup-in
-    rate, then the higher threshold. Candidates sit midway between adjacent val probabilities,
-    so rounding the threshold cannot move a val question across it."""
-    values = np.unique(p)
+@dataclass(frozen=True, slots=True)
+class TuningRows:
+    """Out-of-fold what the gateway would see for each tuning question."""
+
+    population: npt.NDArray[np.str_]  # multihop | lookup-in | lookup-out | direct
+    margin: F64  # the router's multihop margin (calibrated logits)
+    lookup: Bools  # below the margin, the router's route would be lookup (not direct)
+    p: F64  # P(insufficient) of the lookup's evidence; 1 where the lookup found nothing
+
+
+def flagged(rows: TuningRows, multihop_margin: float, threshold: float) -> Bools:
+    """Ends on the multihop route: classified multihop, or a lookup whose grade escalates."""
+    by_router = rows.margin > multihop_margin
+    return by_router | (~by_router & rows.lookup & (rows.p > threshold))
+
+
+def shares(rows: TuningRows, flags: Bools) -> dict[str, float]:
+    return {
+        name: float(flags[rows.population == name].mean())
+        for name in ("multihop", "lookup-in", "lookup-out", "direct")
+        if (rows.population == name).any()
+    }
+
+
+def choose_threshold(rows: TuningRows, multihop_margin: float) -> tuple[float, dict[str, float]]:
+    """The fewest lookup-in questions flagged with at least TARGET_RECALL of the multihop ones
+    (ties: fewer lookup-out, then the higher threshold); if no threshold reaches it, the highest
+    recall. Candidates sit midway between adjacent probabilities, so rounding the threshold
+    cannot move a tuning question across it."""
+    values = np.unique(rows.p)
     candidates = [
         1.0,
         *(float(f"{t:.{SIGNIFICANT_DIGITS}g}") for t in (values[:-1] + values[1:]) / 2),
     ]
-    feasible = [(rates(p, y, t), t) for t in candidates]
-    feasible = [f for f in feasible if f[0][1] <= MAX_LOOKUP_ESCALATION]
-    return max(feasible, key=lambda f: (f[0][0], -f[0][1], f[1]))[1]
-
-
-def fit_sufficiency(x_train: F64, y_train: I64, x_val: F64, y_val: I64) -> dict[str, Any]:
-    """L2 by val AUC (ties to the stronger penalty), fit on train, threshold on val."""
-    by_l2 = {}
-    for l2 in L2_GRID:
-        model = _fitted(x_train, y_train, l2)
-        p = _probabilities(model, x_val)
-        by_l2[l2] = round(auc(-p[y_val == 1], -p[y_val == 0]), 9)
-    best_l2 = max(L2_GRID, key=lambda l2: (by_l2[l2], l2))
-    model = _fitted(x_train, y_train, best_l2)
-    p_val = _probabilities(model, x_val)
-    threshold = choose_threshold(p_val, y_val)
-    multihop_rate, lookup_rate = rates(p_val, y_val, threshold)
-    fit: dict[str, Any] = _rounded(
-        {
-            **model,
-            "threshold": threshold,
-            "l2": best_l2,
-            "metrics": {
-                "val_auc_by_l2": {f"{l2:g}": by_l2[l2] for l2 in L2_GRID},
-                "val_multihop_escalated": multihop_rate,
-                "val_lookup_in_escalated": lookup_rate,
-                "val_counts": {"multihop": int(y_val.sum()), "lookup-in": int((1 - y_val).sum())},
-                "train_counts": {
-                    "multihop": int(y_train.sum()),
-                    "lookup-in": int((1 - y_train).sum()),
-                },
-            },
-        }
-    )
-    return fit
+    scored = [(shares(rows, flagged(rows, multihop_margin, t)), t) for t in candidates]
+    feasible = [(s, t) for s, t in scored if s["multihop"] >= TARGET_RECALL]
+    if feasible:
+        best = min(feasible, key=lambda f: (f[0]["lookup-in"], f[0].get("lookup-out", 0.0), -f[1]))
+    else:
+        best = min(scored, key=lambda f: (-f[0]["multihop"], f[0]["lookup-in"], -f[1]))
+    return best[1], best[0]
 
 
 # -- the data: classifier scores without leakage, the real retrieval --------------------------
 
 
-def _fold(example: Example) -> int:
-    key = example.group if example.group != "direct" else f"direct:{example.text}"
-    return int(hashlib.sha256(f"fold:{key}".encode()).hexdigest()[:8], 16) % FOLDS
-
-
-def _classification(weights: F64, row: F64) -> Classification:
-    logits = weights @ row
+def _classification(logits: F64, multihop_margin: float) -> Classification:
+    """What `LearnedClassifier.classify` returns for these (calibrated) logits."""
     probs = np.exp(logits - logits.max())
     probs /= probs.sum()
-    best = int(probs.argmax())
+    best = route_index(logits, multihop_margin)
     scores = {str(c): float(p) for c, p in zip(CLASSES, probs, strict=True)}
     return Classification(CLASSES[best], float(probs[best]), scores=scores)
 
 
-def classifier_outputs(
-    examples: Sequence[Example], vectors: Vector, generated: int
-) -> list[Classification]:
-    """Out-of-sample router outputs for train (cross-fitted) and val (fitted on train) rows.
-    The last `generated` examples are padded twins: predicted by their source's fold, never
-    fitted (the shipped router never saw them)."""
-    l2 = float(json.loads(ROUTER_MODEL_PATH.read_text("utf-8"))["training"]["l2"])
+def router_logits(
+    router: dict[str, Any],
+    examples: Sequence[Example],
+    vectors: Vector,
+    extra: Sequence[Example],
+    extra_vectors: Vector,
+) -> tuple[F64, F64]:
+    """Out-of-fold calibrated router logits for `examples` (the router's training examples, in
+    its order) and for `extra` rows (padded twins): each from the router fitted, as the shipped
+    one was, on the tuning rows outside its fold."""
     x, y = feature_matrix(examples, vectors), labels_of(examples)
-    split = np.array([e.split for e in examples])
-    fits = (split == "train") & (np.arange(len(examples)) < len(examples) - generated)
-    fold = np.array([_fold(e) if e.split == "train" else -1 for e in examples])
-    held_out = [(fold == f, fits & (fold != f)) for f in range(FOLDS)]
-    held_out.append((split == "val", fits))
-    out: dict[int, Classification] = {}
-    for predict_rows, fit_rows in held_out:
-        weights = fit_router(x[fit_rows], y[fit_rows], l2)
-        out.update((int(i), _classification(weights, x[i])) for i in np.flatnonzero(predict_rows))
-    return [out[i] for i in range(len(examples))]
+    weight = np.array([e.weight for e in examples], dtype=np.float64)
+    tune = np.array([e.split in ("train", "val") for e in examples])
+    folds = np.array([fold_of(e) for e in examples], dtype=np.int64)
+    per_fold = fold_weights(x, y, weight, folds, tune, float(router["training"]["l2"]))
+    temperature = float(router["training"]["temperature"])
 
+    def scored(xs: F64, fs: I64) -> F64:
+        out = np.full((len(xs), len(CLASSES)), np.nan)
+        for f, w in enumerate(per_fold):
+            out[fs == f] = xs[fs == f] @ w.T / temperature
+        return out
 
-def feature_rows(graded: Sequence[Graded], outputs: Sequence[Classification]) -> F64:
-    return np.stack(
-        [
-            learned_features(g.example.text, g.hits, c, g.best_possible)[0]
-            for g, c in zip(graded, outputs, strict=True)
-        ]
-    )
+    extra_folds = np.array([fold_of(e) for e in extra], dtype=np.int64)
+    return scored(x, folds), scored(feature_matrix(extra, extra_vectors), extra_folds)
 
 
 def padded(example: Example) -> Example:
@@ -252,75 +257,160 @@ def padded(example: Example) -> Example:
     return replace(example, text=PADDING[int(digest[:8], 16) % len(PADDING)].format(example.text))
 
 
-def graded_with_twins(
-    examples: list[Example],
-) -> tuple[list[Example], list[Graded], Vector, str, int]:
-    """Every example through the lookup path, then the padded twins of the train part's
-    lookup-in ones (keeping their source's population: the same evidence page answers them)."""
-    vectors, model_id = asyncio.run(embed([e.text for e in examples]))
-    graded = asyncio.run(grade_all(examples, vectors))
-    sources = [g for g in graded if g.example.split == "train" and g.population == "lookup-in"]
+def tuning_data() -> tuple[list[Graded], F64, dict[str, Any], str, int]:
+    """Every tuning question (and the padded twins of its lookup-in ones, last) through the
+    lookup path, with its out-of-fold router logits; the router artifact; the embedding model."""
+    router = json.loads(ROUTER_MODEL_PATH.read_text("utf-8"))
+    examples = training_examples()
+    embedder = MiniLMEmbedder()
+    vectors = embedder.embed_sync([e.text for e in examples])
+    dev = [i for i, e in enumerate(examples) if e.weight == 1.0 and e.split in ("train", "val")]
+    graded = asyncio.run(grade_all([examples[i] for i in dev], vectors[dev]))
+    sources = [g for g in graded if g.population == "lookup-in"]
     twins = [padded(g.example) for g in sources]
-    twin_vectors, _ = asyncio.run(embed([t.text for t in twins]))
-    twin_graded = asyncio.run(grade_all(twins, twin_vectors))
-    graded += [replace(g, population="lookup-in") for g in twin_graded]
-    all_vectors = np.concatenate([vectors, twin_vectors])
-    return examples + twins, graded, all_vectors, model_id, len(twins)
+    twin_vectors = embedder.embed_sync([t.text for t in twins])
+    graded += [
+        replace(g, population="lookup-in") for g in asyncio.run(grade_all(twins, twin_vectors))
+    ]
+    logits, twin_logits = router_logits(router, examples, vectors, twins, twin_vectors)
+    return graded, np.concatenate([logits[dev], twin_logits]), router, embedder.model_id, len(twins)
+
+
+def feature_rows(graded: Sequence[Graded], outputs: Sequence[Classification]) -> F64:
+    return np.stack(
+        [
+            learned_features(g.example.text, g.hits, c, g.best_possible)[0]
+            if g.hits
+            else np.full(len(SUFFICIENCY_FEATURES), np.nan)
+            for g, c in zip(graded, outputs, strict=True)
+        ]
+    )
+
+
+def fit_sufficiency(
+    x: F64, y: I64, fit: Bools, folds: I64
+) -> tuple[dict[str, Any], F64, dict[float, float]]:
+    """L2 by out-of-fold AUC over the `fit` rows (ties to the stronger penalty); the model
+    fitted on every `fit` row; out-of-fold P(insufficient) for every row with features."""
+    has = ~np.isnan(x).any(axis=1)
+    oof_by_l2: dict[float, F64] = {}
+    for l2 in L2_GRID:
+        p = np.full(len(x), np.nan)
+        for f in range(FOLDS):
+            model = _fitted(x[fit & (folds != f)], y[fit & (folds != f)], l2)
+            rows = has & (folds == f)
+            p[rows] = _probabilities(model, x[rows])
+        oof_by_l2[l2] = p
+    auc_by_l2 = {
+        l2: round(auc(-p[fit & (y == 1)], -p[fit & (y == 0)]), 9) for l2, p in oof_by_l2.items()
+    }
+    best = max(L2_GRID, key=lambda l2: (auc_by_l2[l2], l2))
+    model = _fitted(x[fit], y[fit], best)
+    model["l2"] = best
+    return model, oof_by_l2[best], auc_by_l2
 
 
 def train() -> dict[str, Any]:
-    examples = [e for e in load_examples() if e.split in ("train", "val")]
-    examples, graded, vectors, model_id, generated = graded_with_twins(examples)
-    outputs = classifier_outputs(examples, vectors, generated)
-    keep = [i for i, g in enumerate(graded) if g.population in POPULATIONS and g.hits]
-    rows = feature_rows([graded[i] for i in keep], [outputs[i] for i in keep])
-    y = np.array([int(graded[i].population == "multihop") for i in keep], dtype=np.int64)
-    is_train = np.array([graded[i].example.split == "train" for i in keep])
-    fit = fit_sufficiency(rows[is_train], y[is_train], rows[~is_train], y[~is_train])
-    fitted = [graded[i] for i, t in zip(keep, is_train, strict=True) if t]
-    dev = fanoutqa_path("fanout-final-dev.json")
-    return {
-        "format": ARTIFACT_FORMAT,
-        "feature_names": list(SUFFICIENCY_FEATURES),
-        "embedding_model_id": model_id,
-        "mean": fit.pop("mean"),
-        "scale": fit.pop("scale"),
-        "weights": fit.pop("weights"),
-        "bias": fit.pop("bias"),
-        "threshold": fit.pop("threshold"),
-        "training": {
-            "command": TRAIN_COMMAND,
-            "data_sha256": {
-                "fanoutqa/data/fanout-final-dev.json": _sha256(dev.read_bytes()),
-                "corpus": corpus_digest(load_wiki_sample(), model_id),
-                "routers/router_model.json": _sha256(ROUTER_MODEL_PATH.read_bytes()),
-                "fitted_examples": _sha256(
-                    "\n".join(f"{g.population}\t{g.example.text}" for g in fitted).encode()
-                ),
-            },
-            "labels": "multihop parent = 1 (insufficient), lookup-in sub-question = 0",
-            "fitted_on": "train part of the dev split (scripts/train_router.py's split)",
-            "l2": fit.pop("l2"),
-            "metrics": fit.pop("metrics"),
-            "generated": {"padded lookup-in twins of train sub-questions": generated},
-            "notes": [
-                "classifier features: cross-fitted on train, router fitted on train for val",
-                "padded twins: train part only, label 0, never fit a router (see the script)",
-                "threshold: max val multihop escalation s.t. val lookup-in escalation <= 10%",
-                "FanOutQA test file never used; the dev test part is held out for the eval",
-            ],
-        },
+    graded, logits, router, model_id, twins = tuning_data()
+    margin = float(router["decision"]["multihop_margin"])
+    outputs = [_classification(row, margin) for row in logits]
+    x = feature_rows(graded, outputs)
+    population = np.array([g.population for g in graded])
+    y = (population == "multihop").astype(np.int64)
+    has_hits = np.array([bool(g.hits) for g in graded])
+    fit = np.isin(population, POPULATIONS) & has_hits
+    folds = np.array([fold_of(g.example) for g in graded], dtype=np.int64)
+    model, p, auc_by_l2 = fit_sufficiency(x, y, fit, folds)
+    questions = np.arange(len(graded)) < len(graded) - twins  # the twins are not questions
+    lookup = CLASSES.index(Route.LOOKUP)
+    others = logits[:, [k for k in range(len(CLASSES)) if CLASSES[k] is not Route.MULTIHOP]]
+    rows = TuningRows(
+        population[questions],
+        margins(logits)[questions],
+        (np.argmax(others, axis=1) == lookup)[questions],
+        np.where(has_hits, p, 1.0)[questions],
+    )
+    threshold, at = choose_threshold(rows, margin)
+    frontier = {
+        f"{m:g}": {"threshold": t, **s}
+        for m in FRONTIER_MARGINS
+        for t, s in [choose_threshold(rows, m)]
     }
+    fitted = [g for g, f in zip(graded, fit, strict=True) if f]
+    dev = fanoutqa_path("fanout-final-dev.json")
+    config = RetrievalConfig()
+    artifact: dict[str, Any] = _rounded(
+        {
+            "format": ARTIFACT_FORMAT,
+            "feature_names": list(SUFFICIENCY_FEATURES),
+            "embedding_model_id": model_id,
+            "mean": model["mean"],
+            "scale": model["scale"],
+            "weights": model["weights"],
+            "bias": model["bias"],
+            "threshold": threshold,
+            "training": {
+                "command": TRAIN_COMMAND,
+                "data_sha256": {
+                    "fanoutqa/data/fanout-final-dev.json": _sha256(dev.read_bytes()),
+                    "corpus": corpus_digest(load_wiki_sample(), model_id),
+                    "routers/router_model.json": _sha256(ROUTER_MODEL_PATH.read_bytes()),
+                    "fitted_examples": _sha256(
+                        "\n".join(f"{g.population}\t{g.example.text}" for g in fitted).encode()
+                    ),
+                },
+                "retrieval": {
+                    "fusion": str(config.fusion),
+                    "k": config.k,
+                    "candidates": config.candidates,
+                },
+                "labels": "multihop parent = 1 (insufficient), lookup-in sub-question = 0",
+                "fitted_on": "train+val of the dev split (scripts/train_router.py's), with twins",
+                "l2": model["l2"],
+                "metrics": {
+                    "out_of_fold_auc_by_l2": {f"{l2:g}": auc_by_l2[l2] for l2 in L2_GRID},
+                    "router_multihop_margin": margin,
+                    "target_recall": TARGET_RECALL,
+                    "out_of_fold_flagged_multihop": at,
+                    "counts": {
+                        name: int((rows.population == name).sum())
+                        for name in ("multihop", "lookup-in", "lookup-out", "direct")
+                    },
+                    "frontier_by_router_margin": frontier,
+                },
+                "generated": {"padded lookup-in twins of tuning sub-questions": twins},
+                "notes": [
+                    "classifier features: each row's router fitted on the other folds",
+                    "padded twins: tuning part only, label 0, never fit a router (see the script)",
+                    "threshold: fewest lookup-in flagged (router or escalation, out of fold) with "
+                    "target_recall of multihop flagged, at the router's margin",
+                    "FanOutQA test file never used; the dev test part is held out for the eval",
+                ],
+            },
+        }
+    )
+    return artifact
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_MODEL_PATH)
+    parser.add_argument(
+        "--check", action="store_true", help="retrain in memory and diff against --out"
+    )
     args = parser.parse_args(argv)
     artifact = train()
-    args.out.write_text(json.dumps(artifact, indent=1) + "\n", "utf-8")
-    print(f"wrote {args.out} ({args.out.stat().st_size} bytes)")
-    print(json.dumps(artifact["training"]["metrics"], indent=1))
+    produced = render(artifact)
+    if args.check:
+        raise SystemExit(check(args.out.read_bytes(), produced, args.out))
+    args.out.write_bytes(produced)
+    metrics = artifact["training"]["metrics"]
+    print(f"wrote {args.out} ({len(produced)} bytes); threshold {artifact['threshold']}")
+    print("out of fold, router margin", metrics["router_multihop_margin"], "->")
+    print(" ", json.dumps(metrics["out_of_fold_flagged_multihop"]))
+    print("frontier (router margin: threshold and flagged shares at the target recall):")
+    for m, point in metrics["frontier_by_router_margin"].items():
+        print(f"  {m:>5}: {json.dumps(point)}")
 
 
 if __name__ == "__main__":

@@ -13,13 +13,26 @@ from backends.embeddings.minilm import MiniLMEmbedder
 from backends.retrieval.base import Vector
 from routers.features import FEATURE_NAMES
 from routers.learned import (
+    CLASSES,
     DEFAULT_MODEL_PATH,
     LearnedClassifier,
     RouterModelMismatch,
     load_router_model,
+    route_index,
 )
 from routers.types import Route
-from scripts.train_router import feature_matrix, fit_router, labels_of, load_examples
+from scripts.train_router import (
+    Example,
+    feature_matrix,
+    fit_artifact,
+    fit_router,
+    labels_of,
+    load_examples,
+    render,
+    training_examples,
+)
+
+MODEL_ID = MiniLMEmbedder.model_id
 
 
 @pytest.fixture(scope="session")
@@ -111,3 +124,47 @@ def test_training_twice_on_the_same_data_gives_identical_weights(embedder: MiniL
     y = labels_of(subset)
     assert set(y.tolist()) == {0, 1, 2}
     assert np.array_equal(fit_router(x, y, 1e-3), fit_router(x, y, 1e-3))
+
+
+def test_the_multihop_margin_decides_between_multihop_and_the_better_other_class() -> None:
+    logits = np.array([0.0, 1.0, 2.0])  # direct, lookup, multihop: multihop leads lookup by 1
+    assert CLASSES[route_index(logits, 0.0)] is Route.MULTIHOP
+    assert CLASSES[route_index(logits, 0.99)] is Route.MULTIHOP
+    assert CLASSES[route_index(logits, 1.0)] is Route.LOOKUP
+    assert CLASSES[route_index(np.array([1.5, 1.0, 2.0]), 1.0)] is Route.DIRECT
+
+
+def test_the_committed_artifact_carries_its_calibration_and_operating_point() -> None:
+    raw = json.loads(DEFAULT_MODEL_PATH.read_text(encoding="utf-8"))
+    assert raw["training"]["fitted_on"] == "train"
+    assert raw["training"]["temperature"] > 0
+    ece = raw["metrics"]["val_ece"]
+    assert ece["after_temperature"] <= ece["before_temperature"]
+    margin = raw["decision"]["multihop_margin"]
+    assert load_router_model(DEFAULT_MODEL_PATH, embedding_model_id=MODEL_ID).multihop_margin == (
+        margin
+    )
+
+
+def _small_training_set() -> tuple[list[Example], np.ndarray]:
+    """Every 20th real and generated example (all classes, train/val, several folds) with
+    fixed pseudo-random 16-dimensional vectors: the whole fit runs in about a second."""
+    examples = [e for e in training_examples() if e.split != "test"][::20]
+    vectors = np.random.default_rng(7).normal(size=(len(examples), 16)).astype(np.float32)
+    return examples, vectors
+
+
+def test_training_twice_on_a_small_fixed_set_writes_the_same_bytes() -> None:
+    examples, vectors = _small_training_set()
+    assert {e.route for e in examples} == set(CLASSES)
+    assert any(e.weight != 1.0 for e in examples) and {e.split for e in examples} == {
+        "train",
+        "val",
+    }
+    first = render(fit_artifact(examples, vectors, "fixed"))
+    second = render(fit_artifact(list(examples), vectors.copy(), "fixed"))
+    assert first == second
+    # Rounding to SIGNIFICANT_DIGITS absorbs noise far below it (another BLAS's summation
+    # order, the embedder's last bits): a 1e-7 relative nudge of every input changes no byte.
+    nudged = (vectors * (1 + 1e-7)).astype(np.float32)
+    assert render(fit_artifact(examples, nudged, "fixed")) == first

@@ -25,7 +25,7 @@ from routers.sufficiency import (
     load_sufficiency_model,
 )
 from routers.types import Classification, Route
-from scripts.train_sufficiency import fit_sufficiency
+from scripts.train_sufficiency import TuningRows, choose_threshold, fit_sufficiency, flagged
 
 MODEL_ID = MiniLMEmbedder.model_id
 BEST = best_possible_score(1.0, 1.0)
@@ -122,11 +122,38 @@ def _synthetic(rows: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def test_training_twice_on_the_same_data_writes_the_same_bytes() -> None:
-    x_train, y_train = _synthetic(60, 1)
-    x_val, y_val = _synthetic(30, 2)
-    first = json.dumps(fit_sufficiency(x_train, y_train, x_val, y_val))
-    second = json.dumps(fit_sufficiency(x_train.copy(), y_train.copy(), x_val, y_val))
-    assert first == second
+    x, y = _synthetic(90, 1)
+    fit = np.arange(90) % 7 != 0
+    folds = np.arange(90) % 5
+    first = fit_sufficiency(x, y, fit, folds)
+    second = fit_sufficiency(x.copy(), y.copy(), fit.copy(), folds.copy())
+    assert json.dumps(first[0]).encode() == json.dumps(second[0]).encode()
+    assert np.array_equal(first[1], second[1])
+    # Far below the rounding, noise changes no byte of the model.
+    assert json.dumps(fit_sufficiency(x * (1 + 1e-9), y, fit, folds)[0]) == json.dumps(first[0])
+
+
+def _rows(margin: list[float], p: list[float], population: list[str]) -> TuningRows:
+    return TuningRows(
+        np.array(population), np.array(margin), np.ones(len(margin), dtype=bool), np.array(p)
+    )
+
+
+def test_the_threshold_flags_the_fewest_single_hop_questions_at_the_target_recall() -> None:
+    # 20 multihop questions: 10 flagged by the router (margin 3), 10 reaching lookup with
+    # P 0.50..0.95; 20 lookup-in questions reaching lookup with P 0.02..0.97.
+    margin = [3.0] * 10 + [0.0] * 30
+    p = [0.9] * 10 + [0.5 + 0.05 * i for i in range(10)] + [0.02 + 0.05 * i for i in range(20)]
+    population = ["multihop"] * 20 + ["lookup-in"] * 20
+    rows = _rows(margin, p, population)
+    threshold, shares = choose_threshold(rows, 1.0)
+    # 19 of 20 multihop must be flagged: the threshold sits below P 0.55, so 0.5 is not caught.
+    assert 0.5 < threshold < 0.55
+    assert shares["multihop"] == 0.95
+    assert shares["lookup-in"] == float((np.array(p[20:]) > threshold).mean())
+    # A router margin that flags every multihop question itself leaves the grade nothing to do.
+    assert choose_threshold(rows, -1.0)[1]["lookup-in"] == 1.0
+    assert flagged(rows, 1.0, threshold).sum() == 19 + int((np.array(p[20:]) > threshold).sum())
 
 
 def test_out_of_domain_single_hop_questions_stay_sufficient_under_the_default_config(
