@@ -40,7 +40,13 @@ from backends.retrieval.base import Hit, Retriever, Vector
 from gateway.accounting import current_record
 from gateway.cache import policy as cache_policy
 from gateway.cache.guards import MAX_SEMANTIC_CHARS
-from gateway.cache.keys import CacheScope, display_question, exact_key, options_digest
+from gateway.cache.keys import (
+    CacheScope,
+    answer_config_version,
+    display_question,
+    exact_key,
+    options_digest,
+)
 from gateway.cache.single_flight import Lease, Shared
 from gateway.metered_llm import MeteredLLM
 from gateway.metrics import Metrics
@@ -136,6 +142,7 @@ class Pipeline:
             # A leader's claim outlives no request: past its deadline nobody waits for it.
             lease_s=settings.server.request_timeout_s,
         )
+        self._answer_configs: dict[str, str] = {}  # per tenant: what answers depend on
         self._llm = MeteredLLM(services.llm, services.metrics)
         self._registry = build_registry(
             AgentDeps(
@@ -531,10 +538,16 @@ class Pipeline:
         return CacheScope(
             requested_route=request.route,
             generation=generation,
-            config_version=self.config_version,
+            config_version=self._answer_config(request.tenant),
             embedding_model=self._s.embedder.model_id,
             options=options_digest(request.options),
         )
+
+    def _answer_config(self, tenant: TenantConfig) -> str:
+        version = self._answer_configs.get(tenant.id)
+        if version is None:
+            version = self._answer_configs[tenant.id] = answer_config_version(self.settings, tenant)
+        return version
 
     async def _store(self, ctx: RequestContext, answer: Answer, reason: str) -> None:
         """Store a computed answer the policy accepts, unless the client said no-store."""

@@ -2,7 +2,10 @@
 
 The scope is a digest of everything besides the question that could change an answer: the
 requested route, the tenant's index generation (a document change retires the answers computed
-before it), the configuration version (models, routing, retrieval), the prompts' text, the
+before it), the configuration an answer depends on (`answer_config_version`: models,
+embeddings, retrieval, routing, the agent's caps and the tenant's own routing flags; not the
+port, data directory, timeouts, admission limits, quotas or cache settings, so replicas that
+differ only in those share answers and changing those retires none), the prompts' text, the
 embedding model (the semantic tier compares its vectors), the client's generation parameters
 and the cached form's own version.
 When any of them changes, new requests look under a new scope and the old entries are never
@@ -22,6 +25,7 @@ import unicodedata
 from dataclasses import dataclass
 
 from backends.llm.base import GenerationOptions
+from gateway.settings import Settings, TenantConfig
 from routers import prompts
 
 # Bump when the cached payload's shape changes (gateway.wire.answer_to_cache).
@@ -42,6 +46,21 @@ def _prompts_version() -> str:
 
 
 PROMPTS_VERSION = _prompts_version()
+
+
+def answer_config_version(settings: Settings, tenant: TenantConfig) -> str:
+    """A digest of the configuration sections an answer depends on, for this tenant."""
+    material = {
+        "models": settings.models.model_dump(mode="json"),
+        "embeddings": settings.embeddings.model_dump(mode="json"),
+        "retrieval": settings.retrieval.model_dump(mode="json"),
+        "router": settings.router.model_dump(mode="json"),
+        "agent": settings.agent.model_dump(mode="json"),
+        "tenant": tenant.model_dump(
+            mode="json", include={"allow_force_route", "allow_full_context"}
+        ),
+    }
+    return _digest(json.dumps(material, sort_keys=True, default=str))[:12]
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,12 +7,18 @@ from backends.cache.memory import MemoryCacheStore
 from backends.errors import BackendUnavailable
 from backends.llm.base import NO_OPTIONS, GenerationOptions
 from backends.retrieval.base import Vector
-from gateway.cache.keys import CacheScope, exact_key, normalise_query, options_digest
+from gateway.cache.keys import (
+    CacheScope,
+    answer_config_version,
+    exact_key,
+    normalise_query,
+    options_digest,
+)
 from gateway.cache.single_flight import Shared, SingleFlight
 from gateway.metrics import Metrics
 from gateway.pipeline import replay_pieces
 from gateway.response_cache import ResponseCache, StoreFailed
-from gateway.settings import CacheConfig
+from gateway.settings import CacheConfig, Settings, TenantConfig
 
 SCOPE = CacheScope("auto", 3, "cfg1", "all-MiniLM-L6-v2")
 
@@ -200,3 +206,14 @@ def test_a_replayed_answer_is_several_pieces_that_join_to_it_exactly() -> None:
     assert len(pieces) > 2
     assert "".join(pieces) == text
     assert replay_pieces("") == [""]
+
+
+def test_replicas_differing_only_in_port_or_data_dir_share_a_scope() -> None:
+    tenant = TenantConfig(id="acme", api_key_sha256=("0" * 64,))
+    base = Settings()
+    same = Settings(server={"port": 9999}, data_dir="/elsewhere", cache={"ttl_s": 5})
+    other = Settings(retrieval={"k": 3})
+    assert answer_config_version(base, tenant) == answer_config_version(same, tenant)
+    assert answer_config_version(base, tenant) != answer_config_version(other, tenant)
+    narrower = TenantConfig(id="acme", api_key_sha256=("1" * 64,), allow_full_context=False)
+    assert answer_config_version(base, tenant) != answer_config_version(base, narrower)
