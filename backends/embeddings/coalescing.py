@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from backends.embeddings.base import Embedder
+from backends.embeddings.base import Embedder, TokenWindow, token_window
 from backends.errors import BackendUnavailable
 from backends.retrieval.base import Vector
 
@@ -94,6 +94,12 @@ class CoalescingEmbedder:
         self._running = False
         self.model_id = inner.model_id
         self.dimension = inner.dimension
+        self.token_window: TokenWindow | None = token_window(inner)
+
+    @property
+    def inner(self) -> Embedder:
+        """The wrapped embedder (bulk ingest runs it on its own threads)."""
+        return self._inner
 
     async def embed(self, texts: Sequence[str]) -> Vector:
         clean = [sanitise(t) for t in texts]  # a non-str fails here, in its own caller

@@ -19,6 +19,7 @@ import numpy.typing as npt
 from safetensors.numpy import load_file
 from tokenizers import Tokenizer
 
+from backends.embeddings.base import TokenWindow
 from backends.retrieval.base import Vector
 
 F32 = npt.NDArray[np.float32]
@@ -29,6 +30,7 @@ _HEADS = 12
 _LAYER_NORM_EPS = 1e-12
 # Padded key positions get this added to their attention logits: exp() of it is exactly 0.
 _MASKED_LOGIT = np.float32(-1e9)
+_SPECIAL_TOKENS = 2  # [CLS] and [SEP], which the tokenizer adds inside max_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,16 +185,33 @@ def _pad(sequences: list[list[int]]) -> tuple[I64, F32]:
     return ids, mask
 
 
+def load_tokenizer(path: Path, max_tokens: int | None) -> Tokenizer:
+    tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+    # The shipped tokenizer.json pads every input to 128: pad per batch ourselves instead.
+    tokenizer.no_padding()
+    if max_tokens is None:
+        tokenizer.no_truncation()
+    else:
+        tokenizer.enable_truncation(max_length=max_tokens)
+    return tokenizer
+
+
 class MiniLMEmbedder:
-    """The `Embedder` for all-MiniLM-L6-v2, computed on this process's CPU.
+    """The `Embedder` for all-MiniLM-L6-v2, computed on this process's CPU with numpy.
 
     Loading takes well under a second; construct it once at start-up. `embed` runs the forward
     pass on one dedicated worker thread, so the event loop never waits on it and concurrent
-    callers queue instead of fighting over the cores.
+    callers queue instead of fighting over the cores. `embed_sync` may be called from several
+    threads at once (bulk ingest does, one batch per core).
+
+    Subclasses change the runtime of the forward pass only (`_load`, `_forward`): tokenizing,
+    truncation at `max_tokens` and batching by length are shared, so every runtime sees the
+    same inputs.
     """
 
     model_id = "all-MiniLM-L6-v2"
     dimension = 384
+    runtime = "numpy"
 
     def __init__(
         self,
@@ -203,16 +222,26 @@ class MiniLMEmbedder:
         max_tokens: int = 256,
     ) -> None:
         path = model_path or default_model_path()
-        self._weights = _load_weights(path)
-        self._tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
-        # The shipped tokenizer.json pads every input to 128: pad per batch ourselves instead.
-        self._tokenizer.no_padding()
-        self._tokenizer.enable_truncation(max_length=max_tokens)
+        self._load(path)
+        self._tokenizer = load_tokenizer(path, max_tokens)
+        self._counter = load_tokenizer(path, None)  # counts the whole text, for chunking
+        self.token_window = TokenWindow(max_tokens, _SPECIAL_TOKENS, self.count_tokens)
         self._batch_size = batch_size
         self._batch_tokens = batch_tokens
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="minilm"
         )
+
+    def _load(self, path: Path) -> None:
+        self._weights = _load_weights(path)
+
+    def _forward(self, ids: I64, mask: F32) -> F32:
+        """Mean-pooled, L2-normalised vectors of one padded batch."""
+        return _encode(self._weights, ids, mask)
+
+    def count_tokens(self, text: str) -> int:
+        """Word pieces of `text` without [CLS]/[SEP], untruncated."""
+        return len(self._counter.encode(text, add_special_tokens=False).ids)
 
     async def embed(self, texts: Sequence[str]) -> Vector:
         loop = asyncio.get_running_loop()
@@ -223,11 +252,15 @@ class MiniLMEmbedder:
         out = np.zeros((len(texts), self.dimension), dtype=np.float32)
         if not texts:
             return out
-        ids_per_text = [enc.ids for enc in self._tokenizer.encode_batch(list(texts))]
+        ids_per_text = self.encode(texts)
         for batch in self._batches(ids_per_text):
             ids, mask = _pad([ids_per_text[i] for i in batch])
-            out[batch] = _encode(self._weights, ids, mask)
+            out[batch] = self._forward(ids, mask)
         return out
+
+    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        """The token ids the model sees: [CLS] text [SEP], cut at `max_tokens`."""
+        return [enc.ids for enc in self._tokenizer.encode_batch(list(texts))]
 
     def _batches(self, ids_per_text: list[list[int]]) -> list[list[int]]:
         """Indices grouped by similar length, each group within the count and token budgets.

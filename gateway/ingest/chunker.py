@@ -4,6 +4,13 @@ Each chunk stays within one section, so it can name its heading path, and holds 
 `target_tokens`; consecutive chunks of a section overlap by about `overlap` of that, so a fact
 cut at a boundary is still whole in one of them. Ids are `<doc_id>#<n>`: stable as long as the
 text and the settings are.
+
+Given the embedder's `TokenWindow` (MiniLM: 256 tokens with [CLS] and [SEP]), chunks are
+counted with the embedder's own tokenizer and sized so that what is embedded, the context line
+plus the chunk, fits the window whole: an encoder silently drops what lies past its window, so
+the tail of a larger chunk would be searchable by BM25 but invisible to the dense arm. A word
+longer than the window on its own (a URL, a base64 blob) is cut into pieces that fit. Without a
+window (a remote embedding API) sizes are estimated from words (`approx_tokens`).
 """
 
 from __future__ import annotations
@@ -11,6 +18,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from backends.embeddings.base import TokenWindow
 
 TokenCounter = Callable[[str], int]
 
@@ -25,6 +34,7 @@ _APPROX_TOKEN = re.compile(r"\w+|[^\w\s]")
 # Wikipedia sample: 1.10. Close enough for sizing chunks, and needs no tokenizer.
 _PIECES_PER_TOKEN = 1.1
 SECTION_SEPARATOR = " > "
+CONTEXT_SEPARATOR = "\n\n"  # between the context line and the chunk in what is embedded
 
 
 def approx_tokens(text: str) -> int:
@@ -35,6 +45,9 @@ def approx_tokens(text: str) -> int:
 class ChunkingConfig:
     target_tokens: int = 350
     overlap: float = 0.12
+    # Size chunks by the embedder's tokenizer to fit its window (context line included), when
+    # the embedder has one. Part of the config's repr, so indexes keyed by it are rebuilt.
+    fit_window: bool = True
 
 
 DEFAULT_CHUNKING = ChunkingConfig()
@@ -49,7 +62,7 @@ class TextChunk:
 
     @property
     def embedding_text(self) -> str:
-        return f"{self.context}\n\n{self.text}"
+        return f"{self.context}{CONTEXT_SEPARATOR}{self.text}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,14 +77,55 @@ def chunk_document(
     text: str,
     config: ChunkingConfig = DEFAULT_CHUNKING,
     count: TokenCounter = approx_tokens,
+    *,
+    window: TokenWindow | None = None,
 ) -> list[TextChunk]:
+    """The document's chunks; with `window`, each chunk's `embedding_text` fits it whole."""
+    if window is not None:
+        count = window.count
     chunks: list[TextChunk] = []
     for path, body in sections(text, title):
         section = SECTION_SEPARATOR.join(path)
         context = f"{title} — {section}" if section else title
-        for part in _chunk_section(body, config, count):
+        section_config = config
+        if window is not None:
+            # A long title or heading path may take at most a quarter of the window.
+            context = _fit(context, window.text_tokens // 4, count)
+            room = window.text_tokens - count(f"{context}{CONTEXT_SEPARATOR}")
+            section_config = ChunkingConfig(min(config.target_tokens, room), config.overlap)
+        for part in _chunk_section(body, section_config, count):
             chunks.append(TextChunk(f"{doc_id}#{len(chunks)}", part, section, context))
     return chunks
+
+
+def _fit(text: str, budget: int, count: TokenCounter) -> str:
+    """`text` cut at a word (or, for one long word, a character) to at most `budget` tokens."""
+    if count(text) <= budget:
+        return text
+    words = text.split()
+    while len(words) > 1 and count(" ".join(words)) > budget:
+        words.pop()
+    return _cut(" ".join(words), budget, count)[0]
+
+
+def _cut(text: str, budget: int, count: TokenCounter) -> list[str]:
+    """`text` in consecutive pieces of at most `budget` tokens each (by bisection on length):
+    for a single word longer than a chunk, which no separator splits."""
+    pieces: list[str] = []
+    while text:
+        if count(text) <= budget:
+            pieces.append(text)
+            break
+        low, high = 1, len(text)  # the longest prefix that fits lies in [low, high)
+        while high - low > 1:
+            middle = (low + high) // 2
+            if count(text[:middle]) <= budget:
+                low = middle
+            else:
+                high = middle
+        pieces.append(text[:low])
+        text = text[low:]
+    return pieces
 
 
 def sections(text: str, title: str) -> list[tuple[tuple[str, ...], str]]:
@@ -134,8 +188,11 @@ _LEVELS: tuple[tuple[re.Pattern[str], str], ...] = (
 
 def _split(piece: _Piece, level: int, target: int, count: TokenCounter) -> list[_Piece]:
     """Pieces no larger than target, split at the coarsest level that gets them there."""
-    if count(piece.text) <= target or level == len(_LEVELS):
-        return [piece]  # a single word longer than the target stays whole
+    if count(piece.text) <= target:
+        return [piece]
+    if level == len(_LEVELS):  # a single word longer than the target
+        parts = _cut(piece.text, target, count)
+        return [_Piece(p, piece.joiner if i == 0 else "") for i, p in enumerate(parts)]
     pattern, joiner = _LEVELS[level]
     parts = [p.strip() for p in pattern.split(piece.text) if p.strip()]
     if len(parts) == 1:

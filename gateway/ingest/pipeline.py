@@ -2,7 +2,13 @@
 
 Unchanged documents (same content hash) are skipped before any embedding, so re-running an
 ingest over the same tree costs a hash per document. Chunks of many documents are embedded
-together, because the embedder is far faster per text in batches.
+together, because the embedder is far faster per text in batches. With `parallel` > 1, that
+many batches are embedded at once (give it an embedder whose calls run concurrently, e.g.
+`backends.embeddings.bulk.BulkEmbedder`, one thread per core) while this coroutine, the one
+writer, writes finished batches in order: the index never sees two writers.
+
+Chunks are sized to the embedder's token window when it has one (`ChunkingConfig.fit_window`),
+so nothing embedded is cut off by the encoder.
 """
 
 from __future__ import annotations
@@ -10,11 +16,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
+from functools import partial
 
-from backends.embeddings.base import Embedder
-from backends.retrieval.base import Chunk, Document, Retriever
+from backends.embeddings.base import Embedder, TokenWindow, token_window
+from backends.retrieval.base import Chunk, Document, Retriever, Vector
 from gateway.ingest.chunker import DEFAULT_CHUNKING, ChunkingConfig, TextChunk, chunk_document
 from gateway.ingest.readers import RawDocument
 
@@ -62,31 +70,50 @@ async def ingest_documents(
     *,
     chunking: ChunkingConfig = DEFAULT_CHUNKING,
     embed_batch: int = EMBED_BATCH,
+    parallel: int = 1,
 ) -> IngestReport:
     """Add, update or delete each document; a document with blank text is deleted.
 
     Each document is written in its own transaction, so an interrupted ingest leaves whole
-    documents only and re-running it resumes where it stopped.
+    documents only and re-running it resumes where it stopped. `parallel`: batches embedded
+    at once (written one at a time, in order).
     """
     docs = list({d.doc_id: d for d in raw_docs}.values())  # the last version of an id wins
+    window = token_window(embedder) if chunking.fit_window else None
     report = IngestReport()
     pending: list[_Pending] = []
+    inflight: deque[asyncio.Task[tuple[list[_Pending], Vector]]] = deque()
     done = 0
     stored: dict[str, str] = {}
-    for i, raw in enumerate(docs):
-        if i % LOOKUP_BATCH == 0:
-            # One lookup of stored hashes per slice, not one round trip per document.
-            ids = [d.doc_id for d in docs[i : i + LOOKUP_BATCH]]
-            stored = await retriever.content_hashes(tenant, ids)
-        item = await _prepare(tenant, raw, stored.get(raw.doc_id), retriever, report, chunking)
-        if item is None:
-            done += 1
-        else:
-            pending.append(item)
-        if pending and (raw is docs[-1] or _size(pending) >= embed_batch):
-            done += await _flush(tenant, pending, embedder, retriever, report)
-        if progress is not None:
-            progress(done, len(docs))
+
+    async def write_oldest() -> int:
+        batch, vectors = await inflight.popleft()
+        return await _write(tenant, batch, vectors, retriever, report)
+
+    try:
+        for i, raw in enumerate(docs):
+            if i % LOOKUP_BATCH == 0:
+                # One lookup of stored hashes per slice, not one round trip per document.
+                ids = [d.doc_id for d in docs[i : i + LOOKUP_BATCH]]
+                stored = await retriever.content_hashes(tenant, ids)
+            item = await _prepare(
+                tenant, raw, stored.get(raw.doc_id), retriever, report, chunking, window
+            )
+            if item is None:
+                done += 1
+            else:
+                pending.append(item)
+            last = i == len(docs) - 1
+            if pending and (last or _size(pending) >= embed_batch):
+                inflight.append(asyncio.create_task(_embed(pending, embedder)))
+                pending = []
+            while inflight and (len(inflight) >= parallel or last):
+                done += await write_oldest()
+            if progress is not None:
+                progress(done, len(docs))
+    finally:
+        for task in inflight:  # failed or cancelled part way: embed nothing more
+            task.cancel()
     return report
 
 
@@ -101,6 +128,7 @@ async def _prepare(
     retriever: Retriever,
     report: IngestReport,
     chunking: ChunkingConfig,
+    window: TokenWindow | None,
 ) -> _Pending | None:
     """What to write for this document, given its stored hash; None when it needs nothing."""
     if not raw.text.strip():
@@ -113,7 +141,8 @@ async def _prepare(
         return None
     # Pure-Python work that grows with the text (a 500k-char document: ~150 ms): off the loop,
     # so a large PUT does not stall every other request.
-    chunks = await asyncio.to_thread(chunk_document, raw.doc_id, raw.title, raw.text, chunking)
+    chunk = partial(chunk_document, window=window)
+    chunks = await asyncio.to_thread(chunk, raw.doc_id, raw.title, raw.text, chunking)
     if not chunks:
         log.warning("document has no passage to index, skipped", extra={"doc_id": raw.doc_id})
         report.empty += 1
@@ -121,22 +150,27 @@ async def _prepare(
     return _Pending(raw, digest, stored is None, chunks)
 
 
-async def _flush(
+async def _embed(pending: list[_Pending], embedder: Embedder) -> tuple[list[_Pending], Vector]:
+    """Every pending chunk's vector, in one embedder call."""
+    texts = [chunk.embedding_text for item in pending for chunk in item.chunks]
+    return pending, await embedder.embed(texts)
+
+
+async def _write(
     tenant: str,
     pending: list[_Pending],
-    embedder: Embedder,
+    vectors: Vector,
     retriever: Retriever,
     report: IngestReport,
 ) -> int:
-    """Embed every pending chunk in one call, write each document; returns documents written."""
-    texts = [chunk.embedding_text for item in pending for chunk in item.chunks]
-    vectors = iter(await embedder.embed(texts))
+    """Write each document of an embedded batch; returns documents written."""
+    rows = iter(vectors)
     documents = [
         Document(
             item.raw.doc_id,
             item.raw.title,
             item.content_hash,
-            tuple(Chunk(c.chunk_id, c.text, c.section, next(vectors)) for c in item.chunks),
+            tuple(Chunk(c.chunk_id, c.text, c.section, next(rows)) for c in item.chunks),
         )
         for item in pending
     ]
@@ -150,6 +184,4 @@ async def _flush(
         else:
             report.updated += 1
         report.chunks += len(document.chunks)
-    written = len(pending)
-    pending.clear()
-    return written
+    return len(pending)

