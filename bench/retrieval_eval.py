@@ -29,7 +29,9 @@ backends' client-side paths call. `+policy xN` is the gateway's own per-query we
 better single arm, on recall@10 and on MRR@10 (each against the arm better on that metric),
 across backend x benchmark on the tuning split, is chosen; then every variant is reported on
 the held-out split with the chosen one's difference to the better arm on each metric.
-`--opensearch-url` may be given more than once (e.g. 3.5.0 and 2.19.1 nodes).
+`--opensearch-url` may be given more than once (e.g. 3.5.0 and 2.19.1 nodes). On a node with
+neural-search, every held-out query also runs through the node's server-side min-max
+(`SERVER_SIDE`, the gateway's per-query weights), compared with `fuse` over the same arms.
 """
 
 from __future__ import annotations
