@@ -93,7 +93,9 @@ class SingleFlight:
                     return lease, payload
                 if await self._store.claim(tenant, key, self._lease_s):
                     lease.claimed = True
-                    return lease, None
+                    # The leader may have stored its answer and released between the two
+                    # reads: look once more before computing it again.
+                    return lease, await poll()
             return lease, None
         except BaseException:
             await self.finish(lease, None)
