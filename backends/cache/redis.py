@@ -53,6 +53,7 @@ docs/architecture.md.
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 import secrets
 import struct
@@ -62,11 +63,14 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from redis.exceptions import ResponseError
 
 from backends.cache.base import CachedEntry, CorruptEntry, Neighbour
 from backends.errors import BackendUnavailable
 from backends.redis_client import RedisConnection
 from backends.retrieval.base import Vector
+
+log = logging.getLogger(__name__)
 
 PREFIX = "qg:cache:"
 LSH_SEED = 20261130  # fixed: every replica must bucket a vector alike
@@ -477,8 +481,21 @@ class RedisCacheStore:
 
     async def _script(self, script: Any, tenant: str, *args: Any) -> Any:
         self._check_open()
+        keys = tenant_keys(tenant)
         argv = [self._lsh.bands, self._lsh.prefix_width, *args]
-        return await self._connection.call(script(keys=tenant_keys(tenant), args=argv))
+        try:
+            return await self._connection.call(script(keys=keys, args=argv))
+        except BackendUnavailable as exc:
+            if _wrong_type(exc):
+                await self._reset_tenant(keys)
+            raise
+
+    async def _reset_tenant(self, keys: list[str]) -> None:
+        """A key of the tenant's cache holds another type (something else wrote it): every
+        script on it would fail until it expired, and it may never. The cache is only a
+        cache, so the tenant's keys are dropped and the next write starts afresh."""
+        log.warning("cache keys of the wrong type; the tenant's cache is reset")
+        await self._connection.call(self._connection.client.delete(*keys))
 
     def _score(
         self, flat: Sequence[Any], unit: Vector, now_ms: int
@@ -531,6 +548,11 @@ class RedisCacheStore:
 
     async def _remove_ids(self, tenant: str, ids: Sequence[str]) -> None:
         await self._script(self._delete, tenant, "id", *ids)
+
+
+def _wrong_type(exc: BackendUnavailable) -> bool:
+    cause = exc.__cause__
+    return isinstance(cause, ResponseError) and "WRONGTYPE" in str(cause)
 
 
 def _vector_part(stored: bytes) -> bytes:

@@ -306,24 +306,44 @@ async def test_a_redis_that_never_answers_times_out(redis_server: RedisServer, s
     assert got is not None and got.key == "k"
 
 
-async def test_a_key_of_the_wrong_type_is_an_error_not_a_crash(single: Env) -> None:
-    tenant = _tenant()
-    await _put(single.store, tenant, _entry("k", _vector(1)))
-    raw = _raw(single)
+async def _garble(env: Env, tenant: str) -> None:
+    """Overwrite each of the tenant's cache keys with a string (another writer's mistake)."""
+    raw = _raw(env)
     for name in tenant_keys(tenant)[1:]:
         await raw.delete(name)
         await raw.set(name, "not a hash nor a zset")
-    with pytest.raises(BackendUnavailable):
-        await single.store.get(tenant, "k")
-    with pytest.raises(BackendUnavailable):
-        await _put(single.store, tenant, _entry("k"))
-    with pytest.raises(BackendUnavailable):
-        await single.store.nearest(tenant, SCOPE, _vector(1), limit=1)
+
+
+async def test_a_key_of_the_wrong_type_is_an_error_then_the_tenant_starts_afresh(
+    single: Env,
+) -> None:
+    tenant, other = _tenant(), _tenant()
+    await _put(single.store, other, _entry("k"))
+    for operation in ("get", "nearest", "put"):
+        await _put(single.store, tenant, _entry("k", _vector(1)))
+        await _garble(single, tenant)
+        with pytest.raises(BackendUnavailable):
+            if operation == "get":
+                await single.store.get(tenant, "k")
+            elif operation == "nearest":
+                await single.store.nearest(tenant, SCOPE, _vector(1), limit=1)
+            else:
+                await _put(single.store, tenant, _entry("k2"))
+        # the garbled keys were dropped: the tenant's cache works again, empty
+        assert await single.store.get(tenant, "k") is None
+        await _put(single.store, tenant, _entry("k", _vector(1)))
+        assert await single.store.get(tenant, "k") is not None
+        assert await single.store.nearest(tenant, SCOPE, _vector(1), limit=1)
+    assert await single.store.get(other, "k") is not None  # nobody else's cache was touched
+
+
+async def test_a_lease_key_written_by_someone_else_is_never_taken_or_deleted(single: Env) -> None:
+    tenant = _tenant()
+    raw = _raw(single)
     await raw.set(lease_key(tenant, "k"), "someone else's", px=60_000)
     assert not await single.store.claim(tenant, "k", ttl_s=5)
-    other = _tenant()  # the store still serves everyone else
-    await _put(single.store, other, _entry("k"))
-    assert await single.store.get(other, "k") is not None
+    await single.store.release(tenant, "k")
+    assert await raw.get(lease_key(tenant, "k")) == b"someone else's"
 
 
 async def test_a_server_speaking_garbage_is_unavailable(tmp_path: object) -> None:
