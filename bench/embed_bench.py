@@ -113,13 +113,15 @@ def main() -> int:
         f"on average; os.cpu_count {os.cpu_count()}, load average {os.getloadavg()[0]:.1f}"
     )
     print(
-        f"{'runtime':8} {'single p50 ms':>14} {'p90 ms':>8} {'batch texts/s':>14} "
-        f"{'parallel texts/s':>17}"
+        f"{'runtime':8} {'single p50 ms':>14} {'p90 ms':>8} {'CPU ms':>7} {'batch texts/s':>14} "
+        f"{'per CPU-s':>10} {'parallel texts/s':>17} {'per CPU-s':>10}"
     )
     for name in runtimes:
         print(
             f"{name:8} {pct(single[name], 50):14.2f} {pct(single[name], 90):8.2f} "
-            f"{statistics.median(batch[name]):14.1f} {statistics.median(parallel[name]):17.1f}"
+            f"{pct(single_cpu[name], 50):7.2f} {statistics.median(batch[name]):14.1f} "
+            f"{statistics.median(batch_cpu[name]):10.1f} {statistics.median(parallel[name]):17.1f} "
+            f"{statistics.median(parallel_cpu[name]):10.1f}"
         )
     print(
         "onnx vs numpy (wall): single query "

@@ -21,6 +21,7 @@ from gateway.handlers import (
     handle_route,
 )
 from gateway.health import watch_dependencies
+from gateway.ingest.background import INGEST, BackgroundIngest
 from gateway.limits import limits_middleware
 from gateway.metrics import Metrics
 from gateway.middleware import error_middleware, request_id_middleware
@@ -55,9 +56,15 @@ class AdmittingHolder(RuntimeHolder):
 
 
 def create_app(
-    settings: Settings, config_path: Path | None = None, prepare: Prepare = as_is
+    settings: Settings,
+    config_path: Path | None = None,
+    prepare: Prepare = as_is,
+    *,
+    startup_ingest: BackgroundIngest | None = None,
 ) -> web.Application:
-    """`config_path` is the file a reload re-reads; `prepare` re-applies the CLI's overrides."""
+    """`config_path` is the file a reload re-reads; `prepare` re-applies the CLI's overrides;
+    `startup_ingest` runs in the background once the backends are up (the sample corpus on
+    first run), while the gateway answers from what is indexed so far."""
     metrics = Metrics()
     admission = Admission(metrics)  # per process: each worker admits on its own
     app = web.Application(
@@ -77,9 +84,18 @@ def create_app(
             app[RUNTIME] = AdmittingHolder(runtime, admission)
             metrics.config_info.labels(settings.version).set(1)
             health = asyncio.create_task(watch_dependencies(services, metrics, HEALTH_EVERY_S))
+            ingest = None
+            if startup_ingest is not None:
+                app[INGEST] = startup_ingest
+                ingest = asyncio.create_task(
+                    startup_ingest.run(services.embedder, services.retriever)
+                )
             log.info("ready", extra={"config_version": settings.version})
             yield
             health.cancel()
+            if ingest is not None:
+                ingest.cancel()  # whole documents only are written: the next start resumes
+                await asyncio.gather(ingest, return_exceptions=True)
 
     async def resources(app: web.Application) -> AsyncIterator[None]:
         task = asyncio.create_task(metrics.publish_resources())

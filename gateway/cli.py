@@ -18,6 +18,7 @@ from gateway.logs import configure_logging
 from gateway.settings import ConfigError, Settings, load_settings
 
 if TYPE_CHECKING:
+    from gateway.ingest.background import BackgroundIngest
     from gateway.workers import WorkerSpec
 
 log = logging.getLogger("querygate")
@@ -53,7 +54,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--sample-corpus",
         action="store_true",
-        help="ingest the offline Wikipedia sample for the demo tenant first (a no-op when done)",
+        help="ingest the offline Wikipedia sample for the demo tenant in the background while "
+        "serving (a no-op when done; with --workers N > 1, before serving)",
     )
     serve.add_argument(
         "--workers",
@@ -155,10 +157,18 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
     from gateway.runtime import DEMO_TENANT
 
     settings = _serve_settings(settings, args)  # the demo key is made here, once
-    if args.sample_corpus:
-        asyncio.run(_ingest_async(settings, DEMO_TENANT, [], sample=True))
     if args.workers == 1:
-        return _run_app(settings, args, reuse_port=False)
+        ingest = None
+        if args.sample_corpus:
+            from gateway.ingest.background import BackgroundIngest
+            from gateway.ingest.wiki_sample import load_wiki_sample
+
+            # In the app's lifetime: the port opens at once and answers while it runs.
+            ingest = BackgroundIngest(DEMO_TENANT, load_wiki_sample)
+        return _run_app(settings, args, reuse_port=False, startup_ingest=ingest)
+    if args.sample_corpus:
+        # Workers are separate processes: the one writer ingests before they start.
+        asyncio.run(_ingest_async(settings, DEMO_TENANT, [], sample=True))
     return _supervise(settings, args)
 
 
@@ -189,15 +199,27 @@ def serve_worker(spec: WorkerSpec) -> int:
     return _run_app(_serve_settings(settings, args, announce=False), args, reuse_port=True)
 
 
-def _run_app(settings: Settings, args: argparse.Namespace, *, reuse_port: bool) -> int:
+def _run_app(
+    settings: Settings,
+    args: argparse.Namespace,
+    *,
+    reuse_port: bool,
+    startup_ingest: BackgroundIngest | None = None,
+) -> int:
     from aiohttp import web
 
     from gateway.app import create_app
 
     server = settings.server
+    app = create_app(
+        settings,
+        args.config,
+        lambda fresh: _serve_settings(fresh, args, False),
+        startup_ingest=startup_ingest,
+    )
     try:
         web.run_app(
-            create_app(settings, args.config, lambda fresh: _serve_settings(fresh, args, False)),
+            app,
             host=server.host,
             port=server.port,
             reuse_port=reuse_port,
@@ -244,7 +266,9 @@ def _ingest(settings: Settings, args: argparse.Namespace) -> int:
 async def _ingest_async(
     settings: Settings, tenant: str, paths: list[Path], sample: bool
 ) -> dict[str, int]:
+    from backends.embeddings.bulk import bulk_embedder
     from backends.embeddings.config import build_embedder
+    from gateway.ingest.background import BULK_BATCH, IngestProgress, ProgressDisplay
     from gateway.ingest.pipeline import ingest_documents
     from gateway.ingest.readers import read_paths
     from gateway.ingest.wiki_sample import load_wiki_sample
@@ -252,27 +276,31 @@ async def _ingest_async(
 
     embedder = build_embedder(settings.embeddings)
     retriever = build_retriever(settings, embedder.dimension)
+    # Every core embeds (one batch each); this coroutine is the one writer.
+    bulk, parallel = bulk_embedder(embedder)
     try:
         docs = list(load_wiki_sample()) if sample else []
         docs += list(read_paths(paths))
-        report = await ingest_documents(tenant, docs, embedder, retriever, progress=_ProgressLog())
+        progress = IngestProgress(tenant, "sample corpus" if sample else "documents")
+        progress.total, progress.state = len(docs), "running"
+        progress.workers = getattr(bulk, "workers", 1)
+        display = ProgressDisplay(progress)
+
+        def step(done: int, total: int) -> None:
+            progress.done = done
+            display.update()
+
+        report = await ingest_documents(
+            tenant, docs, bulk, retriever, step, embed_batch=BULK_BATCH, parallel=parallel
+        )
+        progress.state = "done"
+        display.update(final=True)
     finally:
+        if bulk is not embedder:
+            await bulk.aclose()
         await retriever.aclose()
         await embedder.aclose()
     return report.as_dict()
-
-
-class _ProgressLog:
-    """Logs ingest progress every `step` documents, not on every callback."""
-
-    def __init__(self, step: int = 500) -> None:
-        self._step = step
-        self._next = step
-
-    def __call__(self, done: int, total: int) -> None:
-        if done >= self._next or done == total:
-            log.info("ingest progress", extra={"done": done, "total": total})
-            self._next = done + self._step
 
 
 def _route(settings: Settings, args: argparse.Namespace) -> int:

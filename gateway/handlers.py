@@ -17,6 +17,7 @@ from backends.llm.base import Message
 from gateway.appkeys import METRICS, RUNTIME, SERVICES
 from gateway.errors import BadRequest, Unprocessable
 from gateway.guard import request_guard
+from gateway.ingest.background import INGEST
 from gateway.limits import read_body
 from gateway.pipeline import QueryRequest
 from gateway.runtime import Runtime
@@ -154,7 +155,11 @@ async def handle_readyz(request: web.Request) -> web.Response:
     every replica, and a 503 would pull them all out of the load balancer at once for a
     dependency they can serve without. Each probe pings afresh (the pool reconnects by
     itself), so the status clears when Redis is back. Checks run concurrently, so a slow
-    cache does not delay the retrieval verdict."""
+    cache does not delay the retrieval verdict.
+
+    A background ingest (`serve --sample-corpus`) adds `"ingest"`: its state, documents done
+    and total, rate and ETA, and `partial_index` while answers come from the documents indexed
+    so far. It does not change readiness: the gateway answers meanwhile."""
     services = request.app[SERVICES]
     pings = {"retrieval": services.retriever.ping()}
     if services.cache_store is not None:
@@ -171,6 +176,8 @@ async def handle_readyz(request: web.Request) -> web.Response:
         "checks": checks,
         "config_version": runtime.settings.version,
     }
+    if (ingest := request.app.get(INGEST)) is not None:
+        body["ingest"] = ingest.progress.snapshot()
     headers = None if ready else {"Retry-After": "5"}
     return web.json_response(body, status=200 if ready else 503, headers=headers)
 
