@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import web
 
@@ -20,7 +20,7 @@ from backends.llm.base import NO_OPTIONS, Message, ToolCall
 from gateway.accounting import current_record
 from gateway.appkeys import RUNTIME
 from gateway.chat_params import generation_options, refuse_unsupported
-from gateway.errors import BadRequest, Unprocessable
+from gateway.errors import Unprocessable
 from gateway.handlers import answer, cache_control, check_limits, parse_body
 from gateway.models_endpoint import deployment_models, model_not_found
 from gateway.pipeline import QueryRequest
@@ -29,34 +29,62 @@ from gateway.streaming import sse, stream_answer
 from gateway.wire import QueryResult, rewrite_fields
 from routers.generation import usage_total
 
-_HISTORY_ROLES = {
+_ROLES: dict[str, Literal["system", "user", "assistant", "tool"]] = {
     "system": "system",
     "developer": "system",
     "user": "user",
     "assistant": "assistant",
+    "tool": "tool",
 }
 
 
-def split_messages(messages: list[ChatMessage]) -> tuple[str, tuple[Message, ...]]:
-    """(query, history): the last message must be the user's question."""
-    for i, m in enumerate(messages):
-        # A conversation that goes on with tool results cannot be routed as a question yet;
-        # refused rather than answered without them.
-        if m.role == "tool" or (m.model_extra or {}).get("tool_calls"):
-            raise BadRequest(
-                f"messages.{i}: tool calls and tool results cannot be sent back; the gateway "
-                "returns a model's tool calls but does not continue a conversation with their "
-                "results"
-            )
-    last = messages[-1]
-    if last.role != "user" or not last.text().strip():
-        raise Unprocessable("messages: the last message must be a non-empty user message")
-    history = tuple(
-        Message(_HISTORY_ROLES[m.role], m.text())  # type: ignore[arg-type]
-        for m in messages[:-1]
-        if m.role in _HISTORY_ROLES
+def split_messages(
+    messages: list[ChatMessage],
+) -> tuple[str, tuple[Message, ...], tuple[Message, ...]]:
+    """(query, history, trailing): the question is the last user message; after it may come
+    only the model's calls of the client's tools and their results, ending with a result."""
+    asked = max((i for i, m in enumerate(messages) if m.role == "user"), default=None)
+    if (
+        asked is None
+        or not messages[asked].text().strip()
+        or not _tool_turns(messages[asked + 1 :])
+    ):
+        raise Unprocessable(
+            "messages: the last message must be a non-empty user message, or the results of "
+            "the tools the model called after it"
+        )
+    history = tuple(_message(m) for m in messages[:asked])
+    trailing = tuple(_message(m) for m in messages[asked + 1 :])
+    return messages[asked].text(), history, trailing
+
+
+def _tool_turns(tail: list[ChatMessage]) -> bool:
+    """Nothing, or the model's tool calls and their results, ending with a result."""
+    if not tail:
+        return True
+    turns = all(m.role == "tool" or (m.role == "assistant" and m.tool_calls) for m in tail)
+    return turns and tail[-1].role == "tool"
+
+
+def _message(m: ChatMessage) -> Message:
+    calls = tuple(
+        ToolCall(
+            c.id,
+            c.function.name,
+            _arguments_object(c.function.arguments),
+            raw_arguments=c.function.arguments,
+        )
+        for c in m.tool_calls or ()
     )
-    return last.text(), history
+    return Message(_ROLES[m.role], m.text(), tool_call_id=m.tool_call_id, tool_calls=calls)
+
+
+def _arguments_object(text: str) -> dict[str, Any]:
+    try:
+        parsed = json.loads(text or "{}")
+    except json.JSONDecodeError:
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
 
 
 def extension(result: QueryResult) -> dict[str, Any]:
@@ -82,10 +110,15 @@ def tool_calls_body(calls: tuple[ToolCall, ...]) -> list[dict[str, Any]]:
         {
             "id": call.id,
             "type": "function",
-            "function": {"name": call.name, "arguments": json.dumps(call.arguments)},
+            # verbatim: a model's malformed arguments are the client's to see, not ours to fix
+            "function": {"name": call.name, "arguments": _arguments(call)},
         }
         for call in calls
     ]
+
+
+def _arguments(call: ToolCall) -> str:
+    return call.raw_arguments if call.raw_arguments is not None else json.dumps(call.arguments)
 
 
 def message_body(result: QueryResult) -> dict[str, Any]:
@@ -157,11 +190,12 @@ async def handle_chat_completions(request: web.Request) -> web.StreamResponse:
         raise model_not_found(body.model, models)
     refuse_unsupported(body)
     options = generation_options(body)
-    query_text, history = split_messages(body.messages)
-    check_limits(runtime, query_text, len(history))
+    query_text, history, trailing = split_messages(body.messages)
+    check_limits(runtime, query_text, len(history) + len(trailing))
     lookup, store = cache_control(request)
-    if options is not NO_OPTIONS:
-        # an answer to the client's own parameters: not the cache's to give, nor to keep
+    if options is not NO_OPTIONS or trailing:
+        # an answer to the client's own parameters or tool results: not the cache's to give,
+        # nor to keep
         lookup = store = False
     if (record := current_record.get()) is not None and (body.user or body.safety_identifier):
         record.fields["user"] = body.user or body.safety_identifier
@@ -174,6 +208,7 @@ async def handle_chat_completions(request: web.Request) -> web.StreamResponse:
         cache_lookup=lookup,
         cache_store=store,
         options=options,
+        trailing=trailing,
     )
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage

@@ -98,6 +98,8 @@ class QueryRequest:
     cache_store: bool = True
     # The client's parameters for the calls that write the answer (the chat endpoint's).
     options: GenerationOptions = NO_OPTIONS
+    # What followed the question: the model's calls of the client's tools and their results.
+    trailing: tuple[Message, ...] = ()
 
 
 @dataclass(slots=True)
@@ -366,6 +368,7 @@ class Pipeline:
             decision,
             corpus=ctx.corpus,
             options=request.options,
+            trailing=request.trailing,
         )
         outcome = await self._run(decision.route, route_ctx, ctx.timer)
         if isinstance(outcome, Escalation):

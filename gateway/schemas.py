@@ -63,13 +63,30 @@ class TextPart(BaseModel):
     text: CleanStr
 
 
+class CalledFunction(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    name: str
+    arguments: str
+
+
+class MessageToolCall(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    id: str
+    type: Literal["function"]
+    function: CalledFunction
+
+
 class ChatMessage(BaseModel):
-    # OpenAI clients send fields we do not use (name, refusal, ...): accept and ignore. Tool
-    # calls and their results are refused by the handler (gateway/openai_compat.py).
+    # OpenAI clients send fields we do not use (name, refusal, ...): accept and ignore.
     model_config = ConfigDict(strict=True, extra="allow", frozen=True)
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    # An assistant's calls of the client's tools, and a tool message's answer to one of them.
+    tool_calls: list[MessageToolCall] | None = None
+    tool_call_id: str | None = None
 
     # Cleaned here rather than by the union's str member, so an error names just the field.
     _clean_content = field_validator("content", mode="before")(_clean)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from backends.llm.base import GenerationOptions, Message, Tier
+from backends.llm.base import Message, Tier
 from routers.prompts import DIRECT_SYSTEM
 from routers.types import Answer, Generation, OptionNotHonoured, Route, RouteContext
 
@@ -18,19 +18,27 @@ class DirectExecutor:
 
     async def __call__(self, ctx: RouteContext) -> Answer | Generation:
         if self._tier is None:
-            if wanted := model_only_params(ctx.options):
+            if wanted := model_only_params(ctx):
                 raise OptionNotHonoured(f"{wanted}: no model is configured for the direct route")
             return Answer(text=NO_MODEL_TEXT, route=Route.DIRECT, extractive=True, complete=False)
-        messages = (Message("system", DIRECT_SYSTEM), *ctx.history, Message("user", ctx.query))
+        messages = (
+            Message("system", DIRECT_SYSTEM),
+            *ctx.history,
+            Message("user", ctx.query),
+            *ctx.trailing,
+        )
         return Generation(
             route=Route.DIRECT, tier=self._tier, messages=messages, options=ctx.options
         )
 
 
-def model_only_params(options: GenerationOptions) -> str:
-    """The parameters set that only the direct route's model call can honour (it answers from
-    the conversation alone; every other route writes prose that cites sources), comma-joined."""
+def model_only_params(ctx: RouteContext) -> str:
+    """What the request asks that only the direct route's model call can honour (it answers
+    from the conversation alone; every other route writes prose that cites sources): the
+    parameters set, comma-joined, and `messages` for a conversation with tool calls."""
+    options = ctx.options
     wanted = {
+        "messages": ctx.has_tool_messages,
         "tools": bool(options.tools),
         "tool_choice": options.tool_choice is not None,
         "parallel_tool_calls": options.parallel_tool_calls is not None,

@@ -69,7 +69,7 @@ class FromSources:
         self._inner = inner
 
     async def __call__(self, ctx: RouteContext) -> Answer | Generation | Escalation:
-        if wanted := model_only_params(ctx.options):
+        if wanted := model_only_params(ctx):
             raise OptionNotHonoured(
                 f"{wanted}: the question was routed to {self._route.value}, which answers from "
                 "the documents and cannot honour it; send model 'direct' for a plain model call"

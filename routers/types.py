@@ -167,3 +167,10 @@ class RouteContext:
     corpus: tuple[Hit, ...] = ()
     # The client's generation parameters, for the calls that write the answer.
     options: GenerationOptions = NO_OPTIONS
+    # What followed the question: the model's calls of the client's tools and their results
+    # (direct only: a conversation with tool calls anywhere is a plain model call).
+    trailing: tuple[Message, ...] = ()
+
+    @property
+    def has_tool_messages(self) -> bool:
+        return bool(self.trailing) or any(m.role == "tool" or m.tool_calls for m in self.history)

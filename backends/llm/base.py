@@ -62,6 +62,9 @@ class ToolCall:
     # Why the model's arguments could not be parsed (then `arguments` is empty): the caller
     # tells the model, rather than failing the whole call.
     error: str | None = None
+    # The arguments as the model wrote them, for a client that gets its own tool calls back
+    # verbatim (None: `arguments` is all there is). Not part of the call's identity.
+    raw_arguments: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

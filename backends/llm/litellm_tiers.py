@@ -274,24 +274,30 @@ def _to_wire(message: Message) -> dict[str, Any]:
             {
                 "id": call.id,
                 "type": "function",
-                "function": {"name": call.name, "arguments": json.dumps(call.arguments)},
+                "function": {"name": call.name, "arguments": _arguments_text(call)},
             }
             for call in message.tool_calls
         ]
     return wire
 
 
+def _arguments_text(call: ToolCall) -> str:
+    """A tool call's arguments as the model wrote them, when known."""
+    return call.raw_arguments if call.raw_arguments is not None else json.dumps(call.arguments)
+
+
 def _parse_tool_call(raw: Any) -> ToolCall:
     """A tool call; arguments that are not a JSON object are the model's mistake, not the
     upstream's: the call comes back with `error` set so the caller can tell the model."""
     name = str(raw.function.name or "")
+    text = str(raw.function.arguments or "")
     try:
-        arguments = json.loads(raw.function.arguments or "{}")
+        arguments = json.loads(text or "{}")
     except json.JSONDecodeError:
-        return ToolCall(id=raw.id, name=name, arguments={}, error="invalid JSON")
+        return ToolCall(raw.id, name, {}, error="invalid JSON", raw_arguments=text)
     if not isinstance(arguments, dict):
-        return ToolCall(id=raw.id, name=name, arguments={}, error="not a JSON object")
-    return ToolCall(id=raw.id, name=name, arguments=arguments)
+        return ToolCall(raw.id, name, {}, error="not a JSON object", raw_arguments=text)
+    return ToolCall(id=raw.id, name=name, arguments=arguments, raw_arguments=text)
 
 
 def _estimate_usage(model: str, messages: list[dict[str, Any]], text: str) -> tuple[int, int]:
@@ -614,7 +620,12 @@ class LiteLLMTiers:
             extra={
                 "finish_reason": finish_reason,
                 "usage_estimated": estimated,
-                "tool_calls": tuple(_streamed_tool_call(calls[i]) for i in sorted(calls)),
+                # only when the model called tools (the client's, on the direct route)
+                **(
+                    {"tool_calls": tuple(_streamed_tool_call(calls[i]) for i in sorted(calls))}
+                    if calls
+                    else {}
+                ),
             },
         )
 

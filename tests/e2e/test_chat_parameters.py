@@ -299,17 +299,49 @@ def test_a_response_format_of_text_is_what_every_answer_is_anyway(gateway: Gatew
     assert resp.status_code == 200, resp.text
 
 
-def test_tool_results_sent_back_are_refused_naming_the_message(gateway: GatewayProcess) -> None:
+def test_tool_results_sent_back_continue_the_conversation_on_direct(
+    gateway: GatewayProcess,
+) -> None:
+    # turn 2 (one assistant message after the question) answers: the fake sees the trailing
+    # tool call and result after the question, in order, or it would call the tool again
+    call = {"name": "get_weather", "arguments": {"city": "Oslo"}, "id": "call_oslo"}
+    script = {"key": key(), "turns": [{"tool_calls": [call]}, {"answer": "Sunny in Oslo."}]}
+    question = ask("Weather in Oslo?", script)
+    first = chat(gateway, model="direct", messages=question, tools=[WEATHER_TOOL])
+    assert first.status_code == 200, first.text
+    assistant = first.json()["choices"][0]["message"]
+    result = {"role": "tool", "tool_call_id": "call_oslo", "content": "sunny, 21 C"}
+    second = chat(
+        gateway, model="direct", messages=[*question, assistant, result], tools=[WEATHER_TOOL]
+    )
+    assert second.status_code == 200, second.text
+    choice = second.json()["choices"][0]
+    assert (choice["finish_reason"], choice["message"]["content"]) == ("stop", "Sunny in Oslo.")
+
+
+def test_tool_results_on_a_route_that_answers_from_documents_are_refused(
+    gateway: GatewayProcess, fake_upstream: str
+) -> None:
+    k = key()
     call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     messages = [
-        {"role": "user", "content": "Weather in Oslo?"},
+        *ask("How do I fix ERR-4471?", {"key": k}),
         {"role": "assistant", "content": None, "tool_calls": [call]},
-        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
-        {"role": "user", "content": "And tomorrow?"},
+        {"role": "tool", "tool_call_id": "c1", "content": "done"},
     ]
-    resp = chat(gateway, model="direct", messages=messages)
+    resp = chat(gateway, model="lookup", messages=messages)
     assert resp.status_code == 400
-    assert resp.json()["error"]["message"].startswith("messages.1: ")
+    assert resp.json()["error"]["message"].startswith("messages: the question was routed to lookup")
+    assert calls(fake_upstream, k) == 0
+
+
+def test_a_conversation_ending_in_anything_but_a_question_or_tool_results_is_422(
+    gateway: GatewayProcess,
+) -> None:
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    resp = chat(gateway, model="direct", messages=messages)
+    assert resp.status_code == 422
+    assert resp.json()["error"]["message"].startswith("messages: ")
 
 
 def test_a_request_with_parameters_is_answered_afresh_not_from_the_cache(
@@ -336,3 +368,18 @@ def test_tools_on_a_deployment_without_a_model_are_refused(extractive: GatewayPr
     resp = chat(extractive, model="direct", messages=ask("Hello", {}), tools=[WEATHER_TOOL])
     assert resp.status_code == 400
     assert resp.json()["error"]["message"].startswith("tools: no model is configured")
+
+
+def test_a_models_malformed_tool_arguments_reach_the_client_verbatim(
+    gateway: GatewayProcess,
+) -> None:
+    script = {"key": key(), "tool_calls": [{"name": "get_weather", "arguments": '{"city": "Os'}]}
+    resp = chat(
+        gateway,
+        model="direct",
+        messages=ask("Weather in Oslo?", script),
+        tools=[WEATHER_TOOL],
+    )
+    assert resp.status_code == 200, resp.text
+    call = resp.json()["choices"][0]["message"]["tool_calls"][0]
+    assert call["function"]["arguments"] == '{"city": "Os'

@@ -175,3 +175,18 @@ def test_langchain_bound_tools_come_back_as_tool_calls(gateway: GatewayProcess) 
 def test_langchain_with_n_of_two_gets_the_400(gateway: GatewayProcess) -> None:
     with pytest.raises(openai.BadRequestError):
         langchain_chat(gateway, "direct", n=2).invoke("hi")
+
+
+def test_langchain_tool_loop_round_trips_through_direct(gateway: GatewayProcess) -> None:
+    from langchain_core.messages import HumanMessage, ToolMessage
+
+    call = {"name": "get_weather", "arguments": {"city": "Oslo"}, "id": "call_1"}
+    script = {"key": session(), "turns": [{"tool_calls": [call]}, {"answer": "Sunny in Oslo."}]}
+    chat = langchain_chat(gateway, "direct").bind_tools([WEATHER_TOOL])
+    question = HumanMessage(scripted("Weather in Oslo?", script))
+    asked = chat.invoke([question])
+    assert [c["id"] for c in asked.tool_calls] == ["call_1"]
+    result = ToolMessage("sunny, 21 C", tool_call_id="call_1")
+    answered = chat.invoke([question, asked, result])
+    assert answered.content == "Sunny in Oslo."
+    assert not answered.tool_calls
