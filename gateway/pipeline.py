@@ -236,7 +236,10 @@ class Pipeline:
             # Not rewritten: its meaning lies in a conversation no key holds.
             self._count(ctx, "bypass")
             return None
-        if request.options.tools or any(m.role == "tool" or m.tool_calls for m in request.history):
+        tool_turns = request.trailing or any(
+            m.role == "tool" or m.tool_calls for m in request.history
+        )
+        if request.options.tools or tool_turns:
             # The client's own tools: the answer may be a call of them, or rest on their
             # results, for this client only.
             self._count(ctx, "bypass")

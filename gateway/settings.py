@@ -236,8 +236,9 @@ class SemanticCacheConfig(BaseModel):
     # tuning part hits (0 of 5,155 sibling sub-questions, 0 of 1,872 parent/sub pairs; 39
     # would without the guards); held out: 0 of 864 and 0 of 316 (95% upper bounds 0.35% and
     # 0.95%), 93.4% of meaning-preserving rewrites served. 0.95 let a parent hit its own
-    # sub-question (1 in 2,000), 0.97 serves 82% of rewrites (`python bench/cache_eval.py`).
-    # Direct and full_context have no such data and take the lookup's value.
+    # sub-question (1 of 1,872 tuning pairs), 0.97 serves 82% of rewrites
+    # (`python bench/cache_eval.py`). Direct and full_context have no such data and take the
+    # lookup's value.
     thresholds: dict[Route, float] = Field(default_factory=lambda: {route: 0.96 for route in Route})
     # How many nearest entries are checked against the guards before giving up.
     candidates: int = Field(default=4, ge=1, le=32)
