@@ -14,7 +14,8 @@ not routed direct, and on a direct route without a model) the request gets 400 n
 before any work is done (`routers.executors.FromSources`).
 
 The handler takes `stream`, `stream_options.include_usage`, and `user` / `safety_identifier`
-(written to the request's log line, never a metric label).
+(written to the request's log line, never a metric label). The tool calls and results a client
+sends back after its question go to the model after it (direct only, like `tools`).
 
 Refused with 400 unless at the value that asks for nothing (null is always that value): `n`
 (1: one choice is all the gateway writes), `logprobs` (false), `top_logprobs`, `logit_bias`,
@@ -22,8 +23,8 @@ Refused with 400 unless at the value that asks for nothing (null is always that 
 `functions` and `function_call` (the deprecated form of tools: send `tools`). Any other
 parameter is refused naming it: never dropped without a word.
 
-A request with any generation parameter is answered afresh and not stored: the cache holds
-answers to the tier's own settings.
+A request with any generation parameter (or tool results) is answered afresh and not stored:
+the cache holds answers to the tier's own settings.
 """
 
 from __future__ import annotations
