@@ -69,7 +69,9 @@ if str(REPO) not in sys.path:  # run as a file, the repo's packages are not on t
 from backends.embeddings.base import Embedder  # noqa: E402
 from backends.llm.base import (  # noqa: E402
     LLM,
+    NO_OPTIONS,
     Completion,
+    GenerationOptions,
     Message,
     StreamDelta,
     Tier,
@@ -222,6 +224,7 @@ class ScriptedPlanner:
         tools: list[dict[str, Any]] | None = None,
         max_tokens: int | None = None,
         route: str = "",
+        options: GenerationOptions = NO_OPTIONS,  # a planned answer takes no parameters
     ) -> Completion:
         calls = self._tool_calls(messages) if tools else ()
         text = "" if calls else answer_citing_all(messages)
@@ -250,7 +253,13 @@ class ScriptedPlanner:
         return tuple(ToolCall(f"read-{i}", "read", {"doc_id": d}) for i, d in enumerate(thin))
 
     async def stream(
-        self, tier: Tier, messages: list[Message], *, max_tokens: int | None = None, route: str = ""
+        self,
+        tier: Tier,
+        messages: list[Message],
+        *,
+        max_tokens: int | None = None,
+        route: str = "",
+        options: GenerationOptions = NO_OPTIONS,
     ) -> AsyncIterator[StreamDelta]:
         completion = await self.complete(tier, messages, max_tokens=max_tokens)
         yield StreamDelta(completion.text, done=True, usage=completion.usage, model=PLANNER_MODEL)
@@ -293,17 +302,26 @@ class TimedLLM:
         tools: list[dict[str, Any]] | None = None,
         max_tokens: int | None = None,
         route: str = "",
+        options: GenerationOptions = NO_OPTIONS,
     ) -> Completion:
         self.starts.append(time.perf_counter())
         return await self._inner.complete(
-            tier, messages, tools=tools, max_tokens=max_tokens, route=route
+            tier, messages, tools=tools, max_tokens=max_tokens, route=route, options=options
         )
 
     def stream(
-        self, tier: Tier, messages: list[Message], *, max_tokens: int | None = None, route: str = ""
+        self,
+        tier: Tier,
+        messages: list[Message],
+        *,
+        max_tokens: int | None = None,
+        route: str = "",
+        options: GenerationOptions = NO_OPTIONS,
     ) -> AsyncIterator[StreamDelta]:
         self.starts.append(time.perf_counter())
-        return self._inner.stream(tier, messages, max_tokens=max_tokens, route=route)
+        return self._inner.stream(
+            tier, messages, max_tokens=max_tokens, route=route, options=options
+        )
 
     async def warm_up(self) -> None:
         await self._inner.warm_up()
