@@ -1,0 +1,545 @@
+"""querygate against the LiteLLM proxy, same fake upstream, same closed-loop client, one run.
+
+    .venv/bin/python bench/proxy_compare.py                 # the full matrix (~15 min on 2 cores)
+    .venv/bin/python bench/proxy_compare.py --scale 0.3     # fewer requests per cell
+    .venv/bin/python bench/proxy_compare.py --write-docs    # also rewrite docs/benchmarks.md's
+                                                            # figures section
+
+One command from a clean checkout: the LiteLLM proxy (`litellm[proxy]==1.108.7`, the version
+issue 11 measured; not a project dependency) is installed into `bench/.venv-litellm` on first
+use. Processes, each its own: the fake OpenAI-compatible upstream (tests/fake_upstream), the
+LiteLLM proxy with one worker (once without and once with its in-memory cache), and
+`querygate serve` with 1 and with 2 workers (cache off, and cache on: in-process memory,
+semantic tier on), all pointing at that upstream.
+
+For each concurrency (1, 32, 128), path and streaming flag, every system gets the same number
+of requests from one aiohttp client (closed loop: `c` workers, each sends its next request when
+the last answered), the systems one after the other in rotating order, so drift in the machine's
+load falls on all of them alike. Paths:
+
+  passthrough   querygate `model: direct` (forced route: no classification, no retrieval);
+                LiteLLM `model: fake-small`
+  auto_direct   querygate `model: auto` with a question the classifier routes direct
+  lookup        querygate `model: lookup` (hybrid retrieval over tests/data, sources in the
+                prompt)
+  exact_hit     cache on: the same question again and again (LiteLLM: its local cache)
+  semantic_hit  cache on: a paraphrase of a cached question (querygate only: LiteLLM's semantic
+                caches need Redis Stack or Qdrant; its ratio is against LiteLLM's exact hit)
+
+Reported per cell: requests/s, the added latency p50/p99 (the system's minus the raw upstream's
+at the same concurrency and streaming flag, measured in the same rotation) and the gateway's CPU
+per request (utime + stime of the gateway's whole process tree from /proc, before and after the
+cell: every worker, the supervisor). Everything shares this machine's cores (client, gateways,
+upstream, other work), so read the ratios; the load average seen is printed with the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.fixtures.gateway import (  # noqa: E402
+    KEYS,
+    GatewayProcess,
+    free_port,
+    start_gateway,
+    stop_gateway,
+)
+from tests.fixtures.upstream import _await_ready_line  # noqa: E402
+
+LITELLM_VERSION = "1.108.7"
+LITELLM_VENV = REPO / "bench" / ".venv-litellm"
+LITELLM_KEY = "sk-bench-" + "5f0c9a7e3b2d4c6a8e1f7b9d0c2e4a6b"
+DOCS = REPO / "docs" / "benchmarks.md"
+FIGURES_START = "<!-- proxy_compare figures: start -->"
+FIGURES_END = "<!-- proxy_compare figures: end -->"
+
+PASSTHROUGH_Q = "Write one short sentence about routers."
+DIRECT_Q = "Hello there, thanks a lot!"
+LOOKUP_Q = "How do I fix ERR-4471 on the Acme router?"
+EXACT_Q = "What does error ERR-5120 mean on the Acme router?"
+SEMANTIC_PRIME = "How can I fix the ERR-4471 error on the Acme router?"
+SEMANTIC_Q = "How can I fix the ERR-4471 error on an Acme router?"
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class Path_:
+    name: str
+    model: str  # querygate's `model`
+    question: str
+    cache: bool  # served by the cache-on systems
+    streams: bool = True
+
+
+PATHS = (
+    Path_("passthrough", "direct", PASSTHROUGH_Q, cache=False),
+    Path_("auto_direct", "auto", DIRECT_Q, cache=False),
+    Path_("lookup", "lookup", LOOKUP_Q, cache=False),
+    Path_("exact_hit", "auto", EXACT_Q, cache=True),
+    Path_("semantic_hit", "auto", SEMANTIC_Q, cache=True),
+)
+
+
+@dataclass
+class System:
+    name: str
+    url: str  # the base under which /chat/completions is served
+    pids: list[int]  # roots of the process trees whose CPU is the gateway's
+    kind: str  # upstream | litellm | querygate
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Cell:
+    latencies_s: list[float] = field(default_factory=list)
+    wall_s: float = 0.0
+    errors: int = 0
+    cpu_s: float = 0.0
+
+    @property
+    def n(self) -> int:
+        return len(self.latencies_s)
+
+    def pct(self, q: float) -> float:
+        lat = sorted(self.latencies_s)
+        if not lat:
+            return float("nan")
+        if q == 0.5:
+            return statistics.median(lat) * 1000
+        return lat[min(len(lat) - 1, int(len(lat) * q))] * 1000
+
+    @property
+    def rps(self) -> float:
+        return self.n / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def cpu_ms(self) -> float:
+        return self.cpu_s * 1000 / self.n if self.n else float("nan")
+
+
+# -- processes ------------------------------------------------------------------------------
+
+
+def _tree(root: int) -> list[int]:
+    """`root` and every descendant, from /proc."""
+    children: dict[int, list[int]] = defaultdict(list)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children[ppid].append(int(entry))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, ()))
+    return out
+
+
+def cpu_seconds(roots: list[int]) -> float:
+    """utime + stime of every process under `roots` (live ones; workers do not exit here)."""
+    ticks = 0
+    for root in roots:
+        for pid in _tree(root):
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+    return ticks / CLK_TCK
+
+
+@contextmanager
+def fake_upstream() -> Iterator[tuple[str, int]]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.fake_upstream", "--host", "127.0.0.1", "--port", "0"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        yield _await_ready_line(proc, time.monotonic() + 30) + "/v1", proc.pid
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def ensure_litellm() -> Path:
+    """The proxy's own environment, made on first use: never the project's."""
+    litellm = LITELLM_VENV / "bin" / "litellm"
+    python = LITELLM_VENV / "bin" / "python"
+    if litellm.exists():
+        shown = subprocess.run(
+            [str(python), "-m", "pip", "show", "litellm"], capture_output=True, text=True
+        ).stdout
+        if f"Version: {LITELLM_VERSION}" in shown:
+            return litellm
+    print(f"installing litellm[proxy]=={LITELLM_VERSION} into {LITELLM_VENV} ...", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", str(LITELLM_VENV)], check=True)
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", f"litellm[proxy]=={LITELLM_VERSION}"],
+        check=True,
+    )
+    return litellm
+
+
+def litellm_env() -> dict[str, str]:
+    # Offline: the bundled price map, no tokenizer download (docs: environment facts).
+    return {
+        **os.environ,
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "LITELLM_OFFLINE_MODE": "true",
+        "HF_HUB_OFFLINE": "1",
+        "LITELLM_LOG": "ERROR",
+        "LITELLM_TELEMETRY": "False",
+    }
+
+
+@contextmanager
+def litellm_proxy(workdir: Path, upstream: str, cache: bool) -> Iterator[System]:
+    litellm = ensure_litellm()
+    port = free_port()
+    settings: dict[str, Any] = {"drop_params": True, "num_retries": 0, "request_timeout": 60}
+    if cache:
+        settings.update({"cache": True, "cache_params": {"type": "local"}})
+    config = {
+        "model_list": [
+            {
+                "model_name": "fake-small",
+                "litellm_params": {
+                    "model": "openai/fake-small",
+                    "api_base": upstream,
+                    "api_key": "fake-key",
+                },
+            }
+        ],
+        "litellm_settings": settings,
+        # Authenticated like querygate's tenants: one key, no database.
+        "general_settings": {"master_key": LITELLM_KEY},
+    }
+    path = workdir / f"litellm-{'cache' if cache else 'nocache'}.json"
+    path.write_text(json.dumps(config))
+    log = (workdir / f"{path.stem}.log").open("wb")
+    command = [str(litellm), "--config", str(path), "--host", "127.0.0.1", "--port", str(port)]
+    proc = subprocess.Popen(
+        [*command, "--num_workers", "1"],
+        cwd=workdir,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=litellm_env(),
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_http(f"{url}/health/liveliness", proc, 180)
+        name = f"litellm{'+cache' if cache else ''}"
+        headers = {"Authorization": f"Bearer {LITELLM_KEY}"}
+        yield System(name, f"{url}/v1", [proc.pid], "litellm", headers)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    import requests
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url}: process exited {proc.returncode}")
+        try:
+            if requests.get(url, timeout=1).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{url} not up in {timeout_s}s")
+
+
+def querygates(workdir: Path, upstream: str, cache: bool) -> list[tuple[str, GatewayProcess]]:
+    """querygate with 1 and 2 workers, started side by side."""
+    overrides: dict[str, Any] = {"cache": {"backend": "memory" if cache else "off"}}
+    # The benchmark's client is one tenant at up to 128 requests at once: room for all.
+    pool = {"max_inflight": 256, "max_queued": 256}
+    pool |= {"tenant_max_inflight": 256, "tenant_max_queued": 256}
+    overrides["server"] = {"admission": {"queries": pool}}
+    suffix = "+cache" if cache else ""
+
+    def start(workers: int) -> tuple[str, GatewayProcess]:
+        args = () if workers == 1 else ("--workers", str(workers))
+        gw = start_gateway(
+            workdir / f"qg{workers}{suffix}", upstream, overrides=overrides, serve_args=args
+        )
+        return f"querygate-{workers}w{suffix}", gw
+
+    with ThreadPoolExecutor(2) as threads:
+        return list(threads.map(start, (1, 2)))
+
+
+# -- load -----------------------------------------------------------------------------------
+
+
+def request_for(system: System, path: Path_, stream: bool) -> dict[str, Any]:
+    if system.kind == "querygate":
+        body: dict[str, Any] = {"model": path.model}
+    else:
+        body = {"model": "fake-small"}
+    body["messages"] = [{"role": "user", "content": path.question}]
+    if stream:
+        body["stream"] = True
+    return body
+
+
+async def one(session: aiohttp.ClientSession, url: str, body: bytes, headers: Any) -> bool:
+    async with session.post(url, data=body, headers=headers) as r:
+        await r.read()  # streamed or not: the whole answer
+        return r.status == 200
+
+
+async def run_cell(
+    session: aiohttp.ClientSession,
+    system: System,
+    path: Path_,
+    stream: bool,
+    concurrency: int,
+    requests: int,
+) -> Cell:
+    url = f"{system.url}/chat/completions"
+    body = json.dumps(request_for(system, path, stream)).encode()
+    headers = {"Content-Type": "application/json", **system.headers}
+    cell = Cell()
+    left = iter(range(requests))
+
+    async def worker() -> None:
+        for _ in left:
+            start = time.perf_counter()
+            try:
+                ok = await one(session, url, body, headers)
+            except aiohttp.ClientError:
+                ok = False
+            cell.latencies_s.append(time.perf_counter() - start)
+            cell.errors += not ok
+
+    cpu0 = cpu_seconds(system.pids)
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    cell.wall_s = time.perf_counter() - started
+    cell.cpu_s = cpu_seconds(system.pids) - cpu0
+    return cell
+
+
+def merge(into: Cell, cell: Cell) -> None:
+    into.latencies_s += cell.latencies_s
+    into.wall_s += cell.wall_s
+    into.errors += cell.errors
+    into.cpu_s += cell.cpu_s
+
+
+Key = tuple[str, bool, int, str]  # path, stream, concurrency, system
+
+
+async def measure(
+    plain: list[System],
+    cached: list[System],
+    levels: list[int],
+    scale: float,
+    rounds: int,
+    only: set[str] | None,
+) -> dict[Key, Cell]:
+    results: dict[Key, Cell] = defaultdict(Cell)
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        # Prime: a cached answer for each cache path, and every system warm on every path.
+        for system in cached:
+            if system.kind == "querygate":
+                prime = Path_("prime", "auto", SEMANTIC_PRIME, cache=True)
+                await run_cell(session, system, prime, False, 1, 1)
+        for system in plain + cached:
+            for path in PATHS:
+                if path.cache != (system in cached) or not _serves(system, path):
+                    continue
+                for stream in (False, True):
+                    await run_cell(session, system, path, stream, 4, 24)
+        turn = 0
+        for concurrency in levels:
+            requests = max(int(scale * max(150, 10 * concurrency)), concurrency * 2, 10)
+            for path in PATHS:
+                if only and path.name not in only:
+                    continue
+                systems = [s for s in (cached if path.cache else plain) if _serves(s, path)]
+                for stream in (False, True):
+                    for _ in range(rounds):
+                        turn += 1
+                        order = systems[turn % len(systems) :] + systems[: turn % len(systems)]
+                        for system in order:
+                            cell = await run_cell(
+                                session, system, path, stream, concurrency, requests
+                            )
+                            merge(results[(path.name, stream, concurrency, system.name)], cell)
+                    group = (path.name, stream, concurrency)
+                    base = results[(*group, "upstream")]
+                    print(
+                        f"  c={concurrency:<3} {path.name:<12} stream={stream!s:<5} "
+                        f"upstream p50 {base.pct(0.5):6.2f} ms; "
+                        + "; ".join(
+                            f"{s.name} {results[(*group, s.name)].rps:.0f}/s"
+                            for s in systems
+                            if s.kind != "upstream"
+                        ),
+                        flush=True,
+                    )
+    return results
+
+
+def _serves(system: System, path: Path_) -> bool:
+    if system.kind == "upstream":
+        return True
+    if system.kind == "litellm":
+        return path.name != "semantic_hit"
+    return True
+
+
+# -- report ---------------------------------------------------------------------------------
+
+
+def table(results: dict[Key, Cell], levels: list[int], load: tuple[float, float]) -> str:
+    lines = [
+        f"Load average (1 min) before / after the run: {load[0]:.1f} / {load[1]:.1f} "
+        f"on {os.cpu_count()} cores.",
+        "",
+        "| path | stream | c | system | req/s | added p50 ms | added p99 ms | CPU ms/req "
+        "| req/s ÷ LiteLLM | CPU ÷ LiteLLM | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for path in PATHS:
+        for stream in (False, True):
+            for c in levels:
+                base = results.get((path.name, stream, c, "upstream"))
+                if base is None or not base.n:
+                    continue
+                ref_name = "litellm+cache" if path.cache else "litellm"
+                ref = results.get((path.name, stream, c, ref_name))
+                if ref is None and path.name == "semantic_hit":
+                    ref = results.get(("exact_hit", stream, c, "litellm+cache"))
+                lines.append(
+                    f"| {path.name} | {'yes' if stream else 'no'} | {c} | raw upstream "
+                    f"| {base.rps:.0f} | p50 {base.pct(0.5):.2f} | p99 {base.pct(0.99):.2f} "
+                    "| - | | | |"
+                )
+                names = sorted(
+                    {k[3] for k in results if k[:3] == (path.name, stream, c)} - {"upstream"},
+                    key=lambda n: (not n.startswith("litellm"), n),
+                )
+                for name in names:
+                    cell = results[(path.name, stream, c, name)]
+                    if ref is not None and ref.n and not name.startswith("litellm"):
+                        ratio_rps = f"{cell.rps / ref.rps:.2f}x"
+                        ratio_cpu = f"{cell.cpu_ms / ref.cpu_ms:.2f}x" if ref.cpu_s else "-"
+                    else:
+                        ratio_rps = ratio_cpu = ""
+                    lines.append(
+                        f"| {path.name} | {'yes' if stream else 'no'} | {c} | {name} "
+                        f"| {cell.rps:.0f} | {cell.pct(0.5) - base.pct(0.5):+.2f} "
+                        f"| {cell.pct(0.99) - base.pct(0.99):+.2f} | {cell.cpu_ms:.2f} "
+                        f"| {ratio_rps} | {ratio_cpu} | {cell.errors} |"
+                    )
+    return "\n".join(lines)
+
+
+def write_docs(text: str, command: str) -> bool:
+    if not DOCS.exists():
+        return False
+    doc = DOCS.read_text()
+    if FIGURES_START not in doc or FIGURES_END not in doc:
+        return False
+    head, rest = doc.split(FIGURES_START, 1)
+    _, tail = rest.split(FIGURES_END, 1)
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    body = f"\n`{command}`, {stamp}.\n\n{text}\n"
+    DOCS.write_text(head + FIGURES_START + body + FIGURES_END + tail)
+    return True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32, 128])
+    parser.add_argument("--scale", type=float, default=1.0, help="requests per cell x this")
+    parser.add_argument("--rounds", type=int, default=1, help="rotations per cell")
+    parser.add_argument("--paths", nargs="+", choices=[p.name for p in PATHS])
+    parser.add_argument("--no-2w", action="store_true", help="skip querygate with 2 workers")
+    parser.add_argument("--write-docs", action="store_true")
+    args = parser.parse_args()
+    only = set(args.paths) if args.paths else None
+    needs_cache = only is None or bool(only & {p.name for p in PATHS if p.cache})
+    needs_plain = only is None or bool(only & {p.name for p in PATHS if not p.cache})
+    load0 = os.getloadavg()[0]
+    with ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="proxy-compare-")))
+        upstream, upstream_pid = stack.enter_context(fake_upstream())
+        raw = System("upstream", upstream, [upstream_pid], "upstream")
+        plain: list[System] = [raw]
+        cached: list[System] = [raw]
+        groups = [(plain, False)] if needs_plain else []
+        groups += [(cached, True)] if needs_cache else []
+        for systems, cache in groups:
+            systems.append(stack.enter_context(litellm_proxy(tmp, upstream, cache)))
+            for name, gw in querygates(tmp, upstream, cache):
+                if args.no_2w and "2w" in name:
+                    stop_gateway(gw)
+                    continue
+                stack.callback(stop_gateway, gw)
+                headers = {"Authorization": f"Bearer {KEYS['acme']}"}
+                systems.append(System(name, f"{gw.url}/v1", [gw.proc.pid], "querygate", headers))
+        print("systems up:", ", ".join(s.name for s in plain[1:] + cached[1:]), flush=True)
+        results = asyncio.run(
+            measure(
+                plain if needs_plain else [],
+                cached if needs_cache else [],
+                args.concurrency,
+                args.scale,
+                args.rounds,
+                only,
+            )
+        )
+    text = table(results, args.concurrency, (load0, os.getloadavg()[0]))
+    print(text)
+    command = "python bench/proxy_compare.py " + " ".join(sys.argv[1:])
+    if args.write_docs:
+        if write_docs(text, command.replace(" --write-docs", "").strip()):
+            print(f"\nwrote the figures section of {DOCS.relative_to(REPO)}")
+        else:
+            print(f"\n{DOCS.relative_to(REPO)} has no figures markers: paste the table above")
+
+
+if __name__ == "__main__":
+    main()
