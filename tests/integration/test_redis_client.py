@@ -1,0 +1,103 @@
+"""The process's Redis connection against real servers: the URL's mode is checked against the
+server, a Redis that is down at start-up only delays it, and its bounds hold."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from backends.errors import BackendUnavailable
+from backends.redis_client import RedisConnection, RedisModeMismatch, RedisOptions
+from tests.redis_server import RedisCluster, RedisServer, free_port
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+
+
+async def test_cluster_scheme_is_stripped_for_the_client() -> None:
+    options = RedisOptions("rediss+cluster://user:pw@node1:7000")
+    assert options.cluster
+    assert options.client_url == "rediss://user:pw@node1:7000"
+    assert not RedisOptions("redis://127.0.0.1:6379/0").cluster
+
+
+async def test_single_node_start_reports_the_server(redis_server: RedisServer) -> None:
+    connection = RedisConnection(RedisOptions(redis_server.url))
+    try:
+        await connection.start()
+        assert connection.facts is not None
+        assert connection.facts.version.startswith("7.")
+        assert not connection.facts.cluster
+        assert connection.facts.vector_search is None  # Debian's 7.0 has none
+        await connection.ping()
+    finally:
+        await connection.aclose()
+
+
+async def test_cluster_url_builds_a_cluster_client(redis_cluster: RedisCluster) -> None:
+    url = redis_cluster.urls[1].replace("redis://", "redis+cluster://")
+    connection = RedisConnection(RedisOptions(url))
+    try:
+        await connection.start()
+        assert connection.facts is not None and connection.facts.cluster
+        for i in range(30):  # keys on every master, reached through one seed node
+            await connection.call(connection.client.set(f"k{i}", i))
+        assert await connection.call(connection.client.get("k29")) == b"29"
+    finally:
+        await connection.aclose()
+
+
+async def test_a_single_node_url_on_a_cluster_node_refuses_to_start(
+    redis_cluster: RedisCluster,
+) -> None:
+    connection = RedisConnection(RedisOptions(redis_cluster.urls[0]))
+    try:
+        with pytest.raises(RedisModeMismatch, match=r"redis\+cluster://"):
+            await connection.start()
+    finally:
+        await connection.aclose()
+
+
+async def test_a_cluster_url_on_a_single_node_refuses_to_start(redis_server: RedisServer) -> None:
+    url = redis_server.url.replace("redis://", "redis+cluster://").removesuffix("/0")
+    connection = RedisConnection(RedisOptions(url))
+    try:
+        with pytest.raises(RedisModeMismatch):
+            await connection.start()
+    finally:
+        await connection.aclose()
+
+
+async def test_redis_down_at_start_only_delays_it(redis_server: RedisServer) -> None:
+    redis_server.kill()
+    connection = RedisConnection(RedisOptions(redis_server.url))
+    try:
+        await connection.start()  # a warning, not a refusal: the cache fails open
+        assert connection.facts is None
+        started = time.monotonic()
+        with pytest.raises(BackendUnavailable):
+            await connection.ping()
+        assert time.monotonic() - started < connection.options.op_timeout_s + 0.1
+        redis_server.start()
+        await connection.ping()  # the pool connects by itself
+    finally:
+        await connection.aclose()
+
+
+async def test_nothing_listening_fails_within_the_connect_timeout() -> None:
+    connection = RedisConnection(RedisOptions(f"redis://127.0.0.1:{free_port()}/0"))
+    try:
+        started = time.monotonic()
+        with pytest.raises(BackendUnavailable):
+            await connection.ping()
+        assert time.monotonic() - started < connection.options.op_timeout_s + 0.1
+    finally:
+        await connection.aclose()
+
+
+async def test_a_closed_connection_refuses_calls(redis_server: RedisServer) -> None:
+    connection = RedisConnection(RedisOptions(redis_server.url))
+    await connection.aclose()
+    await connection.aclose()  # idempotent
+    with pytest.raises(BackendUnavailable):
+        await connection.ping()
