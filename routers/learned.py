@@ -144,10 +144,21 @@ class LearnedClassifier:
         probs = np.exp(logits - logits.max())
         probs /= probs.sum()
         best = route_index(logits, self._model.multihop_margin)
+        # The most probable class was multihop but not by the margin: say so, or the reasons
+        # would show a route that is not the most probable one without a word why.
+        held_back = (
+            (f"multihop:under_margin_{self._model.multihop_margin:g}",)
+            if best != _MULTIHOP and int(probs.argmax()) == _MULTIHOP
+            else ()
+        )
         return Classification(
             route=CLASSES[best],
             confidence=float(probs[best]),
-            reasons=(*_probability_reasons(probs, best), *self._top_features(values, best)),
+            reasons=(
+                *_probability_reasons(probs, best),
+                *held_back,
+                *self._top_features(values, best),
+            ),
             scores={str(c): float(p) for c, p in zip(CLASSES, probs, strict=True)},
         )
 

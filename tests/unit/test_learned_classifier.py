@@ -4,6 +4,7 @@ mismatched artifact, and the determinism of its training."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,7 @@ from routers.learned import (
 from routers.types import Route
 from scripts.train_router import (
     Example,
+    check,
     feature_matrix,
     fit_artifact,
     fit_router,
@@ -168,3 +170,29 @@ def test_training_twice_on_a_small_fixed_set_writes_the_same_bytes() -> None:
     # order, the embedder's last bits): a 1e-7 relative nudge of every input changes no byte.
     nudged = (vectors * (1 + 1e-7)).astype(np.float32)
     assert render(fit_artifact(examples, nudged, "fixed")) == first
+
+
+def test_a_multihop_verdict_held_back_by_the_margin_says_so(embedder: MiniLMEmbedder) -> None:
+    model = load_router_model(DEFAULT_MODEL_PATH, embedding_model_id=MODEL_ID)
+    text = "Which of the five tallest buildings in the world was completed first?"
+    vector = _vector(embedder, text)
+    argmax = LearnedClassifier(replace(model, multihop_margin=0.0)).classify(text, vector)
+    assert argmax.route is Route.MULTIHOP
+    margin = np.log(
+        argmax.scores["multihop"] / max(argmax.scores["direct"], argmax.scores["lookup"])
+    )
+    held = LearnedClassifier(replace(model, multihop_margin=float(margin) + 0.5)).classify(
+        text, vector
+    )
+    assert held.route is not Route.MULTIHOP
+    assert held.scores == argmax.scores
+    assert f"multihop:under_margin_{margin + 0.5:g}" in held.reasons
+
+
+def test_check_passes_identical_bytes_and_fails_on_a_difference(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "artifact.json"
+    assert check(b'{"a": 1}\n', b'{"a": 1}\n', path) == 0
+    assert check(b'{"a": 1}\n', b'{"a": 2}\n', path) == 1
+    assert '+{"a": 2}' in capsys.readouterr().out
