@@ -293,7 +293,7 @@ async def _ingest_async(
         report = await ingest_documents(
             tenant, docs, bulk, retriever, step, embed_batch=BULK_BATCH, parallel=parallel
         )
-        progress.state = "done"
+        progress.state, progress.chunks = "done", report.chunks
         display.update(final=True)
     finally:
         if bulk is not embedder:
