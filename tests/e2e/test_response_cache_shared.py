@@ -132,6 +132,9 @@ def test_a_paraphrase_asked_of_the_other_gateway_is_a_semantic_hit(
     assert hit["debug"]["cache"]["similarity"] >= 0.95
     assert metric(two, "querygate_cache_lookups_total", {"result": "semantic"}) >= 1
     assert metric(two, "querygate_cache_nearest_similarity_count") >= 1
+    lines = [json.loads(raw) for raw in two.log().splitlines() if raw.startswith("{")]
+    line = next(x for x in lines if x.get("msg") == "request" and x.get("request_id") == hit["id"])
+    assert line["cache"] == "semantic" and line["cache_nearest_similarity"] >= 0.95
 
 
 def test_a_near_question_that_differs_in_a_number_is_refused_across_gateways(
