@@ -24,6 +24,8 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+
 from backends.cache.base import CacheStore
 from backends.embeddings.base import Embedder
 from backends.errors import BackendError, BackendUnavailable
@@ -61,7 +63,14 @@ from routers.executors import RegistryConfig, build_registry, route_tiers
 from routers.full_context import corpus_chunks
 from routers.generation import CitationStream, finish, usage_total, with_usage
 from routers.lookup import LookupParams, not_enough
-from routers.policy import PolicyConfig, RouteDecision, decide, with_full_context
+from routers.policy import (
+    PolicyConfig,
+    RouteDecision,
+    decide,
+    decide_forced_direct,
+    needs_classification,
+    with_full_context,
+)
 from routers.rewrite import looks_like_followup, rewrite_followup
 from routers.types import Answer, Escalation, Generation, Route, RouteContext
 
@@ -69,6 +78,8 @@ log = logging.getLogger(__name__)
 
 Outcome = Answer | Generation
 Payload = dict[str, Any]
+# What a route that reads no vector (direct, forced) gets when none was computed.
+NO_VECTOR: Vector = np.zeros(0, dtype=np.float32)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +156,7 @@ class Pipeline:
             lease_s=settings.server.request_timeout_s,
         )
         self._answer_configs: dict[str, str] = {}  # per tenant: what answers depend on
+        self._policies: dict[tuple[str, bool, bool], PolicyConfig] = {}  # per tenant
         self._llm = MeteredLLM(services.llm, services.metrics)
         self._registry = build_registry(
             AgentDeps(
@@ -152,6 +164,7 @@ class Pipeline:
             ),
             registry_config(settings),
         )
+        self._routes = frozenset(self._registry)
         self._stages: tuple[Stage, ...] = (
             self._rewrite,
             self._cached,
@@ -169,7 +182,7 @@ class Pipeline:
     @property
     def routes(self) -> frozenset[Route]:
         """The routes this deployment can execute."""
-        return frozenset(self._registry)
+        return self._routes
 
     async def decide(self, request: QueryRequest, timer: StageTimer) -> RouteDecision:
         """Classification and policy only: what /v1/route explains."""
@@ -289,10 +302,11 @@ class Pipeline:
         if not ctx.looking:
             return None
         ctx.looking = False
-        assert ctx.vector is not None and ctx.question is not None and ctx.scope is not None
+        assert ctx.question is not None and ctx.scope is not None
         if not self._cache.semantic_enabled or len(ctx.question) > MAX_SEMANTIC_CHARS:
             self._count(ctx, "miss")
             return None
+        assert ctx.vector is not None
         with ctx.timer.stage("cache_semantic"):
             try:
                 found = await self._cache.semantic(
@@ -329,12 +343,18 @@ class Pipeline:
             self._cache.count(result)
 
     async def _embed(self, ctx: RequestContext) -> None:
+        semantic = self._cache.semantic_enabled and ctx.key is not None
+        if not semantic and not needs_classification(ctx.request.route, self.routes):
+            return  # a forced direct route outside the semantic cache: nothing reads a vector
         with ctx.timer.stage("embed"):
             ctx.vector = (await self._s.embedder.embed([ctx.request.query]))[0]
 
     async def _decide_route(self, ctx: RequestContext) -> None:
-        assert ctx.vector is not None
         request = ctx.request
+        if ctx.vector is None:  # see _embed
+            with ctx.timer.stage("policy"):
+                ctx.decision = decide_forced_direct(self._policy(request.tenant))
+            return
         with ctx.timer.stage("classify"):
             classification = self._classifier.classify(request.query, ctx.vector)
         with ctx.timer.stage("policy"):
@@ -344,9 +364,10 @@ class Pipeline:
 
     async def _whole_corpus(self, ctx: RequestContext) -> None:
         """Read the tenant's every chunk only when the decision says full context may apply."""
-        assert ctx.decision is not None and ctx.vector is not None
+        assert ctx.decision is not None
         if not ctx.decision.full_context_candidate:
             return
+        assert ctx.vector is not None
         with ctx.timer.stage("corpus"):
             corpus = await corpus_chunks(
                 self._s.retriever,
@@ -360,13 +381,13 @@ class Pipeline:
 
     async def _execute(self, ctx: RequestContext) -> Outcome:
         decision, request = ctx.decision, ctx.request
-        assert decision is not None and ctx.vector is not None
+        assert decision is not None
         self._count_decision(decision)
         ctx.route_reason = decision.explanation
         route_ctx = RouteContext(
             request.tenant.id,
             request.query,
-            ctx.vector,
+            ctx.vector if ctx.vector is not None else NO_VECTOR,  # direct reads none
             request.history,
             decision,
             corpus=ctx.corpus,
@@ -525,13 +546,19 @@ class Pipeline:
     # -- helpers --------------------------------------------------------------------------
 
     def _policy(self, tenant: TenantConfig) -> PolicyConfig:
-        return policy_for(
-            self.settings,
-            tenant.id,
-            self.routes,
-            allow_force_route=tenant.allow_force_route,
-            whole_corpus_allowed=tenant.allow_full_context,
-        )
+        # One per tenant for this pipeline's life (a reload builds a new pipeline), not one
+        # per request.
+        key = (tenant.id, tenant.allow_force_route, tenant.allow_full_context)
+        policy = self._policies.get(key)
+        if policy is None:
+            policy = self._policies[key] = policy_for(
+                self.settings,
+                tenant.id,
+                self.routes,
+                allow_force_route=tenant.allow_force_route,
+                whole_corpus_allowed=tenant.allow_full_context,
+            )
+        return policy
 
     async def _scope(self, request: QueryRequest) -> CacheScope | None:
         try:

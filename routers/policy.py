@@ -113,6 +113,32 @@ def decide(
     )
 
 
+def needs_classification(requested: str, executable: frozenset[Route]) -> bool:
+    """False when the request forces the direct route this deployment executes: no rule,
+    threshold or classifier output can change a forced route, and direct needs no retrieval
+    weights, so the query's embedding and the classifier are not paid for (issue 11: 55% of
+    a forced request's CPU was the embedding)."""
+    return not (requested == Route.DIRECT.value and Route.DIRECT in executable)
+
+
+def decide_forced_direct(config: PolicyConfig) -> RouteDecision:
+    """`decide` for a request that forces direct, without classifying it (see
+    `needs_classification`): the same route, reason and refusal, no classifier evidence."""
+    if not config.allow_force_route:
+        raise RouteNotAllowed(f"this tenant may not force the route {Route.DIRECT.value!r}")
+    return RouteDecision(
+        route=Route.DIRECT,
+        reason="forced",
+        explanation="forced: the request forced direct (not classified)",
+        classification=_NOT_CLASSIFIED,
+        lexical_weight=config.lexical_weight,
+        dense_weight=config.dense_weight,
+    )
+
+
+_NOT_CLASSIFIED = Classification(Route.DIRECT, 1.0, ("not_classified",))
+
+
 # A query that opens with one of these (within its first three words) or holds a '?' is a
 # question; any other is keywords ("ERR-4471 upstream certificate", "1887 Gustave").
 _QUESTION_WORDS = frozenset(
