@@ -1,7 +1,7 @@
 """Semantic cache evaluation: false hits and hits per threshold, with and without the guards,
 on real questions; then the latency of an exact hit, a semantic hit and a miss in one run.
 
-    python bench/cache_eval.py [--skip-latency] [--latency-questions N]
+    python bench/cache_eval.py [--skip-latency] [--latency-questions N] [--skip-scale]
 
 Questions: FanOutQA dev (the installed `fanoutqa` package's fanout-final-dev.json; the test file
 is never read), every parent question and every sub-question of its decomposition. Parents are
@@ -38,6 +38,9 @@ threshold for a route is chosen on the tuning part as the lowest 0.005 step whos
 hits are zero on the negatives whose cached answer could belong to that route: lookup (and
 full_context, direct) from sub-questions: siblings and parent/sub pairs; multihop from parents:
 parent/sub pairs. Reported with the held-out rate and a 95% upper bound (3/n when 0 of n).
+
+Scale: MemoryCacheStore.nearest at 1k, 10k and 100k entries in one tenant (latency, candidates
+scored, recall@1 against brute force); the Redis store's is bench/cache_store_scale.py.
 
 Latency: the real pipeline (gateway.pipeline.Pipeline) with the embedded index of the Wikipedia
 sample that bench/retrieval_eval.py builds (copied; the acme test documents when it is absent),
@@ -467,6 +470,59 @@ class contextlib_redis:
             self._cm.__exit__(*exc)
 
 
+# -- the in-process store at scale ------------------------------------------------------------
+
+
+async def memory_scale(real: np.ndarray, sizes: Sequence[int], probes: int) -> None:
+    """MemoryCacheStore.nearest with 1k … 100k entries in one tenant's scope: latency, the
+    candidates it scored and recall@1 against brute force (the Redis store: bench/
+    cache_store_scale.py). Entries are real question vectors pulled toward another and
+    noised (MiniLM's anisotropy kept, as cache_store_scale.py does); probes are an entry plus
+    noise at cosine 0.95-0.99, the range the semantic tier acts on."""
+    from backends.cache.base import CachedEntry
+
+    rng = np.random.default_rng(7)
+    dim = real.shape[1]
+
+    def unit(v: np.ndarray) -> np.ndarray:
+        out: np.ndarray = v / np.linalg.norm(v, axis=-1, keepdims=True)
+        return out.astype(np.float32)
+
+    def entries(n: int) -> np.ndarray:
+        a = real[rng.integers(0, len(real), n)]
+        b = real[rng.integers(0, len(real), n)]
+        return unit(a + 0.35 * b + 0.25 * rng.standard_normal((n, dim)) / np.sqrt(dim) * 4)
+
+    def near(v: np.ndarray, cosine: float) -> np.ndarray:
+        noise = unit(rng.standard_normal(dim) - (rng.standard_normal(dim) @ v) * v)
+        return unit(cosine * v + np.sqrt(1 - cosine**2) * noise)
+
+    print(f"\nIN-PROCESS STORE AT SCALE: {probes} probes a size, one tenant, one scope")
+    print(f"{'entries':>8} {'p50 ms':>8} {'p99 ms':>8} {'candidates p50/max':>19} {'recall@1':>9}")
+    store = MemoryCacheStore()
+    vectors = np.zeros((0, dim), dtype=np.float32)
+    for size in sizes:
+        new = entries(size - len(vectors))
+        for i, v in enumerate(new, start=len(vectors)):
+            entry = CachedEntry(f"k{i}", "q", b"{}", v)
+            await store.put("t", "s", entry, ttl_s=3600, max_entries=max(sizes))
+        vectors = np.vstack([vectors, new])
+        times, candidates, found = [], [], 0
+        for _ in range(probes):
+            target = int(rng.integers(0, size))
+            probe = near(vectors[target], float(rng.uniform(0.95, 0.99)))
+            start = time.perf_counter()
+            got = await store.nearest("t", "s", probe, 4)
+            times.append((time.perf_counter() - start) * 1000)
+            candidates.append(store.last_candidates)
+            truth = int(np.argmax(vectors @ probe))
+            found += bool(got) and got[0].entry.key == f"k{truth}"
+        print(
+            f"{size:>8} {percentile(times, 50):>8.3f} {percentile(times, 99):>8.3f} "
+            f"{int(np.median(candidates)):>10}/{max(candidates):<8} {found / probes:>9.3f}"
+        )
+
+
 # -- main ------------------------------------------------------------------------------------
 
 
@@ -474,6 +530,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--skip-latency", action="store_true")
     parser.add_argument("--latency-questions", type=int, default=150)
+    parser.add_argument("--skip-scale", action="store_true")
+    parser.add_argument("--scale-sizes", default="1000,10000,100000")
     args = parser.parse_args()
 
     questions, pairs = load_pairs()
@@ -488,6 +546,10 @@ def main() -> None:
     chosen = choose(scored)
     print_chosen(scored, chosen)
     print_rules(scored, chosen["lookup"])
+    if not args.skip_scale:
+        real = np.stack([vectors[q.text] for q in questions])
+        sizes = [int(x) for x in args.scale_sizes.split(",")]
+        asyncio.run(memory_scale(real, sizes, probes=300))
     if args.skip_latency:
         return
 
