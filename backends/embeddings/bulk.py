@@ -38,7 +38,7 @@ from backends.retrieval.base import Vector
 log = logging.getLogger(__name__)
 
 SERVING_NICE = 5
-SLICE_TEXTS = 64
+SLICE_TEXTS = 16
 
 
 @runtime_checkable

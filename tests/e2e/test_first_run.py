@@ -80,7 +80,7 @@ def test_the_port_opens_and_answers_while_the_sample_ingests(tmp_path: Path) -> 
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
-            proc.wait(timeout=30)
+            proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
             raise
