@@ -223,6 +223,9 @@ class RetrievalConfig(BaseModel):
     opensearch: OpenSearchConfig = OpenSearchConfig()
 
 
+DEFAULT_SEMANTIC_THRESHOLD = 0.96  # see SemanticCacheConfig.thresholds
+
+
 class SemanticCacheConfig(BaseModel):
     """The second cache tier: a paraphrase of a cached question gets its answer, when the
     embeddings are this close and no guard (numbers, dates, negation, comparison, scope,
@@ -239,9 +242,22 @@ class SemanticCacheConfig(BaseModel):
     # sub-question (1 of 1,872 tuning pairs), 0.97 serves 82% of rewrites
     # (`python bench/cache_eval.py`). Direct and full_context have no such data and take the
     # lookup's value.
-    thresholds: dict[Route, float] = Field(default_factory=lambda: {route: 0.96 for route in Route})
+    thresholds: dict[Route, float] = Field(
+        default_factory=lambda: {route: DEFAULT_SEMANTIC_THRESHOLD for route in Route}
+    )
     # How many nearest entries are checked against the guards before giving up.
     candidates: int = Field(default=4, ge=1, le=32)
+
+    @field_validator("thresholds")
+    @classmethod
+    def _similarities(cls, value: dict[Route, float]) -> dict[Route, float]:
+        # A route left out keeps the default; 1.0 all but turns the tier off for a route.
+        for route, threshold in value.items():
+            if not 0.5 <= threshold <= 1.0:
+                raise ValueError(
+                    f"{route.value}: a cosine similarity from 0.5 to 1, not {threshold}"
+                )
+        return {**{route: DEFAULT_SEMANTIC_THRESHOLD for route in Route}, **value}
 
 
 class CacheConfig(BaseModel):

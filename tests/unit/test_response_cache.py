@@ -1,6 +1,8 @@
 import asyncio
 
 import numpy as np
+import pytest
+from pydantic import ValidationError
 
 from backends.cache.base import CachedEntry, Neighbour
 from backends.cache.memory import MemoryCacheStore
@@ -19,6 +21,7 @@ from gateway.metrics import Metrics
 from gateway.pipeline import replay_pieces
 from gateway.response_cache import ResponseCache, StoreFailed
 from gateway.settings import CacheConfig, Settings, TenantConfig
+from routers.types import Route
 
 SCOPE = CacheScope("auto", 3, "cfg1", "all-MiniLM-L6-v2")
 
@@ -217,3 +220,11 @@ def test_replicas_differing_only_in_port_or_data_dir_share_a_scope() -> None:
     assert answer_config_version(base, tenant) != answer_config_version(other, tenant)
     narrower = TenantConfig(id="acme", api_key_sha256=("1" * 64,), allow_full_context=False)
     assert answer_config_version(base, tenant) != answer_config_version(base, narrower)
+
+
+def test_semantic_thresholds_are_similarities_and_unnamed_routes_keep_the_default() -> None:
+    with pytest.raises(ValidationError, match=r"lookup: a cosine similarity from 0\.5 to 1"):
+        Settings(cache={"semantic": {"thresholds": {"lookup": 0.2}}})
+    thresholds = Settings(cache={"semantic": {"thresholds": {"lookup": 0.9}}}).cache.semantic
+    assert thresholds.thresholds[Route.LOOKUP] == 0.9
+    assert thresholds.thresholds[Route.MULTIHOP] == 0.96
