@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -11,6 +13,7 @@ from pydantic import BaseModel, SecretStr
 from gateway.appkeys import RUNTIME
 from gateway.reload import RELOADER
 from gateway.settings import Settings
+from gateway.workers import SUPERVISOR_ENV
 
 REDACTED = "**********"
 
@@ -21,9 +24,17 @@ async def handle_reload(request: web.Request) -> web.Response:
     request.app[RUNTIME].current.check_admin(request.headers.get("Authorization"))
     outcome = await request.app[RELOADER].reload("admin")
     if outcome.error is None:
+        _reload_siblings()
         return web.json_response({"result": outcome.result, "version": outcome.version})
     error = {"type": outcome.error.type, "message": outcome.error.message}
     return web.json_response({"error": error, "version": outcome.version}, status=422)
+
+
+def _reload_siblings() -> None:
+    """Under `serve --workers N` the other workers reload too: the supervisor passes SIGHUP
+    on to each (this one finds its file unchanged)."""
+    if supervisor := os.environ.get(SUPERVISOR_ENV):
+        os.kill(int(supervisor), signal.SIGHUP)
 
 
 async def handle_config(request: web.Request) -> web.Response:

@@ -8,7 +8,10 @@ import asyncio
 import json
 import logging
 import secrets
+import signal
+import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -156,6 +159,8 @@ def with_demo_key(settings: Settings, announce: bool = True) -> Settings:
 def _serve(settings: Settings, args: argparse.Namespace) -> int:
     from gateway.runtime import DEMO_TENANT
 
+    if args.workers > 1:  # a SIGHUP before the supervisor is up must not end it
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
     settings = _serve_settings(settings, args)  # the demo key is made here, once
     if args.workers == 1:
         ingest = None
@@ -165,7 +170,7 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
 
             # In the app's lifetime: the port opens at once and answers while it runs.
             ingest = BackgroundIngest(DEMO_TENANT, load_wiki_sample)
-        return _run_app(settings, args, reuse_port=False, startup_ingest=ingest)
+        return _run_app(settings, args, startup_ingest=ingest)
     if args.sample_corpus:
         # Workers are separate processes: the one writer ingests before they start.
         asyncio.run(_ingest_async(settings, DEMO_TENANT, [], sample=True))
@@ -173,37 +178,43 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _supervise(settings: Settings, args: argparse.Namespace) -> int:
-    from gateway.workers import Supervisor, WorkerSpec, reserve_port
+    from gateway.workers import Supervisor, WorkerSpec, bind
 
     server = settings.server
     try:
-        reserved = reserve_port(server.host, server.port)
+        sock = bind(server.host, server.port)
     except OSError as exc:
         print(f"cannot listen on {server.host}:{server.port}: {exc}", file=sys.stderr)
         return 2
-    with reserved:
-        port = int(reserved.getsockname()[1])  # the one chosen when the config says 0
-        spec = WorkerSpec(args.config, args.host, port, args.log_level)
-        return Supervisor(spec, args.workers, server.shutdown_grace_s).run()
+    with sock:
+        port = int(sock.getsockname()[1])  # the one chosen when the config says 0
+        spec = WorkerSpec(args.config, args.host, port, args.log_level, settings)
+        return Supervisor(spec, sock, args.workers, server.shutdown_grace_s).run()
 
 
-def serve_worker(spec: WorkerSpec) -> int:
-    """One worker of `serve --workers N` (in a fresh interpreter): the app on the shared port."""
+def serve_worker(spec: WorkerSpec, sock: socket.socket, on_ready: Callable[[], None]) -> int:
+    """One worker of `serve --workers N` (in a fresh interpreter): the app on the shared socket."""
     configure_logging(spec.log_level)
-    try:
-        settings = load_settings(spec.config_path)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return 2
     args = argparse.Namespace(config=spec.config_path, host=spec.host, port=spec.port)
-    return _run_app(_serve_settings(settings, args, announce=False), args, reuse_port=True)
+    try:
+        settings = _serve_settings(load_settings(spec.config_path), args, announce=False)
+    except ConfigError as exc:
+        # Edited since the supervisor read it: start on what it validated; the file watch
+        # reloads the next good edit.
+        log.error(
+            "config file refused; starting on the configuration the supervisor validated",
+            extra={"error": str(exc)},
+        )
+        settings = spec.settings
+    return _run_app(settings, args, sock=sock, on_ready=on_ready)
 
 
 def _run_app(
     settings: Settings,
     args: argparse.Namespace,
     *,
-    reuse_port: bool,
+    sock: socket.socket | None = None,
+    on_ready: Callable[[], None] | None = None,
     startup_ingest: BackgroundIngest | None = None,
 ) -> int:
     from aiohttp import web
@@ -217,12 +228,17 @@ def _run_app(
         lambda fresh: _serve_settings(fresh, args, False),
         startup_ingest=startup_ingest,
     )
+    if on_ready is not None:
+
+        async def ready(app: web.Application) -> None:  # runs after every backend has opened
+            on_ready()
+
+        app.on_startup.append(ready)
+    where: dict[str, Any] = {"sock": sock} if sock else {"host": server.host, "port": server.port}
     try:
         web.run_app(
             app,
-            host=server.host,
-            port=server.port,
-            reuse_port=reuse_port,
+            **where,
             shutdown_timeout=server.shutdown_grace_s,
             # A client that hangs up stops its request's work (an agent loop, model calls): nobody
             # would read the answer, and the tenant would still pay for it.

@@ -231,10 +231,13 @@ class Metrics:
 
 
 class WorkerResources:
-    """The standard process_* figures as gauges summed over live workers: the default
-    process collector would report only the one worker a scrape happens to reach (GC
-    statistics are per interpreter and are not exported with several workers)."""
+    """The standard process_* figures summed over workers: the default process collector
+    would report only the one worker a scrape happens to reach (GC statistics are per
+    interpreter and are not exported with several workers). CPU time is a counter that each
+    worker adds its own to, so it never falls when a worker dies; the others are gauges over
+    the live workers."""
 
+    _CPU = "process_cpu_seconds"
     # Summed over workers, except where a sum means nothing.
     _MODES: ClassVar[dict[str, str]] = {
         "process_start_time_seconds": "livemin",
@@ -243,8 +246,16 @@ class WorkerResources:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self._gauges: dict[str, Gauge] = {}
+        self._cpu_seen = 0.0
+        self._cpu = Counter(
+            self._CPU,
+            "Total CPU time of every worker, dead ones included, in seconds.",
+            registry=registry,
+        )
         for family in PROCESS_COLLECTOR.collect():
-            for sample in family.samples:  # the sample's name: process_cpu_seconds_total
+            if family.name == self._CPU:
+                continue
+            for sample in family.samples:
                 self._gauges[sample.name] = Gauge(
                     sample.name,
                     family.documentation + " (over live workers)",
@@ -255,5 +266,8 @@ class WorkerResources:
     def refresh(self) -> None:
         for family in PROCESS_COLLECTOR.collect():
             for sample in family.samples:
-                if (gauge := self._gauges.get(sample.name)) is not None:
+                if family.name == self._CPU:
+                    self._cpu.inc(max(0.0, sample.value - self._cpu_seen))
+                    self._cpu_seen = max(self._cpu_seen, sample.value)
+                elif (gauge := self._gauges.get(sample.name)) is not None:
                     gauge.set(sample.value)

@@ -157,6 +157,8 @@ class ConfigReloader:
             return self._finish(trigger, self._refused(_refusal(exc)))
         self._holder.current = runtime
         info = self._services.metrics.config_info
+        # 0 first: with several workers the series lives in a shared file that remove() leaves
+        info.labels(active.version).set(0)
         info.remove(active.version)
         info.labels(new.version).set(1)
         return self._finish(trigger, ReloadOutcome("ok", new.version), from_version=active.version)

@@ -1,15 +1,20 @@
 """`querygate serve --workers N`: N worker processes on one port, supervised.
 
 Each worker is a fresh interpreter (the `spawn` start method: litellm and the model's threads
-do not survive fork) running the whole app with its own event loop. They share the port with
-SO_REUSEPORT, so the kernel spreads connections over them evenly; the supervisor holds a bound
-socket in the same group first, which fails fast if the port is taken and keeps it reserved
-while a worker restarts. Metrics are written per process into a shared directory
-(prometheus-client's multiprocess mode) and whichever worker serves `/metrics` reports the sum.
+do not survive fork) running the whole app with its own event loop. The supervisor binds the
+port once — a taken port fails there — and hands the socket to every worker; they listen on it
+and accept from its one queue in turn. Metrics are written
+per process into a shared directory (prometheus-client's multiprocess mode) and whichever
+worker serves `/metrics` reports the sum.
 
-A worker that dies is replaced; one that keeps dying at start (a bad config, the port) stops
-the supervisor. SIGTERM or SIGINT drains every worker within the shutdown grace; SIGHUP is
-passed on to every worker (each reloads its configuration).
+A worker tells the supervisor when it is ready (its backends open, the app serving). One that
+dies is replaced: at once if it had been serving, after a growing pause if it died starting,
+and the supervisor gives up after three that die starting in a row — or at once when the first
+workers cannot start because the configuration is refused. A replacement whose config file is
+refused now (an edit made after the others loaded it) starts on the configuration the
+supervisor validated, and its file watch picks up the next good edit. SIGTERM or SIGINT drains
+every worker within the shutdown grace; SIGHUP is passed on to every ready worker (each reloads
+its configuration) and is ignored by workers still starting.
 """
 
 from __future__ import annotations
@@ -22,70 +27,95 @@ import signal
 import socket
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
+from multiprocessing.synchronize import Event
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gateway.metrics import MULTIPROC_ENV
 
+if TYPE_CHECKING:
+    from gateway.settings import Settings
+
 log = logging.getLogger(__name__)
 
-# A worker that exits sooner than this after starting counts towards a crash loop.
-_EARLY_EXIT_S = 10.0
-_MAX_EARLY_EXITS = 3
+# Set in every worker's environment: `POST /admin/reload` signals the supervisor through it.
+SUPERVISOR_ENV = "QUERYGATE_SUPERVISOR_PID"
+_MAX_EARLY_EXITS = 3  # workers in a row that die before they are ready
+_FIRST_PAUSE_S = 0.5  # before replacing one that died starting; doubles each time
 # Past the drain itself: the time a worker needs to close its backends.
 _STOP_MARGIN_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
 class WorkerSpec:
-    """What a worker needs to start: everything else it reads from the config itself."""
+    """What a worker needs to start."""
 
     config_path: Path | None
     host: str | None
-    port: int | None
+    port: int
     log_level: str
+    # Validated by the supervisor (demo key included): what a worker falls back on when the
+    # file is refused by the time it starts.
+    settings: Settings
 
 
 def worker_count(value: str) -> int:
     """`auto` is the cores this process may run on."""
-    if value == "auto":
-        return len(os.sched_getaffinity(0))
-    count = int(value)
+    count = len(os.sched_getaffinity(0)) if value == "auto" else int(value)
     if not 1 <= count <= 64:
         raise ValueError("want 1 to 64 workers, or auto")
     return count
 
 
-def reserve_port(host: str, port: int) -> socket.socket:
-    """Bind (not listen) in the port's SO_REUSEPORT group: a taken port fails here, once."""
+def bind(host: str, port: int) -> socket.socket:
+    """The one socket every worker accepts from: bound here (a taken port fails now), listened
+    on by the first worker that serves (asyncio listens on a given socket), so a client that
+    comes before any worker is ready is refused rather than left waiting in a queue."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((host, port))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past a previous run's TIME_WAIT
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
     return sock
 
 
+@dataclass(slots=True)
+class _Worker:
+    process: BaseProcess
+    ready: Event
+
+
+@dataclass(slots=True)
 class Supervisor:
-    def __init__(self, spec: WorkerSpec, count: int, grace_s: float) -> None:
-        self._spec = spec
-        self._count = count
-        self._grace_s = grace_s
-        self._context = multiprocessing.get_context("spawn")
-        self._workers: dict[int, tuple[BaseProcess, float]] = {}
-        self._early_exits = 0
-        self._stopping = False
+    spec: WorkerSpec
+    sock: socket.socket
+    count: int
+    grace_s: float
+    _context: multiprocessing.context.SpawnContext = field(
+        default_factory=lambda: multiprocessing.get_context("spawn")
+    )
+    _workers: dict[int, _Worker] = field(default_factory=dict)
+    _respawn_at: list[float] = field(default_factory=list)
+    _early_exits: int = 0
+    _any_ready: bool = False
+    _stopping: bool = False
 
     def run(self) -> int:
         """Start the workers, replace the ones that die, drain them all on a signal."""
         metrics_dir = Path(tempfile.mkdtemp(prefix="querygate-metrics-"))
-        os.environ[MULTIPROC_ENV] = str(metrics_dir)  # inherited by every spawned worker
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        # Inherited by every spawned worker.
+        os.environ.update({MULTIPROC_ENV: str(metrics_dir), SUPERVISOR_ENV: str(os.getpid())})
+        handlers = {signal.SIGTERM: self._on_stop, signal.SIGINT: self._on_stop}
+        previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
         previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, self._forward_reload)
         try:
-            for _ in range(self._count):
+            for _ in range(self.count):
                 self._spawn()
             status = self._supervise()
         finally:
@@ -95,65 +125,86 @@ class Supervisor:
             shutil.rmtree(metrics_dir, ignore_errors=True)
         return status
 
-    def _on_signal(self, signum: int, frame: object) -> None:
+    def _on_stop(self, signum: int, frame: object) -> None:
         log.info("draining workers", extra={"signal": signal.Signals(signum).name})
         self._stopping = True
 
     def _forward_reload(self, signum: int, frame: object) -> None:
-        """SIGHUP reloads the configuration: every worker reloads its own."""
-        for process, _ in self._workers.values():
-            if process.is_alive() and process.pid is not None:
-                os.kill(process.pid, signal.SIGHUP)
+        """Every ready worker reloads its own configuration; one still starting reads the
+        file as it is when it gets there."""
+        for worker in self._workers.values():
+            if worker.ready.is_set() and worker.process.pid is not None:
+                os.kill(worker.process.pid, signal.SIGHUP)
 
     def _spawn(self) -> None:
-        process = self._context.Process(target=run_worker, args=(self._spec,), daemon=False)
-        process.start()
+        ready = self._context.Event()
+        process = self._context.Process(
+            target=run_worker, args=(self.spec, self.sock, ready), daemon=False
+        )
+        # The new interpreter keeps only an ignored disposition: SIGHUP must not end a worker
+        # before its app installs the reload handler (a signal in this instant is dropped).
+        forward = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        try:
+            process.start()
+        finally:
+            signal.signal(signal.SIGHUP, forward)
         assert process.pid is not None
-        self._workers[process.pid] = (process, time.monotonic())
-        log.info("worker started", extra={"worker_pid": process.pid, "workers": len(self._workers)})
+        self._workers[process.pid] = _Worker(process, ready)
+        log.info("worker started", extra={"worker_pid": process.pid})
 
     def _supervise(self) -> int:
         while not self._stopping:
-            sentinels = [p.sentinel for p, _ in self._workers.values()]
-            for ready in wait(sentinels, timeout=0.5):
-                status = self._reap(ready)
+            self._any_ready = self._any_ready or any(
+                w.ready.is_set() for w in self._workers.values()
+            )
+            now = time.monotonic()
+            for due in [t for t in self._respawn_at if t <= now]:
+                self._respawn_at.remove(due)
+                self._spawn()
+            sentinels = {w.process.sentinel: pid for pid, w in self._workers.items()}
+            for sentinel in wait(list(sentinels), timeout=0.2):
+                status = self._reap(sentinels[sentinel])  # type: ignore[index]
                 if status is not None:
                     return status
         return 0
 
-    def _reap(self, sentinel: object) -> int | None:
-        """A worker exited: replace it, or give up when workers keep dying at start."""
-        pid, (process, started) = next(
-            (pid, entry) for pid, entry in self._workers.items() if entry[0].sentinel == sentinel
-        )
-        process.join()
-        del self._workers[pid]
+    def _reap(self, pid: int) -> int | None:
+        """A worker exited: replace it, or give up when workers cannot start."""
+        worker = self._workers.pop(pid)
+        worker.process.join()
         _mark_dead(pid)
-        code = process.exitcode
         if self._stopping:
             return None
-        log.error("worker exited", extra={"worker_pid": pid, "exit_code": code})
-        if code == 2:  # the config was refused: every replacement would be too
+        code, was_ready = worker.process.exitcode, worker.ready.is_set()
+        log.error("worker exited", extra={"worker_pid": pid, "exit_code": code, "ready": was_ready})
+        if code == 2 and not self._any_ready:  # the config is refused: so would every worker be
             return 2
-        early = time.monotonic() - started < _EARLY_EXIT_S
-        self._early_exits = self._early_exits + 1 if early else 0
+        if was_ready:
+            self._early_exits = 0
+            self._spawn()
+            return None
+        self._early_exits += 1
         if self._early_exits >= _MAX_EARLY_EXITS:
-            log.error("workers keep exiting at start; stopping")
+            log.error("workers keep exiting before they are ready; stopping")
             return 1
-        self._spawn()
+        pause = _FIRST_PAUSE_S * 2 ** (self._early_exits - 1)
+        self._respawn_at.append(time.monotonic() + pause)
         return None
 
     def _stop_all(self) -> None:
-        for process, _ in self._workers.values():
-            if process.is_alive() and process.pid is not None:
-                os.kill(process.pid, signal.SIGTERM)
-        deadline = time.monotonic() + self._grace_s + _STOP_MARGIN_S
-        for process, _ in self._workers.values():
-            process.join(max(0.0, deadline - time.monotonic()))
-            if process.is_alive():
-                log.error("worker did not drain in time; killed", extra={"worker_pid": process.pid})
-                process.kill()
-                process.join()
+        for worker in self._workers.values():
+            if worker.process.is_alive() and worker.process.pid is not None:
+                os.kill(worker.process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.grace_s + _STOP_MARGIN_S
+        for worker in self._workers.values():
+            worker.process.join(max(0.0, deadline - time.monotonic()))
+            if worker.process.is_alive():
+                log.error(
+                    "worker did not drain in time; killed",
+                    extra={"worker_pid": worker.process.pid},
+                )
+                worker.process.kill()
+                worker.process.join()
         self._workers.clear()
 
 
@@ -164,8 +215,8 @@ def _mark_dead(pid: int) -> None:
     multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
 
 
-def run_worker(spec: WorkerSpec) -> None:
+def run_worker(spec: WorkerSpec, sock: socket.socket, ready: Event) -> None:
     """A worker's whole life; the process exit code says how it ended."""
     from gateway.cli import serve_worker
 
-    raise SystemExit(serve_worker(spec))
+    raise SystemExit(serve_worker(spec, sock, ready.set))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -12,9 +14,17 @@ from pathlib import Path
 
 import pytest
 import requests
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.fixtures.gateway import GatewayProcess, start_gateway, stop_gateway
+from tests.fixtures.gateway import (
+    ADMIN_KEY,
+    REPO_ROOT,
+    GatewayProcess,
+    run_cli,
+    start_gateway,
+    stop_gateway,
+)
 
 ROUTE_ENDPOINT = "POST /v1/route"
 
@@ -120,6 +130,84 @@ def test_a_worker_that_dies_is_replaced(workers: GatewayProcess) -> None:
     for i in range(10):
         response = _route(workers, f"Who founded company {i}?")
         assert response.status_code == 200, response.text
+
+
+def test_admin_reload_reloads_every_worker(workers: GatewayProcess) -> None:
+    before = _sample(workers, "querygate_config_reloads_total", result="unchanged")
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    response = requests.post(f"{workers.url}/admin/reload", headers=admin, timeout=10)
+    assert response.status_code == 200, response.text
+    deadline = time.monotonic() + 40
+    # the worker that got it, then both again through the supervisor's SIGHUP
+    while _sample(workers, "querygate_config_reloads_total", result="unchanged") < before + 3:
+        assert time.monotonic() < deadline, "not every worker reloaded"
+        time.sleep(0.2)
+
+
+def test_a_second_gateway_on_the_same_port_is_refused(workers: GatewayProcess) -> None:
+    config = yaml.safe_load(workers.config_path.read_text())
+    port = int(workers.url.rsplit(":", 1)[1])
+    assert config["server"]["port"] == port
+    done = run_cli(workers.config_path, "serve", "--workers", "2")
+    assert done.returncode == 2
+    assert "cannot listen" in done.stderr
+
+
+def test_a_replacement_starts_on_the_validated_config_when_the_file_went_bad(
+    fake_upstream: str, tmp_path: Path
+) -> None:
+    gw = start_gateway(tmp_path, fake_upstream, serve_args=("--workers", "2"))
+    try:
+        _wait_workers_ready(gw, 2)
+        good = gw.config_path.read_text()
+        gw.config_path.write_text(good.replace("max_body_bytes: 65536", "max_body_bytes: lots"))
+        victim = min(_children(gw.proc.pid))
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 90
+        while len(_log_pids(gw, msg="ready")) < 3:  # the replacement became ready
+            assert gw.proc.poll() is None, gw.log()[-3000:]
+            assert time.monotonic() < deadline, gw.log()[-3000:]
+            time.sleep(0.2)
+        assert _log_pids(
+            gw, msg="config file refused; starting on the configuration the supervisor validated"
+        )
+        for i in range(6):
+            assert _route(gw, f"Who wrote book {i}?").status_code == 200
+    finally:
+        stop_gateway(gw)
+
+
+def test_sighup_while_workers_start_ends_nothing(fake_upstream: str, tmp_path: Path) -> None:
+    gw = start_gateway(tmp_path / "first", fake_upstream, serve_args=("--workers", "2"))
+    stop_gateway(gw)  # the data dir is ingested; start again and signal at once
+    with gw.log_path.open("wb") as log_file:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gateway",
+                "--config",
+                str(gw.config_path),
+                "serve",
+                "--workers",
+                "2",
+            ],
+            cwd=REPO_ROOT,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    again = GatewayProcess(gw.url, proc, gw.log_path, gw.config_path)
+    try:
+        for _ in range(8):  # through the supervisor's start and the workers' model load
+            time.sleep(0.5)
+            proc.send_signal(signal.SIGHUP)
+        _wait_workers_ready(again, 2)
+        assert proc.poll() is None
+        assert len(_children(proc.pid)) == 2
+        assert '"worker exited"' not in again.log()
+    finally:
+        stop_gateway(again)
 
 
 def test_sigterm_drains_every_worker(fake_upstream: str, tmp_path: Path) -> None:
