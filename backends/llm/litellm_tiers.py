@@ -23,7 +23,10 @@ requested; when the upstream sends none, usage is estimated with `litellm.token_
 final delta says so (`extra["usage_estimated"]`).
 
 `litellm.Router` is deliberately not used: it costs 1.5-2x the CPU per call and adds its own
-retry layer.
+retry layer. OpenAI-compatible deployments (`openai/<model>`) do not go through
+`litellm.acompletion` at all but through one pooled aiohttp session (`backends.llm.openai_http`,
+`lean_http=True`, the default): the same retries, fallbacks, cooldowns and cost, a tenth of the
+CPU per call; litellm still serves every other provider and counts tokens for estimates.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ import math
 import os
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from enum import Enum
 from types import SimpleNamespace
@@ -52,6 +55,7 @@ from litellm.llms.custom_httpx.async_client_cleanup import close_litellm_async_c
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
 from backends.errors import BackendUnavailable, UpstreamError
+from backends.llm import openai_http
 from backends.llm.base import (
     NO_OPTIONS,
     Completion,
@@ -151,6 +155,8 @@ class _Deployment:
     api_key: str
     name: str  # the model, plus "#position" if the chain lists it twice (two api_bases)
     breaker: CircuitBreaker
+    # Served by the lean wire (an OpenAI-compatible upstream), not litellm.acompletion.
+    lean: bool = False
 
     @property
     def model(self) -> str:
@@ -187,7 +193,7 @@ class _OpenStream:
     """A stream whose first chunk has arrived: past this point nothing is retried."""
 
     deployment: _Deployment
-    chunks: CustomStreamWrapper
+    chunks: CustomStreamWrapper | openai_http.SseStream
     first: Any
 
 
@@ -201,7 +207,9 @@ def _resolve_key(config: TierConfig) -> str:
     return key
 
 
-def _chain(config: TierConfig | None, clock: Callable[[], float]) -> tuple[_Deployment, ...]:
+def _chain(
+    config: TierConfig | None, clock: Callable[[], float], lean_http: bool
+) -> tuple[_Deployment, ...]:
     if config is None:
         return ()
     configs = (config, *config.fallbacks)
@@ -212,6 +220,7 @@ def _chain(config: TierConfig | None, clock: Callable[[], float]) -> tuple[_Depl
             _resolve_key(c),
             c.model if listed[c.model] == 1 else f"{c.model}#{i}",
             CircuitBreaker(c.cooldown_after, c.cooldown_s, clock),
+            lean=lean_http and openai_http.serves(c.model),
         )
         for i, c in enumerate(configs)
     )
@@ -262,7 +271,7 @@ def _retry_after(cooling: list[_Deployment]) -> int:
 
 
 # What a failed attempt may raise; anything else is a bug and propagates untouched.
-_CALL_ERRORS = (openai.APIError, TimeoutError, UpstreamError)
+_CALL_ERRORS = (openai.APIError, TimeoutError, UpstreamError, openai_http.WireError)
 
 
 def _to_wire(message: Message) -> dict[str, Any]:
@@ -328,12 +337,15 @@ class LiteLLMTiers:
         backoff_max_s: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
         on_cooldown: Callable[[str, str, bool], None] | None = None,
+        lean_http: bool = True,
     ) -> None:
-        """`on_cooldown(tier, model, is_open)` hears every breaker opening and closing."""
+        """`on_cooldown(tier, model, is_open)` hears every breaker opening and closing;
+        `lean_http` sends OpenAI-compatible deployments over `openai_http`, not litellm."""
         self._chains: dict[Tier, tuple[_Deployment, ...]] = {
-            "small": _chain(small, clock),
-            "large": _chain(large, clock),
+            "small": _chain(small, clock, lean_http),
+            "large": _chain(large, clock, lean_http),
         }
+        self._http = openai_http.OpenAIHttp()
         self._backoff_initial_s = backoff_initial_s
         self._backoff_max_s = backoff_max_s
         self._on_cooldown = on_cooldown
@@ -395,6 +407,18 @@ class LiteLLMTiers:
         wire = [_to_wire(m) for m in messages]
 
         async def attempt(deployment: _Deployment) -> Completion:
+            if deployment.lean:
+                body = _wire_body(deployment, wire, max_tokens, options)
+                if tools is not None:
+                    body["tools"] = tools
+                async with asyncio.timeout(deployment.config.timeout_s):
+                    answer = await self._http.complete(
+                        deployment.config.api_base,
+                        deployment.api_key,
+                        body,
+                        deployment.config.timeout_s,
+                    )
+                return _completion_from_json(tier, deployment, wire, answer)
             args = self._call_args(deployment, wire, max_tokens, options)
             if tools is not None:
                 args["tools"] = tools
@@ -421,6 +445,8 @@ class LiteLLMTiers:
         wire = [_to_wire(m) for m in messages]
 
         async def attempt(deployment: _Deployment) -> _OpenStream:
+            if deployment.lean:
+                return await self._open_lean_stream(deployment, wire, max_tokens, options)
             async with asyncio.timeout(deployment.config.timeout_s):
                 chunks = await litellm.acompletion(
                     **self._call_args(deployment, wire, max_tokens, options),
@@ -441,8 +467,9 @@ class LiteLLMTiers:
             return _OpenStream(deployment, chunks, first)
 
         lease, opened = await self._first_that_answers(tier, attempt)
+        relay = _relay_lean if isinstance(opened.chunks, openai_http.SseStream) else self._relay
         try:
-            async for delta in self._relay(opened, wire):
+            async for delta in relay(opened, wire):
                 if delta.done:
                     # now, not on exit: a consumer that never closes us must not hold a probe slot
                     lease.settle(True)
@@ -456,11 +483,37 @@ class LiteLLMTiers:
             await opened.chunks.aclose()
 
     async def aclose(self) -> None:
+        await self._http.aclose()
         # litellm caches its HTTP clients process-wide (the gateway holds one LiteLLMTiers). It
         # leaves closed clients in that cache and would hand them to the next instance, which
         # then fails with "client has been closed": flush it too.
         await close_litellm_async_clients()  # type: ignore[no-untyped-call]  # untyped upstream
         litellm.in_memory_llm_clients_cache.flush_cache()  # type: ignore[no-untyped-call]
+
+    async def _open_lean_stream(
+        self,
+        deployment: _Deployment,
+        wire: list[dict[str, Any]],
+        max_tokens: int | None,
+        options: GenerationOptions,
+    ) -> _OpenStream:
+        body = _wire_body(deployment, wire, max_tokens, options)
+        body["stream"], body["stream_options"] = True, {"include_usage": True}
+        config = deployment.config
+        async with asyncio.timeout(config.timeout_s):
+            chunks = await self._http.stream(
+                config.api_base, deployment.api_key, body, config.timeout_s
+            )
+            # as on litellm's path: the first chunk within the retried attempt
+            try:
+                first = await anext(aiter(chunks), None)
+            except BaseException:
+                await chunks.aclose()
+                raise
+        if first is None:
+            await chunks.aclose()
+            raise UpstreamError("llm", f"{deployment.model}: empty stream")
+        return _OpenStream(deployment, chunks, first)
 
     def _call_args(
         self,
@@ -645,7 +698,115 @@ def _streamed_tool_call(call: dict[str, str]) -> ToolCall:
     return _parse_tool_call(SimpleNamespace(id=call["id"], function=function))
 
 
-async def _prepend(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
+async def _prepend(first: Any, rest: AsyncIterable[Any]) -> AsyncIterator[Any]:
     yield first
     async for item in rest:
         yield item
+
+
+# -- the lean wire's bodies (OpenAI-compatible upstreams) -------------------------------------
+
+
+def _wire_body(
+    deployment: _Deployment,
+    wire: list[dict[str, Any]],
+    max_tokens: int | None,
+    options: GenerationOptions,
+) -> dict[str, Any]:
+    """The request litellm would send an OpenAI-compatible server for `_call_args`."""
+    config = deployment.config
+    return {
+        "model": config.model.removeprefix(openai_http.PREFIX),
+        "messages": wire,
+        "temperature": config.temperature,
+        **options.wire(),
+        "max_tokens": options.cap(max_tokens or config.max_tokens),
+    }
+
+
+def _completion_from_json(
+    tier: Tier, deployment: _Deployment, wire: list[dict[str, Any]], answer: dict[str, Any]
+) -> Completion:
+    """`_to_completion` for a decoded OpenAI answer."""
+    choices = answer.get("choices")
+    if not choices or not isinstance(choices, list) or not isinstance(choices[0], dict):
+        raise UpstreamError("llm", f"{deployment.model}: response without choices")
+    choice = choices[0]
+    message = choice.get("message") or {}
+    text = message.get("content") or ""
+    usage = answer.get("usage") or {}
+    tokens = (int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
+    estimated = tokens[0] == 0
+    if estimated:
+        log.warning("llm %s sent no usage; estimating tokens", deployment.model)
+        tokens = _estimate_usage(deployment.model, wire, text)
+    return Completion(
+        text=text,
+        tier=tier,
+        model=deployment.model,
+        usage=deployment.cost(*tokens),
+        tool_calls=tuple(_parse_tool_call(_json_call(c)) for c in message.get("tool_calls") or ()),
+        finish_reason=choice.get("finish_reason") or "stop",
+        usage_estimated=estimated,
+    )
+
+
+def _json_call(raw: dict[str, Any]) -> SimpleNamespace:
+    function = raw.get("function") or {}
+    return SimpleNamespace(
+        id=raw.get("id") or "",
+        function=SimpleNamespace(name=function.get("name"), arguments=function.get("arguments")),
+    )
+
+
+async def _relay_lean(
+    opened: _OpenStream, wire: list[dict[str, Any]]
+) -> AsyncIterator[StreamDelta]:
+    """`LiteLLMTiers._relay` for decoded OpenAI chunks."""
+    deployment = opened.deployment
+    parts: list[str] = []
+    calls: dict[int, dict[str, str]] = {}
+    finish_reason = ""
+    reported: tuple[int, int] | None = None
+    try:
+        async for chunk in _prepend(opened.first, opened.chunks):
+            choices = chunk.get("choices")
+            if choices:
+                choice = choices[0]
+                finish_reason = choice.get("finish_reason") or finish_reason
+                delta = choice.get("delta") or {}
+                for piece in delta.get("tool_calls") or ():
+                    call = calls.setdefault(
+                        int(piece.get("index") or 0), {"id": "", "name": "", "arguments": ""}
+                    )
+                    call["id"] = piece.get("id") or call["id"]
+                    if (function := piece.get("function")) is not None:
+                        call["name"] = function.get("name") or call["name"]
+                        call["arguments"] += function.get("arguments") or ""
+                if text := delta.get("content"):
+                    parts.append(text)
+                    yield StreamDelta(text=text, model=deployment.model)
+            if (usage := chunk.get("usage")) is not None:
+                reported = (
+                    int(usage.get("prompt_tokens") or 0),
+                    int(usage.get("completion_tokens") or 0),
+                )
+    except _CALL_ERRORS as exc:
+        raise UpstreamError("llm", f"{deployment.model}: stream interrupted: {exc}") from exc
+    estimated = reported is None
+    if reported is None:
+        reported = _estimate_usage(deployment.model, wire, "".join(parts))
+    yield StreamDelta(
+        done=True,
+        usage=deployment.cost(*reported),
+        model=deployment.model,
+        extra={
+            "finish_reason": finish_reason,
+            "usage_estimated": estimated,
+            **(
+                {"tool_calls": tuple(_streamed_tool_call(calls[i]) for i in sorted(calls))}
+                if calls
+                else {}
+            ),
+        },
+    )

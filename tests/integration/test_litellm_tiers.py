@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -53,9 +54,42 @@ def _tier(base_url: str, model: str = "openai/fake-small", **overrides: Any) -> 
     return TierConfig(**(settings | overrides))
 
 
+# Every test runs on both wires to the OpenAI-compatible fake: the lean aiohttp one (the default
+# for `openai/` models) and litellm.acompletion (every other provider's): same semantics.
+_WIRE = {"lean_http": True}
+
+
+@pytest.fixture(autouse=True, params=["lean", "litellm"])
+def wire(request: pytest.FixtureRequest) -> Iterator[str]:
+    _WIRE["lean_http"] = request.param == "lean"
+    yield request.param
+    _WIRE["lean_http"] = True
+
+
 def _llm(small: TierConfig | None, large: TierConfig | None = None, **options: Any) -> LiteLLMTiers:
     # tiny backoff: these tests count attempts, they do not measure waiting
+    options = {"lean_http": _WIRE["lean_http"], **options}
     return LiteLLMTiers(small, large, backoff_initial_s=0.01, backoff_max_s=0.05, **options)
+
+
+async def test_the_lean_wire_serves_openai_compatible_models_without_litellm(
+    fake_upstream: str, wire: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if wire != "lean":
+        pytest.skip("about the lean wire")
+
+    async def refused(**_: Any) -> None:
+        raise AssertionError("litellm.acompletion called for an openai/ model")
+
+    monkeypatch.setattr("litellm.acompletion", refused)
+    llm = _llm(_tier(fake_upstream))
+    try:
+        done = await llm.complete("small", [Message("user", "hello")])
+        deltas = [d async for d in llm.stream("small", [Message("user", "hello")])]
+    finally:
+        await llm.aclose()
+    assert done.text and done.usage.cost_usd > 0
+    assert deltas[-1].done and "".join(d.text for d in deltas) == done.text
 
 
 def _ask(question: str, directive: dict[str, Any]) -> tuple[str, list[Message]]:

@@ -1,0 +1,193 @@
+"""The lean wire to OpenAI-compatible upstreams: one pooled aiohttp session, JSON in and out.
+
+`LiteLLMTiers` sends a tier's `openai/<model>` deployments through this instead of
+`litellm.acompletion`: the retries, fallbacks, cooldowns and cost stay in `LiteLLMTiers`, only
+the HTTP call changes. litellm's call costs ~2-4 ms of CPU (logging objects, its own cost
+calculation, parameter mapping, the OpenAI SDK over httpx); this one a few tenths of a
+millisecond (docs/benchmarks.md). Every other provider, and the token counting used when an
+upstream reports no usage, stay on litellm.
+
+Errors keep the meaning `LiteLLMTiers._classify` gives litellm's: a connection that fails,
+resets or is cut is a `WireConnectionError` (a `ConnectionError`: transient), an HTTP status is a
+`WireStatusError` carrying `status_code` (429 and 5xx transient, other 4xx a refused request), a
+body that is not JSON a `MalformedBody` raised from the `JSONDecodeError` (tried once, then the
+next model).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+
+# litellm's prefix for "an OpenAI-compatible server at api_base": the deployments this serves.
+PREFIX = "openai/"
+DEFAULT_API_BASE = "https://api.openai.com/v1"
+
+
+def serves(model: str) -> bool:
+    """Whether `model` (a litellm model string) names an OpenAI-compatible upstream."""
+    return model.startswith(PREFIX) and len(model) > len(PREFIX)
+
+
+class WireError(Exception):
+    """A failed call on the lean wire."""
+
+
+class WireStatusError(WireError):
+    def __init__(self, status_code: int, message: str) -> None:
+        super().__init__(f"HTTP {status_code}: {message}")
+        self.status_code = status_code
+
+
+class WireConnectionError(WireError, ConnectionError):
+    """The connection failed, was reset or cut mid-body."""
+
+
+class MalformedBody(WireError):
+    """The upstream answered 200 with something that is not the expected JSON."""
+
+
+def _loads(text: str | bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise MalformedBody(f"not JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise MalformedBody(f"a JSON {type(body).__name__}, not an object")
+    return body
+
+
+class OpenAIHttp:
+    """One aiohttp session per process for every OpenAI-compatible deployment (keep-alive
+    connections pooled per host). Opened by `start` in the app's start-up (or on first use),
+    closed by `aclose`; no client retries: `LiteLLMTiers` is the one retry layer."""
+
+    def __init__(self, pool_size: int = 256) -> None:
+        self._pool_size = pool_size
+        self._session: aiohttp.ClientSession | None = None
+        self._closed = False
+
+    def _open(self) -> aiohttp.ClientSession:
+        if self._closed:
+            raise RuntimeError("OpenAIHttp is closed")
+        if self._session is None:
+            connector = aiohttp.TCPConnector(limit=self._pool_size, keepalive_timeout=30)
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                # the body is ours and small; skip aiohttp's per-request header defaults
+                skip_auto_headers=("User-Agent",),
+                json_serialize=json.dumps,
+            )
+        return self._session
+
+    async def complete(
+        self, api_base: str | None, api_key: str, body: dict[str, Any], timeout_s: float
+    ) -> dict[str, Any]:
+        """The decoded answer of a non-streamed chat completion."""
+        session = self._open()
+        try:
+            async with session.post(
+                _url(api_base),
+                data=json.dumps(body),
+                headers=_headers(api_key),
+                timeout=_timeout(timeout_s),
+            ) as response:
+                payload = await response.read()
+                if response.status != 200:
+                    raise WireStatusError(response.status, _error_text(payload))
+        except aiohttp.ClientError as exc:
+            raise WireConnectionError(f"{type(exc).__name__}: {exc}") from exc
+        return _loads(payload)
+
+    async def stream(
+        self, api_base: str | None, api_key: str, body: dict[str, Any], timeout_s: float
+    ) -> SseStream:
+        """An open streamed chat completion (status checked, no chunk read yet)."""
+        session = self._open()
+        try:
+            response = await session.post(
+                _url(api_base),
+                data=json.dumps(body),
+                headers=_headers(api_key),
+                timeout=_timeout(timeout_s),
+            )
+        except aiohttp.ClientError as exc:
+            raise WireConnectionError(f"{type(exc).__name__}: {exc}") from exc
+        if response.status != 200:
+            try:
+                payload = await response.read()
+            except aiohttp.ClientError:
+                payload = b""
+            finally:
+                response.release()
+            raise WireStatusError(response.status, _error_text(payload))
+        return SseStream(response)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.close()
+
+
+class SseStream:
+    """A chat completion's server-sent events as decoded chunks, until `data: [DONE]` or the
+    end of the body. `aclose` gives the connection back (or drops it when unread)."""
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self._response = response
+        self._lines = self._chunks()
+
+    def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+        return self._lines
+
+    async def _chunks(self) -> AsyncIterator[dict[str, Any]]:
+        try:
+            async for raw in self._response.content:
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue  # blank separators, comments, `event:` lines
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    return
+                chunk = _loads(data)
+                if "error" in chunk and not chunk.get("choices"):
+                    error = chunk["error"]
+                    code = error.get("code") if isinstance(error, dict) else None
+                    status = int(str(code)) if str(code).isdigit() else 500
+                    raise WireStatusError(status, _error_text(json.dumps(chunk).encode()))
+                yield chunk
+        except aiohttp.ClientError as exc:
+            raise WireConnectionError(f"stream cut: {type(exc).__name__}: {exc}") from exc
+
+    async def aclose(self) -> None:
+        await self._lines.aclose()  # type: ignore[attr-defined]  # an async generator
+        self._response.release()
+
+
+def _url(api_base: str | None) -> str:
+    return (api_base or DEFAULT_API_BASE).rstrip("/") + "/chat/completions"
+
+
+def _headers(api_key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"}
+
+
+def _timeout(timeout_s: float) -> aiohttp.ClientTimeout:
+    # Per socket operation, as the SDK's was; the caller bounds the whole call.
+    return aiohttp.ClientTimeout(total=None, sock_connect=timeout_s, sock_read=timeout_s)
+
+
+def _error_text(payload: bytes) -> str:
+    """The upstream's error message when it sent OpenAI's error shape, else the body's start."""
+    try:
+        body = json.loads(payload)
+        message = body["error"]["message"]
+        if isinstance(message, str):
+            return message[:300]
+    except (ValueError, KeyError, TypeError):
+        pass
+    return payload[:300].decode(errors="replace")
