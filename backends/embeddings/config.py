@@ -38,8 +38,8 @@ class EmbeddingsConfig(BaseModel):
     runtime: Literal["auto", "onnx", "numpy"] = Field(
         default="auto",
         description="minilm's forward pass: onnx (onnxruntime, fp32 graph built at setup; "
-        "~2-3x faster), numpy, or auto: onnx when onnxruntime is installed, else numpy; the "
-        "runtime in use is logged at start",
+        "about half the numpy pass's CPU per text), numpy, or auto: onnx when onnxruntime is "
+        "installed, else numpy; the runtime in use is logged at start",
     )
     timeout_s: float = Field(default=30.0, gt=0)
 
