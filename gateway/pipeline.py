@@ -155,6 +155,9 @@ class Pipeline:
             # A leader's claim outlives no request: past its deadline nobody waits for it.
             lease_s=settings.server.request_timeout_s,
         )
+        # Settings.version dumps and hashes the whole configuration (~50 us): once, not per
+        # answer. A reload builds a new pipeline.
+        self._version = settings.version
         self._answer_configs: dict[str, str] = {}  # per tenant: what answers depend on
         self._policies: dict[tuple[str, bool, bool], PolicyConfig] = {}  # per tenant
         self._llm = MeteredLLM(services.llm, services.metrics)
@@ -177,7 +180,7 @@ class Pipeline:
 
     @property
     def config_version(self) -> str:
-        return self.settings.version
+        return self._version
 
     @property
     def routes(self) -> frozenset[Route]:
