@@ -91,7 +91,7 @@ class OpenAIHttp:
         try:
             async with session.post(
                 _url(api_base),
-                data=json.dumps(body),
+                data=json.dumps(body).encode(),
                 headers=_headers(api_key),
                 timeout=_timeout(timeout_s),
             ) as response:
@@ -110,7 +110,7 @@ class OpenAIHttp:
         try:
             response = await session.post(
                 _url(api_base),
-                data=json.dumps(body),
+                data=json.dumps(body).encode(),
                 headers=_headers(api_key),
                 timeout=_timeout(timeout_s),
             )
