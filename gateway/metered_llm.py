@@ -3,12 +3,23 @@
 `MeteredLLM` wraps the LLM seam once per pipeline: the rewrite, the routes' final answers and
 each turn of the agent loop all go through it, streamed or not, so no caller has to remember
 to record a call, and a failed call is counted as one too.
+
+A call cut before its usage arrived is still costed (`estimate_usage`): a stream that ends
+without its final delta (the client hung up and the request was cancelled, or the upstream
+failed after some text) is charged its prompt plus the text received so far (one that failed
+before any text is not: the upstream answered nothing); a completion
+cancelled while it waits is charged its prompt (its completion is unknown: the upstream may
+bill more than that). Those tokens are counted here, at the tier's prices (the dearest model
+of its chain), not reported by the upstream.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Any
+import asyncio
+import logging
+import math
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Protocol
 
 from backends.errors import BackendError
 from backends.llm.base import (
@@ -22,6 +33,41 @@ from backends.llm.base import (
     Usage,
 )
 from gateway.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+class Priced(Protocol):
+    def prices(self, tier: Tier) -> tuple[float, float]: ...
+
+
+def count_tokens(model: str, messages: Sequence[Message] = (), text: str = "") -> int:
+    """Tokens of `messages` (or of `text`) as litellm counts them when an upstream reports no
+    usage (backends.llm.litellm_tiers); about 4 characters a token if that fails."""
+    if not messages and not text:
+        return 0
+    try:
+        import litellm
+
+        if messages:
+            wire = [{"role": m.role, "content": m.content} for m in messages]
+            return int(litellm.token_counter(model=model, messages=wire))
+        return int(litellm.token_counter(model=model, text=text))
+    except Exception:  # a tokenizer that cannot load must not lose the charge
+        log.debug("token count failed; estimating from characters", exc_info=True)
+        chars = sum(len(m.content) for m in messages) + len(text)
+        return math.ceil(chars / 4)
+
+
+def estimate_usage(
+    llm: Priced, tier: Tier, messages: Sequence[Message], text: str, model: str = ""
+) -> Usage:
+    """The usage of a call whose upstream never reported it: its prompt plus the completion
+    text received so far, at the tier's prices."""
+    prompt = count_tokens(model, messages=messages)
+    completion = count_tokens(model, text=text)
+    per_prompt, per_completion = llm.prices(tier)
+    return Usage(prompt, completion, prompt * per_prompt + completion * per_completion)
 
 
 class MeteredLLM:
@@ -52,6 +98,9 @@ class MeteredLLM:
         except BackendError:
             self._failed(tier)
             raise
+        except asyncio.CancelledError:
+            self._cut(tier, "-", estimate_usage(self._inner, tier, messages, ""), route)
+            raise
         self._answered(tier, completion.model, completion.usage, route)
         return completion
 
@@ -64,16 +113,31 @@ class MeteredLLM:
         route: str = "",
         options: GenerationOptions = NO_OPTIONS,
     ) -> AsyncIterator[StreamDelta]:
+        parts: list[str] = []
+        model = ""
+        done = failed = False
         try:
             async for delta in self._inner.stream(
                 tier, messages, max_tokens=max_tokens, route=route, options=options
             ):
                 if delta.done:
+                    done = True
                     self._answered(tier, delta.model, delta.usage or Usage(), route)
+                else:
+                    parts.append(delta.text)
+                    model = delta.model or model
                 yield delta
         except BackendError:
+            failed = True
             self._failed(tier)
             raise
+        finally:
+            # Cut before its usage came (cancelled, closed, failed after some text): costed
+            # all the same. A call that failed before any text was not answered: no cost.
+            # Nothing here awaits, so a cancellation cannot lose it.
+            if not done and (parts or not failed):
+                usage = estimate_usage(self._inner, tier, messages, "".join(parts), model)
+                self._cut(tier, model or "-", usage, route)
 
     async def warm_up(self) -> None:
         await self._inner.warm_up()
@@ -84,6 +148,14 @@ class MeteredLLM:
     def _answered(self, tier: str, model: str, usage: Usage, route: str) -> None:
         m = self._metrics
         m.llm_requests.labels(tier, model, "ok").inc()
+        m.llm_tokens.labels(tier, model, "prompt").inc(usage.prompt_tokens)
+        m.llm_tokens.labels(tier, model, "completion").inc(usage.completion_tokens)
+        m.llm_cost.labels(tier, model, route).inc(usage.cost_usd)
+
+    def _cut(self, tier: str, model: str, usage: Usage, route: str) -> None:
+        """A call that ended without its usage: its estimated tokens and cost (its outcome,
+        if it failed, is counted by `_failed`)."""
+        m = self._metrics
         m.llm_tokens.labels(tier, model, "prompt").inc(usage.prompt_tokens)
         m.llm_tokens.labels(tier, model, "completion").inc(usage.completion_tokens)
         m.llm_cost.labels(tier, model, route).inc(usage.cost_usd)

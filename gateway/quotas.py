@@ -14,11 +14,16 @@ configured (then every process enforces the same limits on its own).
   Calls already running when the budget runs out finish, so a day's spend can pass the budget
   by at most the calls in flight at that moment. An agent loop that finds its budget spent at
   its next turn stops there with that 429: its earlier turns are recorded, no partial answer.
+  A call cut before its usage arrived (client hang-up, upstream failure after some text) is
+  charged an estimate (`BudgetedLLM`), so hanging up is no way round a budget.
 
-Redis down, slow or answering garbage: every decision falls back to this process's own
+Redis down or slow (`BackendUnavailable`): every decision falls back to this process's own
 counters at once (`querygate_quota_local_decisions_total`, `querygate_quota_store_degraded`,
 one warning per outage), and Redis is asked again every `quotas.redis_retry_s` until it
-answers. Meanwhile each process enforces the rate limit alone (a fleet of N admits up to N
+answers, and by the health probe (`ping`), which clears the gauge without traffic and sends
+the spend kept here (each amount with its id: never added twice). One tenant's keys holding
+garbage is that tenant's problem only: logged, repaired, and that one decision made here.
+Meanwhile each process enforces the rate limit alone (a fleet of N admits up to N
 times the rate and burst) and the budget from the last total it read plus its own spend since
 (the fleet can pass the budget by up to N-1 times what was left). Spend recorded during the
 outage is added to Redis when it is back, so the day's total there stays right. Failing open
@@ -32,12 +37,14 @@ import asyncio
 import datetime as dt
 import logging
 import math
+import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
-from backends.errors import BackendError
+from backends.errors import BackendError, BackendUnavailable
 from backends.llm.base import (
     LLM,
     NO_OPTIONS,
@@ -50,7 +57,8 @@ from backends.llm.base import (
 from backends.quotas.base import QuotaStore
 from backends.quotas.memory import MemoryQuotaStore
 from gateway.errors import TooManyRequests
-from gateway.metrics import Metrics
+from gateway.metered_llm import estimate_usage
+from gateway.metrics import MULTIPROC_ENV, Metrics
 from gateway.settings import TenantConfig
 
 log = logging.getLogger(__name__)
@@ -60,6 +68,11 @@ T = TypeVar("T")
 # The tenant whose request is being served: set by the limits middleware, read before and
 # after every model call. None outside a request (the CLI, benchmarks): no budget applies.
 current_tenant: ContextVar[TenantConfig | None] = ContextVar("quota_tenant", default=None)
+# The tenant whose budget a stream's handler has just checked, before its headers (so that a
+# refusal is a plain 429): the stream's model call, next, does not read it again.
+budget_checked: ContextVar[tuple[str, float] | None] = ContextVar(
+    "quota_budget_checked", default=None
+)
 
 
 class RateLimited(TooManyRequests):
@@ -107,14 +120,24 @@ class Quotas:
         self._retry_at = 0.0  # monotonic time before which the shared store is not asked
         self.degraded = False
         # Budgets while the shared store is down: the last total it gave, plus spend not yet
-        # added to it (replayed when it is back).
+        # added to it. Spend not yet sent is one sum per (tenant, day); once sent, an amount
+        # keeps its id until Redis confirms it (a replay of an amount that was in fact added,
+        # its reply lost, is then not added twice); while its reply is awaited it is in flight.
         self._last_seen: dict[tuple[str, str], float] = {}
         self._pending: dict[tuple[str, str], float] = {}
+        self._unconfirmed: dict[tuple[str, str], list[tuple[str, float]]] = {}
+        self._in_flight: dict[tuple[str, str], float] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
         metrics.quota_store_degraded.set(0)
 
     @property
     def store_name(self) -> str:
         return self._shared.name if self._shared is not None else self._local.name
+
+    @property
+    def is_shared(self) -> bool:
+        """Whether the limits are kept in a shared store (which `ping` probes)."""
+        return self._shared is not None
 
     # -- the checks -----------------------------------------------------------------------
 
@@ -135,7 +158,9 @@ class Quotas:
         if answering:
             await self.check_budget(tenant)
 
-    async def check_budget(self, tenant: TenantConfig) -> None:
+    async def check_budget(self, tenant: TenantConfig, *, before_stream: bool = False) -> None:
+        """Raises BudgetExceeded when the tenant's day is spent. `before_stream`: the check
+        that precedes a stream's one model call, which then does not check again."""
         budget = tenant.daily_budget_usd
         if budget is None:
             return
@@ -149,63 +174,168 @@ class Quotas:
                 f"(daily_budget_usd) for {day} UTC; it resets at 00:00 UTC",
                 retry_after_s=seconds_to_midnight(now),
             )
+        if before_stream:
+            budget_checked.set((tenant.id, time.monotonic()))
 
     async def record_spend(self, tenant: TenantConfig, usd: float) -> None:
         """Add one model call's cost to the tenant's day. Never raises: a store that fails
         keeps the amount here and adds it when it is back."""
-        if not usd > 0:
-            return
-        day = utc_day(self._clock())
-        if self._shared is None:
-            await self._local.add_spend(tenant.id, day, usd)
-            return
-        key = (tenant.id, day)
-        self._pending[key] = self._pending.get(key, 0.0) + usd
-        await self._flush()
+        key = self._keep(tenant, usd)
+        if key is not None:
+            await self._flush_key(key, counted=True)
 
-    async def aclose(self) -> None:
+    def record_spend_nowait(self, tenant: TenantConfig, usd: float) -> asyncio.Task[None] | None:
+        """`record_spend` for a caller that must not await (a call being cancelled): the
+        amount is kept here at once, and sent to the shared store by a task of its own
+        (returned, for a caller that may wait for it; None when there is nothing to send)."""
+        key = self._keep(tenant, usd)
+        if key is None:
+            return None
+        return self._spawn(self._send(key))
+
+    async def ping(self) -> None:
+        """Probe the shared store (gateway.health, on a timer): clears the degraded state
+        once it answers, with or without traffic, then adds the spend kept while it was
+        down. Raises BackendError while it is unreachable."""
+        if self._shared is None:
+            return
+        try:
+            await self._shared.ping()
+        except BackendUnavailable as exc:
+            self._down(exc)
+            raise
+        self._up()
+        await self._flush_all()
+
+    async def aclose(self, timeout_s: float = 2.0) -> None:
+        """A bounded last try at adding the spend not yet in the shared store; what is left
+        is logged per tenant (it is lost: the fleet's total for the day under-counts it)."""
+        if self._shared is not None:
+            try:
+                async with asyncio.timeout(timeout_s):
+                    if self._tasks:
+                        await asyncio.gather(*self._tasks, return_exceptions=True)
+                    self._retry_at = 0.0  # one last try, even within the retry interval
+                    await self._flush_all()
+            except TimeoutError:
+                pass
+            for task in self._tasks:
+                task.cancel()
+            for (tenant, day), usd in sorted(self._outstanding().items()):
+                log.warning(
+                    "spend not added to the quota store at shutdown",
+                    extra={"tenant": tenant, "day": day, "usd": usd, "store": self.store_name},
+                )
+            await self._shared.aclose()
         await self._local.aclose()
 
     # -- the shared store, and the fallback -----------------------------------------------
 
+    def _keep(self, tenant: TenantConfig, usd: float) -> tuple[str, str] | None:
+        """The amount kept in this process, without an await; the key to send, if any."""
+        if not usd > 0:
+            return None
+        day = utc_day(self._clock())
+        if self._shared is None:
+            self._local.add_spend_now(tenant.id, day, usd)
+            return None
+        key = (tenant.id, day)
+        self._pending[key] = self._pending.get(key, 0.0) + usd
+        return key
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _send(self, key: tuple[str, str]) -> None:
+        await self._flush_key(key, counted=True)
+
     async def _take(self, tenant: str, rate: float, burst: int) -> float:
         if self._shared is not None:
             shared = self._shared
-            wait = await self._ask(lambda: shared.take(tenant, rate, burst))
+            wait = await self._ask(lambda: shared.take(tenant, rate, burst), tenant)
             if wait is not None:
                 return wait
             self._metrics.quota_local_decisions.labels("rate_limit").inc()
         return await self._local.take(tenant, rate, burst)
 
     async def _spent(self, tenant: str, day: str) -> float:
+        """The shared total plus what this process has not yet added to it. Never a round
+        trip for other tenants' spend: that is sent by the calls that recorded it, and by
+        the probe (`ping`)."""
         if self._shared is None:
             return await self._local.spent(tenant, day)
         shared, key = self._shared, (tenant, day)
-        await self._flush()
-        total = await self._ask(lambda: shared.spent(tenant, day))
+        total = await self._ask(lambda: shared.spent(tenant, day), tenant, day)
         if total is None:
             self._metrics.quota_local_decisions.labels("budget").inc()
             total = self._last_seen.get(key, 0.0)
         else:
             self._seen(key, total)
-        return total + self._pending.get(key, 0.0)
+        return total + self._outstanding().get(key, 0.0)
 
-    async def _flush(self) -> None:
-        """Add the spend not yet in the shared store to it. Each amount is taken out before
-        the await, so two requests never add the same amount twice."""
+    def _outstanding(self) -> dict[tuple[str, str], float]:
+        """Spend not yet confirmed by the shared store, per (tenant, day). An amount in
+        flight or unconfirmed may be in the total already: counting it again errs towards
+        refusing, for one round trip or until the replay confirms it."""
+        out: dict[tuple[str, str], float] = {}
+        for key, usd in self._pending.items():
+            out[key] = out.get(key, 0.0) + usd
+        for key, batches in self._unconfirmed.items():
+            out[key] = out.get(key, 0.0) + sum(usd for _, usd in batches)
+        for key, usd in self._in_flight.items():
+            out[key] = out.get(key, 0.0) + usd
+        return {k: v for k, v in out.items() if v > 0}
+
+    async def _flush_all(self) -> None:
+        for key in sorted(set(self._pending) | set(self._unconfirmed)):
+            if not await self._flush_key(key, counted=False):
+                return
+
+    async def _flush_key(self, key: tuple[str, str], *, counted: bool) -> bool:
+        """Send the key's spend not yet in the shared store: amounts already sent once with
+        their ids, the rest as one new amount. True when all of it is confirmed. `counted`:
+        a model call's cost that stays here counts as one local decision."""
         assert self._shared is not None
         shared = self._shared
-        for key in list(self._pending):
-            usd = self._pending.pop(key, 0.0)
-            if usd <= 0:
-                continue
-            tenant, day = key
-            total = await self._ask(lambda: shared.add_spend(tenant, day, usd))  # noqa: B023
-            if total is None:
-                self._pending[key] = self._pending.get(key, 0.0) + usd
+        tenant, day = key
+        if self._monotonic() < self._retry_at:
+            # Not asked at all: the spend stays one sum, sent once the store is back.
+            if counted:
                 self._metrics.quota_local_decisions.labels("spend").inc()
-                return
-            self._seen(key, total)
+            return False
+        batches = self._unconfirmed.pop(key, [])
+        usd = self._pending.pop(key, 0.0)
+        if usd > 0:
+            batches.append((uuid.uuid4().hex, usd))
+        if not batches:
+            return True
+        sent = 0
+        self._in_flight[key] = self._in_flight.get(key, 0.0) + sum(u for _, u in batches)
+        try:
+            for amount_id, amount in batches:
+                total = await self._ask(
+                    lambda: shared.add_spend(tenant, day, amount, amount_id),  # noqa: B023
+                    tenant,
+                    day,
+                )
+                if total is None:
+                    break
+                self._seen(key, total)
+                sent += 1
+        finally:
+            left = self._in_flight.pop(key, 0.0) - sum(u for _, u in batches)
+            if left > 1e-12:  # another flush of this key is in flight too
+                self._in_flight[key] = left
+            if sent < len(batches):
+                self._unconfirmed.setdefault(key, []).extend(batches[sent:])
+        if sent < len(batches):
+            if counted:
+                self._metrics.quota_local_decisions.labels("spend").inc()
+            return False
+        return True
 
     def _seen(self, key: tuple[str, str], total: float) -> None:
         if key not in self._last_seen and self._last_seen:
@@ -213,37 +343,68 @@ class Quotas:
             self._last_seen = {k: v for k, v in self._last_seen.items() if k[1] >= key[1]}
         self._last_seen[key] = max(total, self._last_seen.get(key, 0.0))
 
-    async def _ask(self, call: Callable[[], Awaitable[T]]) -> T | None:
-        """The shared store's answer, or None: it failed now, or failed within the last
-        `retry_s` (then it is not asked, so an outage costs one timeout per interval)."""
+    async def _ask(
+        self, call: Callable[[], Awaitable[T]], tenant: str, day: str | None = None
+    ) -> T | None:
+        """The shared store's answer, or None. Unreachable or too slow (BackendUnavailable):
+        the whole store is down, and it is not asked again for `retry_s` (so an outage costs
+        one timeout per interval). Any other error is this tenant's keys holding something
+        unusable: logged, repaired, and only this decision is made here."""
         if self._monotonic() < self._retry_at:
             return None
         try:
             result = await call()
-        except BackendError as exc:
-            self._retry_at = self._monotonic() + self._retry_s
-            if not self.degraded:
-                self.degraded = True
-                self._metrics.quota_store_degraded.set(1)
-                log.warning(
-                    "quota store unavailable: rate limits and budgets are enforced per "
-                    "process until it is back",
-                    extra={"store": self.store_name, "error": str(exc)},
-                )
+        except BackendUnavailable as exc:
+            self._down(exc)
             return None
+        except BackendError as exc:
+            await self._repair(tenant, day or utc_day(self._clock()), exc)
+            return None
+        self._up()
+        return result
+
+    async def _repair(self, tenant: str, day: str, exc: BackendError) -> None:
+        assert self._shared is not None
+        usd = self._last_seen.get((tenant, day), 0.0)
+        log.warning(
+            "a tenant's quota keys are unusable: repaired, this decision made here",
+            extra={"tenant": tenant, "store": self.store_name, "error": str(exc), "usd": usd},
+        )
+        try:
+            await self._shared.repair(tenant, day, usd)
+        except BackendError as failed:
+            log.warning("quota keys not repaired", extra={"tenant": tenant, "error": str(failed)})
+
+    def _down(self, exc: BackendError) -> None:
+        self._retry_at = self._monotonic() + self._retry_s
+        if not self.degraded:
+            self.degraded = True
+            self._metrics.quota_store_degraded.set(1)
+            log.warning(
+                "quota store unavailable: rate limits and budgets are enforced per "
+                "process until it is back",
+                extra={"store": self.store_name, "error": str(exc)},
+            )
+
+    def _up(self) -> None:
+        self._retry_at = 0.0
         if self.degraded:
             self.degraded = False
             self._metrics.quota_store_degraded.set(0)
             log.warning("quota store back: rate limits and budgets are shared again")
-        return result
 
 
 class BudgetedLLM:
     """The LLM seam with the current request's tenant's budget around every call: checked
     before it (BudgetExceeded), its cost recorded after it. Built once per process around the
     tiers, so every model call of every stage and route (rewrite, agent turns, final answers,
-    streams) passes through it. A call outside a request (no tenant) is not budgeted. A stream
-    that fails before its last delta records nothing: its usage never arrived."""
+    streams) passes through it. A call outside a request (no tenant) is not budgeted.
+
+    A call cut before its usage arrived is charged an estimate (`estimate_usage`, the same
+    tokens `MeteredLLM` counts): a stream without its final delta (the client hung up, the
+    upstream failed after some text) its prompt plus the text so far; a completion cancelled
+    while it waits its prompt. A call that failed with nothing answered is not charged. The
+    charge is kept without an await, so the cancellation cannot erase it."""
 
     def __init__(self, inner: LLM, quotas: Quotas) -> None:
         self._inner = inner
@@ -268,9 +429,15 @@ class BudgetedLLM:
         tenant = current_tenant.get()
         if tenant is not None:
             await self._quotas.check_budget(tenant)
-        completion = await self._inner.complete(
-            tier, messages, tools=tools, max_tokens=max_tokens, route=route, options=options
-        )
+        try:
+            completion = await self._inner.complete(
+                tier, messages, tools=tools, max_tokens=max_tokens, route=route, options=options
+            )
+        except asyncio.CancelledError:
+            if tenant is not None:
+                usage = estimate_usage(self._inner, tier, messages, "")
+                self._quotas.record_spend_nowait(tenant, usage.cost_usd)
+            raise
         if tenant is not None:
             await self._record(tenant, completion.usage.cost_usd)
         return completion
@@ -285,15 +452,31 @@ class BudgetedLLM:
         options: GenerationOptions = NO_OPTIONS,
     ) -> AsyncIterator[StreamDelta]:
         tenant = current_tenant.get()
-        if tenant is not None:
+        if tenant is not None and not _just_checked(tenant):
             await self._quotas.check_budget(tenant)
         stream = self._inner.stream(
             tier, messages, max_tokens=max_tokens, route=route, options=options
         )
-        async for delta in stream:
-            if delta.done and tenant is not None and delta.usage is not None:
-                await self._record(tenant, delta.usage.cost_usd)
-            yield delta
+        parts: list[str] = []
+        model = ""
+        done = failed = False
+        try:
+            async for delta in stream:
+                if delta.done:
+                    done = True
+                    if tenant is not None and delta.usage is not None:
+                        await self._record(tenant, delta.usage.cost_usd)
+                else:
+                    parts.append(delta.text)
+                    model = delta.model or model
+                yield delta
+        except BackendError:
+            failed = True
+            raise
+        finally:
+            if tenant is not None and not done and (parts or not failed):
+                usage = estimate_usage(self._inner, tier, messages, "".join(parts), model)
+                self._quotas.record_spend_nowait(tenant, usage.cost_usd)
 
     async def warm_up(self) -> None:
         await self._inner.warm_up()
@@ -302,5 +485,36 @@ class BudgetedLLM:
         await self._inner.aclose()
 
     async def _record(self, tenant: TenantConfig, usd: float) -> None:
-        # Shielded: a client that hangs up now must not erase a call that was paid for.
-        await asyncio.shield(self._quotas.record_spend(tenant, usd))
+        # Kept at once, sent by a task of its own: a client that hangs up while it is being
+        # sent does not erase a call that was paid for.
+        task = self._quotas.record_spend_nowait(tenant, usd)
+        if task is not None:
+            await asyncio.shield(task)
+
+
+# How long a stream handler's budget check stands in for its model call's own.
+_CHECK_STANDS_S = 5.0
+
+
+def _just_checked(tenant: TenantConfig) -> bool:
+    """Whether this request's stream handler has just checked the tenant's budget (consumed
+    once: a second model call checks again)."""
+    checked = budget_checked.get()
+    if checked is None:
+        return False
+    budget_checked.set(None)
+    return checked[0] == tenant.id and time.monotonic() - checked[1] < _CHECK_STANDS_S
+
+
+def warn_if_per_worker(tenants: Sequence[TenantConfig], quotas: Quotas) -> None:
+    """One warning at start when limits are configured, kept in this process's memory, and
+    this process is one of several workers: each enforces them alone, so the fleet admits N
+    times the rate and spends up to N times the daily budget."""
+    limited = [t.id for t in tenants if t.rate_limit is not None or t.daily_budget_usd]
+    if limited and not quotas.is_shared and os.environ.get(MULTIPROC_ENV):
+        log.warning(
+            "rate limits and budgets are kept per worker process (no Redis): with N workers "
+            "each tenant gets N times its rate limit and up to N times its daily budget; set "
+            "quotas.backend: redis (or cache.backend: redis) to share them",
+            extra={"tenants": limited},
+        )

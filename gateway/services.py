@@ -20,7 +20,7 @@ from backends.retrieval.embedded import EmbeddedRetriever
 from backends.retrieval.opensearch import OpenSearchRetriever, SharedChunksNotMigrated
 from gateway.metrics import Metrics
 from gateway.pipeline import Services
-from gateway.quotas import BudgetedLLM, Quotas
+from gateway.quotas import BudgetedLLM, Quotas, warn_if_per_worker
 from gateway.settings import ConfigError, Settings
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,9 @@ def build_quotas(settings: Settings, metrics: Metrics, redis: RedisConnection | 
         if redis is not None and settings.quotas.uses_redis(settings.cache.backend)
         else None
     )
-    return Quotas(shared, metrics, retry_s=settings.quotas.redis_retry_s)
+    quotas = Quotas(shared, metrics, retry_s=settings.quotas.redis_retry_s)
+    warn_if_per_worker(settings.tenants, quotas)
+    return quotas
 
 
 @asynccontextmanager

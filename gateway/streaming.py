@@ -85,10 +85,11 @@ async def stream_answer(
     try:
         if not response.prepared:
             # A budget spent since arrival (this request's rewrite, other requests) refuses
-            # the model call to come now, as a plain 429, not as a stream's error event.
+            # the model call to come now, as a plain 429, not as a stream's error event. It
+            # stands for that call's own check (`before_stream`): one read, not two.
             quotas = request.app[SERVICES].quotas
             if quotas is not None and isinstance(prepared.outcome, Generation):
-                await quotas.check_budget(query.tenant)
+                await quotas.check_budget(query.tenant, before_stream=True)
             await _open(request, response, fmt)
         try:
             async with (

@@ -2,7 +2,10 @@
 that shares the store (Redis), or held per process (memory).
 
 The gateway decides the limits and what a refusal looks like (gateway/quotas.py); a store
-only keeps the counters, each update atomic. Errors raise `BackendError`.
+only keeps the counters, each update atomic. Errors raise `BackendError`:
+`BackendUnavailable` when the store cannot be reached or is too slow (the whole store is
+down), any other `BackendError` when one tenant's keys hold something unusable (that tenant
+only: `repair` fixes them).
 """
 
 from __future__ import annotations
@@ -22,10 +25,18 @@ class QuotaStore(Protocol):
         """USD the tenant has spent on `day` (UTC, YYYY-MM-DD)."""
         ...
 
-    async def add_spend(self, tenant: str, day: str, usd: float) -> float:
-        """Add `usd` to the tenant's spend on `day`; returns the new total."""
+    async def add_spend(self, tenant: str, day: str, usd: float, amount_id: str) -> float:
+        """Add `usd` to the tenant's spend on `day` unless the amount `amount_id` was added
+        already (a replay after a reply that never came); returns the day's total."""
         ...
 
-    async def ping(self) -> None: ...
+    async def repair(self, tenant: str, day: str, usd: float) -> None:
+        """Fix the tenant's keys that hold something unusable: a bucket is started afresh, a
+        day's spend that is not a number is set to `usd` (the last total the caller saw)."""
+        ...
+
+    async def ping(self) -> None:
+        """Raises `BackendUnavailable` when the store cannot be reached."""
+        ...
 
     async def aclose(self) -> None: ...

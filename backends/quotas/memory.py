@@ -50,7 +50,13 @@ class MemoryQuotaStore:
         self._check_open()
         return self._spend.get((tenant, day), 0.0)
 
-    async def add_spend(self, tenant: str, day: str, usd: float) -> float:
+    async def add_spend(self, tenant: str, day: str, usd: float, amount_id: str = "") -> float:
+        # Every call here is applied exactly once (no reply is ever lost): no id to check.
+        return self.add_spend_now(tenant, day, usd)
+
+    def add_spend_now(self, tenant: str, day: str, usd: float) -> float:
+        """`add_spend` without an await: for a caller that must not yield (a cancelled call
+        recording its cost)."""
         self._check_open()
         if day > self._day:  # a new UTC day: yesterday's totals are of no more use
             self._spend = {k: v for k, v in self._spend.items() if k[1] >= day}
@@ -58,6 +64,9 @@ class MemoryQuotaStore:
         total = self._spend.get((tenant, day), 0.0) + usd
         self._spend[(tenant, day)] = total
         return total
+
+    async def repair(self, tenant: str, day: str, usd: float) -> None:
+        pass  # nothing here is ever unusable
 
     async def ping(self) -> None:
         self._check_open()

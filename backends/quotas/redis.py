@@ -4,18 +4,28 @@ so each is atomic however many replicas race for the same tenant.
 Keys (every key of a tenant carries the hash tag `{tenant}`, so on Redis Cluster each script's
 keys sit in one slot, the same slot as the tenant's cache entries):
 
-    qg:quota:{<tenant>}:bucket        hash {tokens, ts}: the request-rate token bucket
-    qg:quota:{<tenant>}:spend:<day>   string, USD spent on that UTC day (INCRBYFLOAT)
+    qg:quota:{<tenant>}:bucket                hash {tokens, ts}: the request-rate token bucket
+    qg:quota:{<tenant>}:spend:<day>           string, USD spent on that UTC day (INCRBYFLOAT)
+    qg:quota:{<tenant>}:spend:<day>:applied   hash, one field per amount added that day
 
 The bucket is refilled with the server's clock (`TIME`), so replicas whose clocks disagree
 still share one bucket; it expires once it would be full again (an absent bucket is a full
-one, and so is one whose fields are not numbers: the script starts it afresh). A day's spend
-expires an hour after that UTC day ends; a spend that is not a number is an error, never a
-limit. The connection is not ours: the process's one `RedisConnection`
+one, and so is one whose fields are not numbers: the script starts it afresh).
+
+Each amount of spend carries an id chosen by the process that records it. The script adds the
+amount only if it sets the id's field in the day's `applied` hash (HSETNX), in the same atomic
+script, so an amount whose reply was lost (applied, then a timeout) and is sent again is not
+counted twice. A hash per tenant and day rather than a key per amount: one key to expire, and
+a field costs far less than a key. Both keys expire an hour after that UTC day ends (Redis
+keeps them that hour only for a process that records the last calls of the day a little
+late; the budget itself resets at 00:00 UTC, as a new day is a new key).
+
+A key that holds something unusable (another type: WRONGTYPE; a spend that is not a number) is
+that tenant's problem, not Redis's: it raises `UpstreamError`, and `repair` rewrites only the
+keys that are unusable. Unreachable, too slow or refused is `BackendUnavailable` (the
+connection's one map). The connection is not ours: the process's one `RedisConnection`
 (`backends.redis_client`, short timeouts, no client retries) is opened and closed by
-services.py; this store borrows it and stops using it at `aclose`. Every failure raises
-`BackendError`: unreachable, too slow or refused is `BackendUnavailable` (the connection's one
-map), an answer that is not a usable number is `UpstreamError`.
+services.py; this store borrows it and stops using it at `aclose`.
 """
 
 from __future__ import annotations
@@ -24,7 +34,9 @@ import datetime as dt
 import math
 from typing import Any
 
-from backends.errors import UpstreamError
+from redis.exceptions import ResponseError
+
+from backends.errors import BackendUnavailable, UpstreamError
 from backends.redis_client import RedisConnection
 
 # The same sums as backends.quotas.memory.refill_and_take, on the server's clock. A clock
@@ -57,14 +69,57 @@ redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil(burst / rate * 1000
 return string.format('%.17g', wait)
 """
 
+# KEYS: the day's spend, its applied ids. ARGV: USD, expiry (unix s), the amount's id.
+# Everything that can fail is checked before the first write (a script is not rolled back:
+# an id marked applied whose amount then failed to add would be lost).
 ADD_SPEND = """
+local current = redis.call('GET', KEYS[1])
+local n = current and tonumber(current)
+if current and (n == nil or n ~= n or n < 0 or n == math.huge) then
+  return redis.error_reply('ERR value is not a valid float (the day spend)')
+end
+if redis.call('HSETNX', KEYS[2], ARGV[3], '1') == 0 then
+  return current or '0'
+end
+redis.call('EXPIREAT', KEYS[2], ARGV[2])
 local total = redis.call('INCRBYFLOAT', KEYS[1], ARGV[1])
 redis.call('EXPIREAT', KEYS[1], ARGV[2])
 return total
 """
 
-# A day's total outlives its day by this much (a request that began at 23:59:59 records late).
+# KEYS: bucket, the day's spend, its applied ids. ARGV: USD to set an unusable spend to,
+# expiry. Only a key that is unusable is touched; returns how many were.
+REPAIR = """
+local fixed = 0
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind ~= 'none' and kind ~= 'hash' then
+  redis.call('DEL', KEYS[1])
+  fixed = fixed + 1
+end
+kind = redis.call('TYPE', KEYS[2])['ok']
+local n = nil
+if kind == 'string' then n = tonumber(redis.call('GET', KEYS[2])) end
+if kind ~= 'none' and (n == nil or n ~= n or n < 0 or n == math.huge) then
+  redis.call('DEL', KEYS[2])
+  redis.call('SET', KEYS[2], ARGV[1])
+  redis.call('EXPIREAT', KEYS[2], ARGV[2])
+  fixed = fixed + 1
+end
+kind = redis.call('TYPE', KEYS[3])['ok']
+if kind ~= 'none' and kind ~= 'hash' then
+  redis.call('DEL', KEYS[3])
+  fixed = fixed + 1
+end
+return fixed
+"""
+
+# How long a day's keys outlive the day: only so a call that ends just after 00:00 UTC can
+# still be recorded on the day it began. It does not extend the day's budget.
 SPEND_GRACE_S = 3600
+
+# What a ResponseError says when the key it touched holds something unusable (another type, a
+# total that is not a number): that tenant's data, not Redis's availability.
+_DATA_ERRORS = ("WRONGTYPE", "not a valid float", "not an integer")
 
 
 def bucket_key(tenant: str) -> str:
@@ -73,6 +128,10 @@ def bucket_key(tenant: str) -> str:
 
 def spend_key(tenant: str, day: str) -> str:
     return f"qg:quota:{{{tenant}}}:spend:{day}"
+
+
+def applied_key(tenant: str, day: str) -> str:
+    return f"{spend_key(tenant, day)}:applied"
 
 
 def _day_end(day: str) -> int:
@@ -87,6 +146,7 @@ class RedisQuotaStore:
         self._connection = connection
         self._take = connection.register_script(TAKE)
         self._add = connection.register_script(ADD_SPEND)
+        self._repair = connection.register_script(REPAIR)
         self._closed = False
 
     async def take(self, tenant: str, rate_per_s: float, burst: float) -> float:
@@ -97,10 +157,15 @@ class RedisQuotaStore:
         reply = await self._call(self._connection.client.get(spend_key(tenant, day)))
         return 0.0 if reply is None else _number(reply, "spend")
 
-    async def add_spend(self, tenant: str, day: str, usd: float) -> float:
+    async def add_spend(self, tenant: str, day: str, usd: float, amount_id: str) -> float:
         expire_at = _day_end(day) + SPEND_GRACE_S
-        reply = await self._call(self._add([spend_key(tenant, day)], [repr(usd), expire_at]))
+        keys = [spend_key(tenant, day), applied_key(tenant, day)]
+        reply = await self._call(self._add(keys, [repr(usd), expire_at, amount_id]))
         return _number(reply, "spend")
+
+    async def repair(self, tenant: str, day: str, usd: float) -> None:
+        keys = [bucket_key(tenant), spend_key(tenant, day), applied_key(tenant, day)]
+        await self._call(self._repair(keys, [repr(usd), _day_end(day) + SPEND_GRACE_S]))
 
     async def ping(self) -> None:
         await self._call(self._connection.client.ping())
@@ -111,8 +176,16 @@ class RedisQuotaStore:
     async def _call(self, pending: Any) -> Any:
         if self._closed:
             pending.close()  # the coroutine never runs
-            raise RuntimeError("the quota store is closed")
-        return await self._connection.call(pending)
+            raise BackendUnavailable("redis", "the quota store is closed")
+        try:
+            return await self._connection.call(pending)
+        except BackendUnavailable as exc:
+            cause = exc.__cause__
+            # Exactly ResponseError: its subclasses (READONLY, OOM, CLUSTERDOWN, ...) are
+            # the server's state, which is every tenant's.
+            if type(cause) is ResponseError and any(m in str(cause) for m in _DATA_ERRORS):
+                raise UpstreamError("redis", f"a quota key is unusable: {cause}") from exc
+            raise
 
 
 def _number(reply: Any, what: str) -> float:

@@ -3,6 +3,7 @@ app from `create_app`, litellm's real client path to the fake upstream pricing e
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -34,6 +35,9 @@ TENANTS: dict[str, dict[str, Any]] = {
     "rewriter": {"daily_budget_usd": 0.0015},
     "streaming-agent": {"daily_budget_usd": 0.0015},
     "burster": RATE,
+    "exhausted": BUDGET,
+    "metered": BUDGET,
+    "hanger": {"daily_budget_usd": 0.00005},  # 50 prompt tokens
 }
 
 
@@ -151,11 +155,14 @@ async def test_a_stream_whose_own_rewrite_spent_the_budget_is_still_a_plain_429(
 async def test_a_tenant_at_its_limits_never_limits_another(
     client: TestClient[Any, Any],
 ) -> None:
-    # "spender" spent its budget above; "bystander" has the same budget and is untouched.
+    # "exhausted" spends its budget here, in one call; "bystander" has the same budget.
+    status, _, body = await ask(client, "exhausted", priced(uuid.uuid4().hex, 3000))
+    assert status == 200, body
+    assert (await ask(client, "exhausted", priced(uuid.uuid4().hex)))[0] == 429
     for _ in range(2):
         status, _, body = await ask(client, "bystander", priced(uuid.uuid4().hex))
         assert status == 200, body
-    assert (await ask(client, "spender", priced(uuid.uuid4().hex)))[0] == 429
+    assert (await ask(client, "exhausted", priced(uuid.uuid4().hex)))[0] == 429
 
 
 async def test_over_the_rate_limit_is_429_with_retry_after_before_the_body_is_read(
@@ -216,8 +223,38 @@ async def test_an_agent_stream_already_open_ends_with_a_budget_error_event(
 
 
 async def test_quota_metrics_name_no_tenant(client: TestClient[Any, Any]) -> None:
+    # A refusal of its own: the metrics exist whichever tests ran before.
+    assert (await ask(client, "metered", priced(uuid.uuid4().hex, 3000)))[0] == 200
+    assert (await ask(client, "metered", priced(uuid.uuid4().hex)))[0] == 429
     got = await samples(client)
     quota = [labels for name, labels in got if name.startswith("querygate_quota_")]
     assert quota  # else the check below passes vacuously
     assert {k for labels in quota for k, _ in labels} <= {"reason", "check"}
     assert ("querygate_quota_refusals_total", (("reason", "budget"),)) in got
+
+
+async def test_a_stream_the_client_hangs_up_on_is_charged_what_it_used(
+    client: TestClient[Any, Any], fake_upstream: str
+) -> None:
+    def cost(got: dict[tuple[str, tuple[Any, ...]], float]) -> float:
+        return sum(v for (name, _), v in got.items() if name == "querygate_llm_cost_usd_total")
+
+    before = cost(await samples(client))
+    directive = {"key": uuid.uuid4().hex, "chunk_delay_ms": 200, "answer": "word " * 60}
+    query = f"Say hello. [[fake:{json.dumps(directive)}]]"
+    payload = {"query": query, "route": "direct", "stream": True}
+    async with client.post("/v1/query", json=payload, headers=auth("hanger")) as resp:
+        assert resp.status == 200
+        async for line in resp.content:
+            if line.startswith(b"event: delta"):
+                break
+        resp.close()  # the client hangs up before the usage chunk
+    for _ in range(50):  # the server notices at its next write
+        if cost(await samples(client)) > before:
+            break
+        await asyncio.sleep(0.1)
+    charged = cost(await samples(client)) - before
+    assert charged >= 0.00005  # the prompt (hundreds of tokens at 1e-6) plus the text so far
+    status, _, body = await ask(client, "hanger", priced(uuid.uuid4().hex, prompt_tokens=1))
+    assert status == 429, body  # the cut call was charged to the budget too
+    assert body["error"]["type"] == "budget_exceeded"

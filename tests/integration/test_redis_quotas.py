@@ -5,15 +5,17 @@ per tenant under its hash tag, and a dead Redis is an error the gateway can fall
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import time
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import pytest
 
-from backends.errors import BackendError, BackendUnavailable
-from backends.quotas.redis import RedisQuotaStore, bucket_key, spend_key
+from backends.errors import BackendError, BackendUnavailable, UpstreamError
+from backends.quotas.redis import RedisQuotaStore, applied_key, bucket_key, spend_key
 from backends.redis_client import RedisConnection, RedisOptions
 from gateway.metrics import Metrics
 from gateway.quotas import BudgetExceeded, Quotas, RateLimited, utc_day
@@ -45,6 +47,10 @@ def url(request: pytest.FixtureRequest) -> str:
     return cluster_url(request.getfixturevalue("redis_cluster_urls"))
 
 
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
 def tenant_id(prefix: str) -> str:
     """A tenant no other test used (the cluster lives for the module)."""
     return f"{prefix}-{time.monotonic_ns()}"
@@ -64,7 +70,7 @@ async def test_a_tenant_at_its_limit_leaves_another_untouched(url: str) -> None:
         assert await s.take(acme, 0.5, 1) == 0.0
         assert await s.take(acme, 0.5, 1) > 0
         assert await s.take(globex, 0.5, 1) == 0.0
-        await s.add_spend(acme, TODAY, 5.0)
+        await s.add_spend(acme, TODAY, 5.0, new_id())
         assert await s.spent(globex, TODAY) == 0.0
 
 
@@ -91,7 +97,7 @@ async def test_concurrent_spend_from_two_processes_is_added_exactly(url: str) ->
         # first call, and concurrent first calls race that (connections closed under them).
         for s in (one, two):
             await s.spent(acme, TODAY)
-        adds = [s.add_spend(acme, TODAY, 0.01) for _ in range(20) for s in (one, two)]
+        adds = [s.add_spend(acme, TODAY, 0.01, new_id()) for _ in range(20) for s in (one, two)]
         totals = await asyncio.gather(*adds)
         assert await one.spent(acme, TODAY) == pytest.approx(0.4)
     assert max(totals) == pytest.approx(0.4)
@@ -101,7 +107,7 @@ async def test_concurrent_spend_from_two_processes_is_added_exactly(url: str) ->
 async def test_a_days_spend_expires_an_hour_after_the_day(redis_server: RedisServer) -> None:
     acme = tenant_id("acme")
     async with store(redis_server.url) as s:
-        await s.add_spend(acme, TODAY, 0.5)
+        await s.add_spend(acme, TODAY, 0.5, new_id())
     ttl = int(redis_server.command("TTL", spend_key(acme, TODAY)).strip().lstrip(b":"))
     day_end = dt.datetime.strptime(TODAY, "%Y-%m-%d").replace(tzinfo=dt.UTC) + dt.timedelta(1)
     expected = day_end.timestamp() + 3600 - time.time()
@@ -122,7 +128,7 @@ async def test_garbage_in_a_spend_key_is_an_error_never_a_limit(
         with pytest.raises(BackendError):
             await s.spent(acme, TODAY)
         with pytest.raises(BackendError):
-            await s.add_spend(acme, TODAY, 0.1)
+            await s.add_spend(acme, TODAY, 0.1, new_id())
 
 
 async def test_a_killed_redis_fails_fast_and_a_restarted_one_is_used_again(
@@ -206,8 +212,95 @@ async def test_redis_killed_the_limits_hold_per_process_and_come_back_shared(
         deadline = time.monotonic() + 5
         while quotas.degraded and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-            await quotas.check_budget(limited(tenant_id("probe"), budget=5.0))
+            with contextlib.suppress(BackendError):
+                await quotas.ping()  # the health probe's call: replays the spend kept here
         assert not quotas.degraded
         assert metrics.registry.get_sample_value("querygate_quota_store_degraded") == 0.0
         # The spend kept while it was down was added to the new Redis.
         assert await s.spent(acme.id, TODAY) == pytest.approx(0.4)
+
+
+async def test_an_amount_sent_again_with_its_id_is_added_once(url: str) -> None:
+    acme, amount = tenant_id("acme"), new_id()
+    async with store(url) as s:
+        assert await s.add_spend(acme, TODAY, 0.25, amount) == pytest.approx(0.25)
+        assert await s.add_spend(acme, TODAY, 0.25, amount) == pytest.approx(0.25)
+        assert await s.add_spend(acme, TODAY, 0.5, new_id()) == pytest.approx(0.75)
+        assert await s.spent(acme, TODAY) == pytest.approx(0.75)
+
+
+async def test_spend_applied_but_its_reply_lost_is_not_counted_twice(
+    redis_server: RedisServer,
+) -> None:
+    """The lost reply for real: Redis paused, the call times out, Redis resumes and runs the
+    command it had received; the replay must not add it again."""
+    acme = limited(tenant_id("acme"), budget=5.0)
+    async with store(redis_server.url) as s:
+        quotas = Quotas(s, Metrics(), retry_s=0.1)
+        await quotas.record_spend(limited(tenant_id("warm")), 0.01)  # the script is loaded
+        redis_server.pause()
+        try:
+            await quotas.record_spend(acme, 0.3)  # times out: kept here, unconfirmed
+        finally:
+            redis_server.resume()
+        assert quotas.degraded
+        for _ in range(60):  # the resumed server runs what it had received
+            if await s.spent(acme.id, TODAY) > 0:
+                break
+            await asyncio.sleep(0.05)
+        assert await s.spent(acme.id, TODAY) == pytest.approx(0.3)  # it was applied
+        await asyncio.sleep(0.1)
+        await quotas.ping()  # the replay
+        assert not quotas.degraded
+        assert await s.spent(acme.id, TODAY) == pytest.approx(0.3)  # not 0.6
+        assert quotas._outstanding() == {}
+        ttl = int(redis_server.command("TTL", applied_key(acme.id, TODAY)).strip().lstrip(b":"))
+        assert ttl > 3600  # the ids expire with the day's spend
+
+
+async def test_one_tenants_corrupt_keys_are_repaired_and_no_other_tenant_is_degraded(
+    redis_server: RedisServer,
+) -> None:
+    bad, good = limited(tenant_id("bad"), budget=1.0), limited(tenant_id("good"), budget=1.0)
+    redis_server.command("SET", bucket_key(bad.id), "not a hash")  # WRONGTYPE for HMGET
+    redis_server.command("SET", spend_key(bad.id, TODAY), "garbage")
+    redis_server.command("SET", applied_key(bad.id, TODAY), "not a hash")
+    metrics = Metrics()
+    async with store(redis_server.url) as s:
+        quotas = Quotas(s, metrics, retry_s=60.0)  # a breaker tripped would stay tripped
+        await quotas.admit(bad, answering=True)  # decided here; its keys repaired
+        await quotas.record_spend(bad, 0.1)
+        await quotas.admit(good, answering=True)
+        await quotas.record_spend(good, 0.2)
+        assert not quotas.degraded
+        assert metrics.registry.get_sample_value("querygate_quota_store_degraded") == 0.0
+        assert await s.spent(good.id, TODAY) == pytest.approx(0.2)  # shared, at once
+        await quotas.ping()  # the probe sends bad's kept spend, now that its keys are fixed
+        assert await s.spent(bad.id, TODAY) == pytest.approx(0.1)
+        assert await s.take(bad.id, 0.1, 2) >= 0.0  # the bucket is a hash again
+    for key in (bucket_key(bad.id), applied_key(bad.id, TODAY)):
+        assert redis_server.command("TYPE", key).strip() in (b"+hash", b"hash", b"+none")
+
+
+async def test_a_dead_redis_is_unavailable_not_a_tenants_data_error(
+    redis_server: RedisServer,
+) -> None:
+    async with store(redis_server.url) as s:
+        redis_server.kill()
+        with pytest.raises(BackendUnavailable):
+            await s.spent("acme", TODAY)
+        with pytest.raises(BackendUnavailable):
+            await s.ping()
+
+
+@pytest.mark.parametrize("garbage", ["not a number", "inf", "-1"])
+async def test_an_unusable_spend_refuses_the_add_before_marking_its_id(
+    redis_server: RedisServer, garbage: str
+) -> None:
+    acme, amount = tenant_id("acme"), new_id()
+    redis_server.command("SET", spend_key(acme, TODAY), garbage)
+    async with store(redis_server.url) as s:
+        with pytest.raises(UpstreamError):
+            await s.add_spend(acme, TODAY, 0.25, amount)
+        await s.repair(acme, TODAY, 0.5)  # the last total this process read
+        assert await s.add_spend(acme, TODAY, 0.25, amount) == pytest.approx(0.75)  # not lost

@@ -3,17 +3,22 @@ isolation, the per-process fallback while the shared store is down, and the LLM 
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Coroutine
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 from pydantic import ValidationError
 
-from backends.errors import BackendUnavailable
+from backends.errors import BackendUnavailable, UpstreamError
 from backends.llm.base import Completion, Message, StreamDelta, Tier, Usage
 from backends.quotas.memory import MemoryQuotaStore, refill_and_take
-from gateway.metrics import Metrics
+from gateway.health import probes
+from gateway.metered_llm import MeteredLLM, estimate_usage
+from gateway.metrics import MULTIPROC_ENV, Metrics
+from gateway.pipeline import Services
 from gateway.quotas import (
     BudgetedLLM,
     BudgetExceeded,
@@ -23,6 +28,7 @@ from gateway.quotas import (
     retry_after,
     seconds_to_midnight,
     utc_day,
+    warn_if_per_worker,
 )
 from gateway.settings import QuotasConfig, TenantConfig
 
@@ -236,9 +242,12 @@ class FlakyStore(MemoryQuotaStore):
         self._use()
         return await super().spent(tenant, day)
 
-    async def add_spend(self, tenant: str, day: str, usd: float) -> float:
+    async def add_spend(self, tenant: str, day: str, usd: float, amount_id: str = "") -> float:
         self._use()
-        return await super().add_spend(tenant, day, usd)
+        return await super().add_spend(tenant, day, usd, amount_id)
+
+    async def ping(self) -> None:
+        self._use()
 
     def _use(self) -> None:
         self.calls += 1
@@ -294,11 +303,20 @@ async def test_store_down_budgets_count_from_the_last_total_seen_and_replay_the_
         )
         == 2.0
     )  # both checks made while it was down
+    assert (
+        metrics.registry.get_sample_value(
+            "querygate_quota_local_decisions_total", {"check": "spend"}
+        )
+        == 2.0
+    )  # each cost kept here once, however often it is tried again
     shared.down = False
     clock.now += 1.0
-    with pytest.raises(BudgetExceeded):
+    with pytest.raises(BudgetExceeded):  # 0.5 read + 0.6 still kept here
         await q.check_budget(acme)
+    assert await shared.spent("acme", "2026-11-30") == pytest.approx(0.5)  # a check sends none
+    await q.ping()  # the probe sends it
     assert await shared.spent("acme", "2026-11-30") == pytest.approx(1.1)  # replayed, once
+    await q.ping()
     await q.check_budget(tenant(budget=2.0))
     assert await shared.spent("acme", "2026-11-30") == pytest.approx(1.1)
 
@@ -360,6 +378,278 @@ async def test_every_call_is_checked_before_and_recorded_after() -> None:
 
 async def test_a_call_outside_a_request_is_not_budgeted() -> None:
     q = quotas(Clock())
-    llm = BudgetedLLM(PricedLLM(cost=5.0), q)
+    inner = PricedLLM(cost=5.0)
+    llm = BudgetedLLM(inner, q)
     await llm.complete("small", [])
     await llm.complete("small", [])
+    _ = [d async for d in llm.stream("small", [])]
+    assert inner.calls == 3
+    assert q._local._spend == {}  # nothing recorded for anyone
+
+
+# -- calls cut before their usage arrived (H3) --------------------------------------------------
+
+MESSAGES = [Message("system", "Answer from the sources. " * 20), Message("user", "Where is Acme?")]
+TODAY = "2026-11-30"
+
+
+class CutLLM(PricedLLM):
+    """A priced tier whose stream sends some text, then hangs (a client hang-up cancels it) or
+    fails; its completion hangs."""
+
+    def __init__(self, fail: BaseException | None = None, text: str = "Acme is in") -> None:
+        super().__init__(cost=1.0)
+        self.fail = fail
+        self.text = text
+        self.started = asyncio.Event()
+
+    def prices(self, tier: Tier) -> tuple[float, float]:
+        return (1e-3, 2e-3)
+
+    async def complete(self, tier: Tier, messages: list[Message], **_: Any) -> Completion:
+        self.started.set()
+        await asyncio.Event().wait()
+        raise AssertionError("never answers")
+
+    async def stream(
+        self, tier: Tier, messages: list[Message], **_: Any
+    ) -> AsyncIterator[StreamDelta]:
+        if self.text:
+            yield StreamDelta(text=self.text, model="fake-model")
+        self.started.set()
+        if self.fail is not None:
+            raise self.fail
+        await asyncio.Event().wait()
+        yield StreamDelta(done=True, usage=Usage(1, 1, 1.0))
+
+
+async def hang_up(work: Callable[[], Coroutine[Any, Any, Any]], inner: CutLLM) -> None:
+    """Run `work` for the tenant acme as a request's task, cancel it mid-call (what aiohttp
+    does when the client goes, handler_cancellation=True), and let its recording run."""
+    token = current_tenant.set(tenant(budget=100.0))
+    try:
+        task = asyncio.create_task(work())
+    finally:
+        current_tenant.reset(token)
+    await inner.started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.sleep(0)
+
+
+async def test_a_stream_cut_by_a_hang_up_is_charged_its_prompt_and_the_text_so_far() -> None:
+    q, inner = quotas(Clock()), CutLLM()
+    llm = BudgetedLLM(inner, q)
+    await hang_up(lambda: consume(llm.stream("small", MESSAGES)), inner)
+    expected = estimate_usage(inner, "small", MESSAGES, "Acme is in", "fake-model")
+    assert expected.prompt_tokens > 50 and expected.completion_tokens > 0
+    assert await q._local.spent("acme", TODAY) == pytest.approx(expected.cost_usd)
+
+
+async def test_a_stream_that_fails_after_some_text_is_charged_and_one_before_any_is_not() -> None:
+    q = quotas(Clock())
+    acme = tenant(budget=100.0)
+    token = current_tenant.set(acme)
+    try:
+        inner = CutLLM(fail=UpstreamError("llm", "stream interrupted"))
+        with pytest.raises(UpstreamError):
+            await consume(BudgetedLLM(inner, q).stream("small", MESSAGES))
+        charged = await q._local.spent("acme", TODAY)
+        assert charged == pytest.approx(
+            estimate_usage(inner, "small", MESSAGES, "Acme is in").cost_usd
+        )
+        nothing = CutLLM(fail=BackendUnavailable("llm", "refused"), text="")
+        with pytest.raises(BackendUnavailable):
+            await consume(BudgetedLLM(nothing, q).stream("small", MESSAGES))
+        assert await q._local.spent("acme", TODAY) == pytest.approx(charged)
+    finally:
+        current_tenant.reset(token)
+
+
+async def test_a_completion_cancelled_while_it_waits_is_charged_its_prompt() -> None:
+    q, inner = quotas(Clock()), CutLLM()
+    llm = BudgetedLLM(inner, q)
+    await hang_up(lambda: llm.complete("small", MESSAGES), inner)
+    expected = estimate_usage(inner, "small", MESSAGES, "")
+    assert expected.cost_usd > 0
+    assert await q._local.spent("acme", TODAY) == pytest.approx(expected.cost_usd)
+
+
+async def test_a_cut_stream_is_charged_to_the_shared_store_too() -> None:
+    clock = Clock()
+    shared = FlakyStore(clock)
+    q, inner = quotas(clock, shared), CutLLM()
+    await hang_up(lambda: consume(BudgetedLLM(inner, q).stream("small", MESSAGES)), inner)
+    for _ in range(3):
+        await asyncio.sleep(0)  # the task that sends it
+    expected = estimate_usage(inner, "small", MESSAGES, "Acme is in", "fake-model").cost_usd
+    assert await shared.spent("acme", TODAY) == pytest.approx(expected)
+
+
+async def test_metered_llm_costs_a_cut_stream_and_a_cancelled_completion() -> None:
+    metrics = Metrics()
+    inner = CutLLM()
+    llm = MeteredLLM(inner, metrics)
+    await hang_up(lambda: consume(llm.stream("small", MESSAGES, route="direct")), inner)
+    cost = metrics.registry.get_sample_value(
+        "querygate_llm_cost_usd_total", {"tier": "small", "model": "fake-model", "route": "direct"}
+    )
+    expected = estimate_usage(inner, "small", MESSAGES, "Acme is in", "fake-model").cost_usd
+    assert cost == pytest.approx(expected)
+    inner.started.clear()
+    await hang_up(lambda: llm.complete("small", MESSAGES, route="direct"), inner)
+    cost = metrics.registry.get_sample_value(
+        "querygate_llm_cost_usd_total", {"tier": "small", "model": "-", "route": "direct"}
+    )
+    assert cost == pytest.approx(estimate_usage(inner, "small", MESSAGES, "").cost_usd)
+
+
+async def consume(stream: AsyncIterator[StreamDelta]) -> list[StreamDelta]:
+    return [d async for d in stream]
+
+
+# -- one tenant's unusable keys (M2) ----------------------------------------------------------
+
+
+class CorruptStore(FlakyStore):
+    """A shared store where the tenant `bad`'s keys hold garbage until repaired."""
+
+    def __init__(self, clock: Clock) -> None:
+        super().__init__(clock)
+        self.corrupt = {"bad"}
+        self.repaired: list[tuple[str, str, float]] = []
+
+    async def take(self, tenant: str, rate_per_s: float, burst: float) -> float:
+        self._garbage(tenant)
+        return await super().take(tenant, rate_per_s, burst)
+
+    async def spent(self, tenant: str, day: str) -> float:
+        self._garbage(tenant)
+        return await super().spent(tenant, day)
+
+    async def repair(self, tenant: str, day: str, usd: float) -> None:
+        self.repaired.append((tenant, day, usd))
+        self.corrupt.discard(tenant)
+
+    def _garbage(self, tenant: str) -> None:
+        if tenant in self.corrupt:
+            raise UpstreamError("redis", "a quota key is unusable: WRONGTYPE")
+
+
+async def test_one_tenants_unusable_keys_are_repaired_and_degrade_no_other_tenant(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock, metrics = Clock(), Metrics()
+    shared = CorruptStore(clock)
+    q = quotas(clock, shared, metrics)
+    bad, good = tenant("bad", rate=1.0, budget=1.0), tenant("good", rate=1.0, budget=1.0)
+    await q.admit(bad, answering=True)  # decided here, this once
+    assert not q.degraded
+    assert metrics.registry.get_sample_value("querygate_quota_store_degraded") == 0.0
+    assert shared.repaired == [("bad", TODAY, 0.0)]
+    assert "quota keys are unusable" in caplog.text
+    calls = shared.calls
+    await q.admit(good, answering=True)  # the shared store, at once: no retry interval
+    assert shared.calls == calls + 2
+    await q.admit(bad, answering=True)  # repaired: shared again
+    assert shared.calls == calls + 4
+    local = metrics.registry.get_sample_value(
+        "querygate_quota_local_decisions_total", {"check": "rate_limit"}
+    )
+    assert local == 1.0
+
+
+# -- shutdown, probe, workers (M3, M4, M10) -----------------------------------------------------
+
+
+async def test_aclose_sends_the_spend_kept_here_and_closes_the_store() -> None:
+    clock = Clock()
+    shared = FlakyStore(clock)
+    q = quotas(clock, shared)
+    shared.down = True
+    await q.record_spend(tenant(), 0.25)
+    shared.down = False  # back, but no probe or request came since
+    await q.aclose()
+    assert shared._spend[("acme", TODAY)] == pytest.approx(0.25)
+    with pytest.raises(RuntimeError):
+        await shared.spent("acme", TODAY)  # closed
+
+
+async def test_aclose_logs_per_tenant_the_spend_it_could_not_send(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = Clock()
+    shared = FlakyStore(clock)
+    q = quotas(clock, shared)
+    shared.down = True
+    await q.record_spend(tenant(), 0.25)
+    await q.record_spend(tenant("globex"), 0.5)
+    await q.aclose(timeout_s=0.5)
+    lost = [r for r in caplog.records if r.getMessage().startswith("spend not added")]
+    assert sorted((r.__dict__["tenant"], r.__dict__["usd"]) for r in lost) == [
+        ("acme", 0.25),
+        ("globex", 0.5),
+    ]
+
+
+async def test_the_probe_clears_the_degraded_gauge_without_traffic() -> None:
+    clock, metrics = Clock(), Metrics()
+    shared = FlakyStore(clock)
+    q = quotas(clock, shared, metrics)
+    shared.down = True
+    await q.admit(tenant(rate=1.0), answering=False)
+    assert metrics.registry.get_sample_value("querygate_quota_store_degraded") == 1.0
+    with pytest.raises(BackendUnavailable):
+        await q.ping()
+    shared.down = False
+    await q.ping()  # no request since: the probe alone
+    assert metrics.registry.get_sample_value("querygate_quota_store_degraded") == 0.0
+    services = cast(
+        Services, SimpleNamespace(retriever=SimpleNamespace(ping=None), cache_store=None, quotas=q)
+    )
+    assert probes(services)["quotas"] == q.ping
+    memory_only = SimpleNamespace(retriever=SimpleNamespace(ping=None), cache_store=None)
+    memory_only.quotas = quotas(clock)
+    assert "quotas" not in probes(cast(Services, memory_only))
+
+
+@pytest.mark.parametrize(
+    ("workers", "shared", "warned"),
+    [(True, False, True), (False, False, False), (True, True, False)],
+)
+def test_per_worker_limits_are_warned_of_at_start(
+    workers: bool,
+    shared: bool,
+    warned: bool,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    if workers:
+        monkeypatch.setenv(MULTIPROC_ENV, "/tmp/metrics")
+    else:
+        monkeypatch.delenv(MULTIPROC_ENV, raising=False)
+    q = quotas(Clock(), FlakyStore(Clock()) if shared else None)
+    warn_if_per_worker([tenant(budget=1.0), tenant("globex")], q)
+    assert ("N times its daily budget" in caplog.text) is warned
+    caplog.clear()
+    warn_if_per_worker([tenant("globex")], q)  # no limits: nothing to multiply
+    assert "per worker" not in caplog.text
+
+
+async def test_a_stream_checked_by_its_handler_reads_the_budget_once() -> None:
+    clock = Clock()
+    shared = FlakyStore(clock)
+    q = quotas(clock, shared)
+    acme = tenant(budget=1.0)
+    llm = BudgetedLLM(PricedLLM(cost=0.1), q)
+    token = current_tenant.set(acme)
+    try:
+        await q.check_budget(acme, before_stream=True)
+        asked = shared.calls
+        await consume(llm.stream("small", []))
+        assert shared.calls == asked + 1  # the cost sent; no second read
+        await consume(llm.stream("small", []))  # a second call checks again
+        assert shared.calls == asked + 3
+    finally:
+        current_tenant.reset(token)
