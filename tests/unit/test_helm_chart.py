@@ -697,6 +697,72 @@ def test_the_charts_own_files_fill_the_slots() -> None:
     assert len(rules) == (1 if groups else 0)
 
 
+def _runbook_urls(docs: list[Doc]) -> dict[str, str]:
+    return {
+        rule["alert"]: rule["annotations"]["runbook_url"]
+        for group in one(docs, "PrometheusRule")["spec"]["groups"]
+        for rule in group["rules"]
+        if "alert" in rule
+    }
+
+
+def test_alert_runbook_links_render_under_the_configured_runbook_base_url() -> None:
+    """The rule file links relatively (a plain Prometheus rule file); the chart makes each link
+    absolute under metrics.prometheusRule.runbookBaseUrl, a trailing slash or not."""
+    shipped = [
+        rule
+        for path in sorted((CHART / "files" / "alerts").glob("*.yaml"))
+        for group in yaml.safe_load(path.read_text())["groups"]
+        for rule in group["rules"]
+        if "alert" in rule
+    ]
+    assert shipped and all(
+        r["annotations"]["runbook_url"] == f"docs/runbook.md#{r['alert'].lower()}" for r in shipped
+    )
+    base = "https://runbooks.example.com/querygate"
+    for configured in (base, base + "/"):
+        values = copy.deepcopy(FLEET)
+        values["metrics"]["prometheusRule"]["runbookBaseUrl"] = configured
+        urls = _runbook_urls(render(values))
+        assert urls == {r["alert"]: f"{base}/docs/runbook.md#{r['alert'].lower()}" for r in shipped}
+    # The default is a placeholder to replace, absolute all the same; empty keeps them relative.
+    default = "https://github.com/your-org/querygate/blob/main/docs/runbook.md#"
+    assert all(url.startswith(default) for url in _runbook_urls(render(FLEET)).values())
+    values = copy.deepcopy(FLEET)
+    values["metrics"]["prometheusRule"]["runbookBaseUrl"] = ""
+    assert all(url.startswith("docs/runbook.md#") for url in _runbook_urls(render(values)).values())
+
+
+def test_an_absolute_runbook_url_and_a_rule_without_one_are_left_as_they_are(
+    chart_with_files: Path,
+) -> None:
+    rules = {
+        "groups": [
+            {
+                "name": "g",
+                "rules": [
+                    {
+                        "alert": "Elsewhere",
+                        "expr": "vector(1)",
+                        "annotations": {"runbook_url": "https://wiki.example.com/x#y"},
+                    },
+                    {"alert": "Bare", "expr": "vector(1)"},
+                    {"record": "r", "expr": "vector(1)"},
+                ],
+            }
+        ]
+    }
+    (chart_with_files / "files" / "alerts" / "test.yaml").write_text(yaml.safe_dump(rules))
+    values = {"metrics": {"prometheusRule": {"enabled": True}}}
+    (group,) = one(render(values, chart=chart_with_files), "PrometheusRule")["spec"]["groups"]
+    assert group["rules"] == rules["groups"][0]["rules"]
+
+
+def test_a_runbook_base_url_that_is_not_an_http_url_is_refused() -> None:
+    with pytest.raises(HelmFailed, match="runbookBaseUrl"):
+        render({"metrics": {"prometheusRule": {"enabled": True, "runbookBaseUrl": "wiki/qg"}}})
+
+
 # --- the image the chart runs -------------------------------------------------------------------
 
 DOCKERFILE = (REPO / "Dockerfile").read_text()
