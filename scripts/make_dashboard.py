@@ -1,8 +1,8 @@
 """Write the Grafana dashboard the chart ships: helm/querygate/files/dashboards/querygate.json.
 
 The dashboard is code: edit the panels here, run `python scripts/make_dashboard.py`, commit both.
-tests/unit/test_dashboard.py fails when the JSON is not this script's output, and when any
-expression names a metric a live gateway does not export. Importable on its own (Grafana →
+tests/e2e/test_dashboard_and_alerts.py fails when the JSON is not this script's output, and when
+any expression names a metric a live gateway does not export. Importable on its own (Grafana →
 Dashboards → Import) or through the chart's sidecar ConfigMap; `$datasource` picks the Prometheus
 data source and `$job` the scrape job(s).
 """
@@ -72,9 +72,11 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 ],
                 unit="reqps",
                 stack=True,
-                description="Every request is counted once; client_error, shed_tenant, "
-                "rate_limited, budget_exceeded and disconnect are the client's doing, "
-                "the rest are ours.",
+                description="Every request is counted once; client_error, body_timeout, "
+                "shed_tenant, rate_limited, budget_exceeded and disconnect (the client hung up) "
+                "are the client's doing and left out of the availability SLO; the rest are ours, "
+                "cancelled included (cancelled by the gateway with the client still connected, "
+                "e.g. a drain past its grace).",
             ),
             Panel(
                 "In flight and queued",
@@ -225,8 +227,12 @@ ROWS: list[tuple[str, list[Panel]]] = [
         [
             Panel(
                 "Active configuration version",
-                [(f"max by (version) (querygate_config_info{{{SEL}}})", "{{version}}")],
+                [(f"max by (version) (querygate_config_info{{{SEL}}}) == 1", "{{version}}")],
                 kind="table",
+                # With --workers the gauge is multiprocess: a worker's file keeps the versions it
+                # ran before, at 0 once replaced, so only value 1 is a version in use.
+                description="The configuration version(s) some worker runs now (more than one "
+                "while a reload or rollout is under way).",
                 extra={"options": {"showHeader": True}},
             ),
             Panel(

@@ -1,6 +1,7 @@
 """The shipped Grafana dashboard and alert rules: valid PromQL, naming only what the gateway
 exports (read from a live /metrics, not from a list kept here), and — with promtool — alerts
-that fire on the series they should and stay quiet on healthy ones."""
+that fire on the series they should and stay quiet on healthy ones. Both files are generated
+(scripts/make_dashboard.py, scripts/make_alerts.py) and checked to be their generator's output."""
 
 from __future__ import annotations
 
@@ -17,11 +18,14 @@ import requests
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.accounting import ANSWERING
+from gateway.metrics import Metrics
+from scripts import make_alerts
 from scripts.make_dashboard import OUT as DASHBOARD
 from scripts.make_dashboard import render
 from tests.fixtures.gateway import REPO_ROOT, GatewayProcess
 
-RULES = REPO_ROOT / "helm/querygate/files/alerts/querygate.yaml"
+RULES = make_alerts.OUT
 RULE_TESTS = REPO_ROOT / "tests/alerts/querygate_test.yaml"
 # Grafana's variables, as Grafana would substitute them.
 GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$job": ".*"}
@@ -82,6 +86,32 @@ def rules() -> list[dict[str, Any]]:
 
 def test_the_shipped_dashboard_is_the_generators_output() -> None:
     assert DASHBOARD.read_text(encoding="utf-8") == render()
+
+
+def test_the_shipped_rules_are_the_generators_output() -> None:
+    assert RULES.read_text(encoding="utf-8") == make_alerts.render()
+
+
+def test_the_slo_counts_the_gateways_answering_endpoints_and_each_outcome_once() -> None:
+    assert set(make_alerts.ANSWERING_ENDPOINTS) == ANSWERING
+    ours, clients = set(make_alerts.OUR_FAILURES), set(make_alerts.CLIENT_CAUSED)
+    assert not ours & clients and "ok" not in ours | clients
+    # a cancel with the client still connected is the gateway's (gateway/middleware.py)
+    assert "cancelled" in ours and "disconnect" in clients
+
+
+def test_each_latency_target_is_a_bucket_bound_of_the_answer_histogram() -> None:
+    metrics = Metrics()
+    for route in make_alerts.LATENCY_TARGETS_S:
+        metrics.request_duration.labels(route).observe(0.1)
+    bounds: dict[str, set[str]] = {}
+    for family in text_string_to_metric_families(metrics.exposition().decode()):
+        for sample in family.samples:
+            if sample.name == "querygate_request_duration_seconds_bucket":
+                bounds.setdefault(sample.labels["route"], set()).add(sample.labels["le"])
+    for route, bound in make_alerts.LATENCY_TARGETS_S.items():
+        # the rules select le="<bound!r>": the exposition must spell it the same way
+        assert repr(bound) in bounds[route], (route, bound)
 
 
 def test_every_dashboard_expression_reads_only_exported_metrics(gateway: GatewayProcess) -> None:

@@ -1,0 +1,320 @@
+"""Write the alert rules the chart ships: helm/querygate/files/alerts/querygate.yaml.
+
+The rules are code: change the SLO targets, windows, outcome lists or alerts here, run
+`python scripts/make_alerts.py`, commit both (and docs/runbook.md when a target moves).
+tests/e2e/test_dashboard_and_alerts.py fails when the YAML is not this script's output, and runs
+promtool's unit tests of the alerts (tests/alerts/querygate_test.yaml). The output stays a plain
+Prometheus rule file (`groups:`); the chart wraps its groups in a PrometheusRule and rewrites the
+relative `runbook_url`s against `metrics.prometheusRule.runbookBaseUrl`.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+OUT = Path(__file__).resolve().parents[1] / "helm/querygate/files/alerts/querygate.yaml"
+RUNBOOK = "docs/runbook.md"
+
+# The answering endpoints (gateway/accounting.py ANSWERING; a test keeps the two equal).
+ANSWERING_ENDPOINTS = ("POST /v1/query", "POST /v1/chat/completions")
+# Every outcome of an answering request falls in exactly one of these (or is `ok`); a test checks
+# the partition. Ours count against the availability SLO. `cancelled` is ours: the middleware
+# says `cancelled` when the handler was cancelled with the client still connected (e.g. a drain
+# past server.shutdown_grace_s); a client that hung up is `disconnect`.
+OUR_FAILURES = ("error", "unavailable", "upstream_error", "deadline", "shed_process", "cancelled")
+# The client's doing: malformed, too slow sending its body, over its share, rate or budget, or gone.
+CLIENT_CAUSED = (
+    "client_error",
+    "body_timeout",
+    "shed_tenant",
+    "rate_limited",
+    "budget_exceeded",
+    "disconnect",
+)
+
+# SLOs over 30 days.
+AVAILABILITY_TARGET = 0.995
+LATENCY_TARGET = 0.99
+# Per final route: the answer time the latency SLO holds it to. Each is a bucket bound of
+# querygate_request_duration_seconds (gateway/metrics.py; a test checks it).
+LATENCY_TARGETS_S = {"direct": 2.5, "lookup": 5.0, "full_context": 10.0, "multihop": 30.0}
+
+
+class Burn:
+    """One multi-window burn-rate condition: both windows over `factor` x the error budget."""
+
+    def __init__(self, factor: float, long: str, short: str) -> None:
+        self.factor, self.long, self.short = factor, long, short
+
+
+# Google SRE workbook, "Alerting on SLOs", multiwindow multi-burn-rate: page at 14.4x (1h, 5m)
+# or 6x (6h, 30m), ticket at 3x (1d, 2h) or 1x (3d, 6h).
+PAGE = (Burn(14.4, "1h", "5m"), Burn(6, "6h", "30m"))
+TICKET = (Burn(3, "1d", "2h"), Burn(1, "3d", "6h"))
+_ORDER = {"m": 60, "h": 3600, "d": 86400}
+WINDOWS = sorted(
+    {w for burn in (*PAGE, *TICKET) for w in (burn.long, burn.short)},
+    key=lambda w: int(w[:-1]) * _ORDER[w[-1]],
+)
+
+AVAILABILITY_RECORD = "querygate:availability_errors:ratio_rate"
+LATENCY_RECORD = "querygate:latency_slow:ratio_rate"
+
+
+def number(value: float) -> str:
+    """A constant as PromQL reads it, without float noise (1 - 0.995 is 0.0050000000000000044)."""
+    return format(round(value, 10), "g")
+
+
+def percent(target: float) -> str:
+    return number(target * 100) + "%"
+
+
+def _endpoints() -> str:
+    paths = [e.removeprefix("POST /v1/") for e in ANSWERING_ENDPOINTS]
+    return f'endpoint=~"POST /v1/({"|".join(paths)})"'
+
+
+def availability_ratio(window: str) -> str:
+    total = "querygate_http_requests_total"
+    return (
+        f"sum by (job) (rate({total}{{{_endpoints()}, "
+        f'outcome=~"{"|".join(OUR_FAILURES)}"}}[{window}]))\n'
+        "/\n"
+        f"sum by (job) (rate({total}{{{_endpoints()}, "
+        f'outcome!~"{"|".join(CLIENT_CAUSED)}"}}[{window}]))\n'
+    )
+
+
+def latency_ratio(window: str) -> str:
+    fast = "\n  or\n".join(
+        "  sum by (job, route) (rate(querygate_request_duration_seconds_bucket"
+        f'{{route="{route}", le="{bound!r}"}}[{window}]))'
+        for route, bound in LATENCY_TARGETS_S.items()
+    )
+    return (
+        f"1 - (\n{fast}\n)\n/\n"
+        f"sum by (job, route) (rate(querygate_request_duration_seconds_count[{window}]))\n"
+    )
+
+
+def burn_expr(record: str, budget: float, burns: tuple[Burn, ...]) -> str:
+    def over(burn: Burn) -> str:
+        limit = (
+            number(budget) if burn.factor == 1 else f"({number(burn.factor)} * {number(budget)})"
+        )
+        return f"(\n  {record}{burn.long} > {limit}\n  and {record}{burn.short} > {limit}\n)"
+
+    return "\nor\n".join(over(burn) for burn in burns) + "\n"
+
+
+def alert(
+    name: str, expr: str, for_: str, severity: str, summary: str, description: str
+) -> dict[str, Any]:
+    return {
+        "alert": name,
+        "expr": expr if expr.endswith("\n") else expr + "\n",
+        "for": for_,
+        "labels": {"severity": severity},
+        "annotations": {
+            "summary": _Quoted(summary),
+            "description": _Quoted(description),
+            "runbook_url": f"{RUNBOOK}#{name.lower()}",
+        },
+    }
+
+
+def slo_alerts() -> list[dict[str, Any]]:
+    budget_a = 1 - AVAILABILITY_TARGET
+    budget_l = 1 - LATENCY_TARGET
+    failing = (
+        "{{ $labels.job }}: {{ $value | humanizePercentage }} of answering requests fail "
+        f"(SLO {percent(AVAILABILITY_TARGET)})."
+    )
+    slow = (
+        "{{ $labels.job }}: {{ $value | humanizePercentage }} of {{ $labels.route }} answers "
+        f"exceed the route's latency target (SLO {percent(LATENCY_TARGET)})."
+    )
+    return [
+        alert(
+            "QuerygateAvailabilityBurnFast",
+            burn_expr(AVAILABILITY_RECORD, budget_a, PAGE),
+            "2m",
+            "page",
+            "querygate is failing answers fast enough to spend a month's error budget in days",
+            failing,
+        ),
+        alert(
+            "QuerygateAvailabilityBurnSlow",
+            burn_expr(AVAILABILITY_RECORD, budget_a, TICKET),
+            "15m",
+            "ticket",
+            "querygate's failed answers are eating the error budget",
+            failing,
+        ),
+        alert(
+            "QuerygateLatencyBurnFast",
+            burn_expr(LATENCY_RECORD, budget_l, PAGE),
+            "2m",
+            "page",
+            "{{ $labels.route }} answers are too slow, fast enough to spend the latency budget "
+            "in days",
+            slow,
+        ),
+        alert(
+            "QuerygateLatencyBurnSlow",
+            burn_expr(LATENCY_RECORD, budget_l, TICKET),
+            "15m",
+            "ticket",
+            "{{ $labels.route }} answers are slower than their target too often",
+            slow,
+        ),
+    ]
+
+
+def dependency_alerts() -> list[dict[str, Any]]:
+    spend = "sum by (job) (rate(querygate_llm_cost_usd_total[{}])) * 3600"
+    return [
+        alert(
+            "QuerygateCostSpike",
+            f"{spend.format('15m')}\n  > 3 * {spend.format('1d')}\nand\n{spend.format('15m')} > 1",
+            "15m",
+            "ticket",
+            "model spend is over 3x its daily average rate",
+            '{{ $labels.job }}: spending {{ $value | printf "%.2f" }} USD/h on models, over 3x '
+            "the last day's average (and over 1 USD/h).",
+        ),
+        alert(
+            "QuerygateCacheBackendDown",
+            'min by (job) (querygate_dependency_up{dependency="cache"}) == 0',
+            "5m",
+            "ticket",
+            "the response cache backend does not answer; requests are served uncached",
+            "{{ $labels.job }}: a worker's cache health probe has failed for 5 minutes. "
+            "Answers still flow, at full model cost and latency.",
+        ),
+        alert(
+            "QuerygateRetrievalBackendDown",
+            'min by (job) (querygate_dependency_up{dependency="retrieval"}) == 0',
+            "2m",
+            "page",
+            "the retrieval backend does not answer; pods fail /readyz and leave the Service",
+            "{{ $labels.job }}: a worker's retrieval health probe has failed for 2 minutes and its "
+            "/readyz fails; with a shared OpenSearch every pod's does, and nothing is served.",
+        ),
+        alert(
+            "QuerygateModelTierFailing",
+            "max by (job, tier, model) (querygate_llm_cooldown_open) == 1",
+            "5m",
+            "page",
+            "model {{ $labels.model }} ({{ $labels.tier }} tier) keeps failing and is cooled down",
+            "{{ $labels.job }}: {{ $labels.model }} has been skipped after repeated failures for "
+            "5 minutes; its tier runs on fallbacks or fails with 503.",
+        ),
+        alert(
+            "QuerygateConfigReloadFailing",
+            'sum by (job) (increase(querygate_config_reloads_total{result="error"}[15m])) > 0',
+            "0m",
+            "ticket",
+            "a configuration change was refused; the previous configuration keeps running",
+            "{{ $labels.job }}: {{ $value | humanize }} reload(s) refused in 15 minutes. "
+            "The new file is invalid or needs a restart.",
+        ),
+        alert(
+            "QuerygateQuotaStoreDegraded",
+            "max by (job) (querygate_quota_store_degraded) == 1",
+            "5m",
+            "ticket",
+            "the shared quota store is unreachable; rate limits and budgets are enforced per "
+            "process",
+            "{{ $labels.job }}: tenants' limits are per worker for now (a tenant can get N "
+            "workers x its limit).",
+        ),
+    ]
+
+
+def rules() -> dict[str, Any]:
+    recording = [
+        {"record": f"{AVAILABILITY_RECORD}{w}", "expr": availability_ratio(w)} for w in WINDOWS
+    ] + [{"record": f"{LATENCY_RECORD}{w}", "expr": latency_ratio(w)} for w in WINDOWS]
+    return {
+        "groups": [
+            {"name": "querygate-slo-recording", "rules": recording},
+            {"name": "querygate-slo-alerts", "rules": slo_alerts()},
+            {"name": "querygate-dependencies", "rules": dependency_alerts()},
+        ]
+    }
+
+
+def _comment(text: str, indent: str = "") -> str:
+    """`text` as `#` comment lines of at most 100 characters, continuation lines indented."""
+    lines = textwrap.wrap(text, 98 - len(indent), subsequent_indent="  ")
+    return "".join(f"# {indent}{line}\n" for line in lines)
+
+
+def _burns(burns: tuple[Burn, ...]) -> str:
+    return " or ".join(f"{number(b.factor)}x ({b.long} and {b.short})" for b in burns)
+
+
+HEADER = (
+    "# querygate's alert rules (a Prometheus rule file; the chart wraps its groups in a\n"
+    "# PrometheusRule). GENERATED by scripts/make_alerts.py: edit the script, run it, commit\n"
+    "# both.\n"
+    "#\n"
+    "# SLOs, over 30 days:\n"
+    + _comment(
+        f"availability: {percent(AVAILABILITY_TARGET)} of answering requests "
+        f"({', '.join(ANSWERING_ENDPOINTS)}) succeed; failures are {', '.join(OUR_FAILURES)}; "
+        f"left out as the client's doing: {', '.join(CLIENT_CAUSED)};",
+        "  ",
+    )
+    + _comment(
+        f"latency, per final route: {percent(LATENCY_TARGET)} answered within "
+        + ", ".join(f"{route} {number(s)} s" for route, s in LATENCY_TARGETS_S.items())
+        + " (bucket bounds of querygate_request_duration_seconds).",
+        "  ",
+    )
+    + _comment(
+        "Burn-rate alerts follow the multi-window, multi-burn-rate recipe of Google's SRE "
+        f"workbook: page at {_burns(PAGE)}, ticket at {_burns(TICKET)}. Every alert links its "
+        f"runbook entry ({RUNBOOK}#<alert>, relative: the chart makes it absolute)."
+    )
+)
+
+
+class _Quoted(str):
+    """A string written in double quotes (annotations: Go templates with quotes and braces)."""
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block lists indented under their key; multi-line strings as `|` blocks."""
+
+    def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
+        super().increase_indent(flow, False)
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+def _quoted(dumper: yaml.SafeDumper, value: _Quoted) -> yaml.ScalarNode:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", str(value), style='"')
+
+
+_Dumper.add_representer(str, _str)
+_Dumper.add_representer(_Quoted, _quoted)
+
+
+def render() -> str:
+    body = yaml.dump(rules(), Dumper=_Dumper, sort_keys=False, width=4096, allow_unicode=True)
+    return HEADER + body
+
+
+if __name__ == "__main__":
+    OUT.write_text(render(), encoding="utf-8")
+    print(f"wrote {OUT}")
