@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from backends.errors import BackendError
 from gateway.metrics import Metrics
@@ -21,27 +22,65 @@ def probes(services: Services) -> dict[str, Callable[[], Awaitable[None]]]:
     found: dict[str, Callable[[], Awaitable[None]]] = {"retrieval": services.retriever.ping}
     if services.cache_store is not None:
         found["cache"] = services.cache_store.ping
-    if services.quotas is not None and services.quotas.is_shared:
-        found["quotas"] = services.quotas.ping  # also clears querygate_quota_store_degraded
     return found
 
 
-async def probe(ping: Callable[[], Awaitable[None]]) -> bool:
+@dataclass(frozen=True, slots=True)
+class Down:
+    """Why a probe failed: `kind` (timeout or the exception's class) tells one failure from
+    another, `reason` is for the log line; `bug` when the ping raised something no backend seam
+    should (its traceback is logged)."""
+
+    kind: str
+    reason: str
+    bug: BaseException | None = None
+
+
+def _down(exc: BaseException, bug: bool = False) -> Down:
+    return Down(type(exc).__name__, f"{type(exc).__name__}: {exc}", exc if bug else None)
+
+
+async def probe(ping: Callable[[], Awaitable[None]]) -> Down | None:
+    """None when the dependency answered within PROBE_TIMEOUT_S, else why not. Never raises
+    (except to cancel the caller): whatever a ping raises means that dependency is down."""
     try:
         await asyncio.wait_for(ping(), timeout=PROBE_TIMEOUT_S)
-    except (BackendError, TimeoutError):
-        return False
-    return True
+    except TimeoutError:
+        return Down("timeout", f"no answer within {PROBE_TIMEOUT_S:g} s")
+    except BackendError as exc:
+        return _down(exc)
+    except asyncio.CancelledError as exc:
+        task = asyncio.current_task()
+        if task is None or task.cancelling():
+            raise  # the watch itself is being cancelled
+        return _down(exc, bug=True)  # a library cancelled its own call
+    except Exception as exc:
+        return _down(exc, bug=True)
+    return None
 
 
 async def watch_dependencies(services: Services, metrics: Metrics, every_s: float) -> None:
-    """Set `querygate_dependency_up{dependency}` to 1 or 0 every `every_s`, until cancelled."""
+    """Set `querygate_dependency_up{dependency}` to 1 or 0 every `every_s`, until cancelled.
+
+    A probe failing in any way (an error, a hang, an exception no backend seam should raise)
+    reports that dependency down and the watch goes on: the gauge never freezes at a stale
+    value. Logged: a dependency found down (on the first probe too) or failing in a new way
+    (with the traceback when the ping raised something unexpected), and its return."""
     checks = probes(services)
+    last: dict[str, Down | None] = {}
     while True:
         for name, ping in checks.items():
-            up = await probe(ping)
-            gauge = metrics.dependency_up.labels(name)
-            if not up and gauge._value.get() == 1:
-                log.warning("dependency down", extra={"dependency": name})
-            gauge.set(1 if up else 0)
+            down = await probe(ping)
+            metrics.dependency_up.labels(name).set(0 if down else 1)
+            before = last.get(name)  # None: up, or not probed yet
+            last[name] = down
+            if down is None:
+                if before is not None:
+                    log.info("dependency up again", extra={"dependency": name})
+            elif before is None or before.kind != down.kind:
+                log.warning(
+                    "dependency down",
+                    extra={"dependency": name, "error": down.reason},
+                    exc_info=down.bug,
+                )
         await asyncio.sleep(every_s)
