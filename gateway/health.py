@@ -22,6 +22,8 @@ def probes(services: Services) -> dict[str, Callable[[], Awaitable[None]]]:
     found: dict[str, Callable[[], Awaitable[None]]] = {"retrieval": services.retriever.ping}
     if services.cache_store is not None:
         found["cache"] = services.cache_store.ping
+    if services.quotas is not None and services.quotas.is_shared:
+        found["quotas"] = services.quotas.ping  # also clears querygate_quota_store_degraded
     return found
 
 
