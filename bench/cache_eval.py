@@ -39,6 +39,13 @@ hits are zero on the negatives whose cached answer could belong to that route: l
 full_context, direct) from sub-questions: siblings and parent/sub pairs; multihop from parents:
 parent/sub pairs. Reported with the held-out rate and a 95% upper bound (3/n when 0 of n).
 
+Review negatives: a fixed list of hand-written pairs a cold review found passing every guard
+(order reversed, negation by prefix or without an apostrophe, hyphenated numbers and
+ordinals, a decimal comma), each reported at the chosen threshold with its similarity and
+the guard that refuses it; they are not tuned on. Pairs in scripts MiniLM's tokenizer does
+not know (Thai, Amharic, emoji) are reported with their similarity and whether the gateway
+would look them up semantically at all (it does not when the tokenizer produced [UNK]).
+
 Scale: MemoryCacheStore.nearest at 1k, 10k and 100k entries in one tenant (latency, candidates
 scored, recall@1 against brute force); the Redis store's is bench/cache_store_scale.py.
 
@@ -379,6 +386,48 @@ def print_chosen(scored: Sequence[Scored], chosen: dict[str, float]) -> None:
         print(f"    {s.similarity:.3f}  {s.pair.a!r} vs {s.pair.b!r}")
 
 
+REVIEW_NEGATIVES: tuple[tuple[str, str], ...] = (
+    ("Did Germany invade France in 1940?", "Did France invade Germany in 1940?"),
+    ("Convert 100 USD to EUR", "Convert 100 EUR to USD"),
+    ("How do I migrate from MySQL to Postgres?", "How do I migrate from Postgres to MySQL?"),
+    ("Is Paris north of London?", "Is London north of Paris?"),
+    ("Is it legal to park on the sidewalk?", "Is it illegal to park on the sidewalk?"),
+    ("Is the process reversible?", "Is the process irreversible?"),
+    ("Why does my build work?", "Why doesnt my build work?"),
+    ("What happened in the twenty-first century?", "What happened in the twenty-second century?"),
+    ("Who won the nineteenth Tour de France?", "Who won the eighteenth Tour de France?"),
+    ("Is the dose 1,5 mg per kg?", "Is the dose 15 mg per kg?"),
+)
+UNKNOWN_SCRIPT_NEGATIVES: tuple[tuple[str, str], ...] = (
+    ("ราคาเท่าไหร่", "ประเทศไทยอยู่ที่ไหน"),  # Thai: "how much?" vs "where is Thailand?"
+    ("ሰላም እንዴት ነህ", "ቡና የት ነው"),  # Amharic: "hello, how are you" vs "where is the coffee"
+    ("🍕🍔", "🚗➡️🏠"),  # emoji only
+)
+
+
+def print_review(chosen: dict[str, float]) -> None:
+    texts = [t for pair in REVIEW_NEGATIVES + UNKNOWN_SCRIPT_NEGATIVES for t in pair]
+    vectors = asyncio.run(embed_all(texts))
+    t = chosen["lookup"]
+    print(f"\nREVIEW NEGATIVES (not tuned on), lookup threshold {t:.3f}:")
+    hits = raw = 0
+    for a, b in REVIEW_NEGATIVES:
+        similarity = float(vectors[a] @ vectors[b])
+        refused_by = refusal(facts(a), facts(b))
+        raw += similarity >= t
+        hits += similarity >= t and refused_by is None
+        print(f"  {similarity:.3f}  refused by {refused_by or 'NONE'}: {a!r} vs {b!r}")
+    print(f"  false hits guarded {hits}/{len(REVIEW_NEGATIVES)}, raw {raw}")
+    embedder = MiniLMEmbedder()
+    window = embedder.token_window
+    print("  scripts the tokenizer does not know (the semantic tier is skipped for them):")
+    for a, b in UNKNOWN_SCRIPT_NEGATIVES:
+        similarity = float(vectors[a] @ vectors[b])
+        unknown = [window.unknown(x) if window.unknown else 0 for x in (a, b)]
+        print(f"    {similarity:.3f}  [UNK] tokens {unknown}: {a!r} vs {b!r}")
+    asyncio.run(embedder.aclose())
+
+
 # -- latency ---------------------------------------------------------------------------------
 
 
@@ -546,6 +595,7 @@ def main() -> None:
     chosen = choose(scored)
     print_chosen(scored, chosen)
     print_rules(scored, chosen["lookup"])
+    print_review(chosen)
     if not args.skip_scale:
         real = np.stack([vectors[q.text] for q in questions])
         sizes = [int(x) for x in args.scale_sizes.split(",")]

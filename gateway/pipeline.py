@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from backends.cache.base import CacheStore
-from backends.embeddings.base import Embedder
+from backends.embeddings.base import Embedder, token_window
 from backends.errors import BackendError, BackendUnavailable
 from backends.llm.base import (
     LLM,
@@ -47,6 +47,7 @@ from gateway.cache.keys import (
     answer_config_version,
     display_question,
     exact_key,
+    history_digest,
     options_digest,
 )
 from gateway.cache.single_flight import Lease, Shared
@@ -129,6 +130,9 @@ class RequestContext:
     cache: str = "miss"
     cache_result: str | None = None  # the lookup result counted, once
     looking: bool = False  # the exact tier missed cleanly: the semantic tier may look
+    # The question's vector may be compared (not too long, no token its embedder did not
+    # know): else it is looked up and stored for the exact tier only.
+    searchable: bool = True
     semantic: SemanticLookup | None = None
     flight: Lease | None = None  # this request leads its key's single flight
     shared: Shared | None = None  # what its followers get: the answer it stored or was served
@@ -238,7 +242,16 @@ class Pipeline:
                 return
         if completion is None:
             return
-        ctx.request = replace(request, query=completion.text, original_query=request.query)
+        # The self-contained question replaces the turns it was rewritten from: the executors
+        # get the client's system messages and it, so its answer (and its cache key) does not
+        # depend on the conversation's wording. A conversation with tool calls keeps its
+        # turns (a tool result must follow its call; such a request is never cached).
+        history = request.history
+        if not any(m.role == "tool" or m.tool_calls for m in history):
+            history = tuple(m for m in history if m.role == "system")
+        ctx.request = replace(
+            request, query=completion.text, original_query=request.query, history=history
+        )
         ctx.usage_before = {completion.tier: completion.usage}
 
     async def _cached(self, ctx: RequestContext) -> Answer | None:
@@ -306,7 +319,8 @@ class Pipeline:
             return None
         ctx.looking = False
         assert ctx.question is not None and ctx.scope is not None
-        if not self._cache.semantic_enabled or len(ctx.question) > MAX_SEMANTIC_CHARS:
+        ctx.searchable = self._searchable(ctx.question)
+        if not self._cache.semantic_enabled or not ctx.searchable:
             self._count(ctx, "miss")
             return None
         assert ctx.vector is not None
@@ -333,6 +347,15 @@ class Pipeline:
             self._count(ctx, "miss")
             return None
         return self._hit(ctx, found.payload, "semantic")
+
+    def _searchable(self, question: str) -> bool:
+        """Whether the semantic tier may compare this question's vector: not past the guards'
+        bound, and every token known to the embedder's tokenizer (text in a script it does not
+        know, Thai, Amharic, emoji only, becomes [UNK] tokens whose vectors are all alike)."""
+        if len(question) > MAX_SEMANTIC_CHARS:
+            return False
+        window = token_window(self._s.embedder)
+        return window is None or window.unknown is None or window.unknown(question) == 0
 
     def _hit(self, ctx: RequestContext, payload: Payload, tier: str) -> Answer:
         answer, ctx.route_reason = answer_from_cache(payload)
@@ -577,6 +600,7 @@ class Pipeline:
             config_version=self._answer_config(request.tenant),
             embedding_model=self._s.embedder.model_id,
             options=options_digest(request.options),
+            history=history_digest(request.history),
         )
 
     def _answer_config(self, tenant: TenantConfig) -> str:
@@ -595,8 +619,9 @@ class Pipeline:
             return
         payload = answer_to_cache(answer, reason)
         with ctx.timer.stage("cache_store"):
+            vector = ctx.vector if ctx.searchable else None
             await self._cache.put(
-                ctx.request.tenant.id, ctx.scope, ctx.key, ctx.question, payload, ctx.vector
+                ctx.request.tenant.id, ctx.scope, ctx.key, ctx.question, payload, vector
             )
         ctx.shared = Shared(payload, "exact")
 

@@ -36,6 +36,10 @@ class TokenWindow:
     max_tokens: int
     special_tokens: int
     count: Callable[[str], int]
+    # How many of a text's tokens the tokenizer did not know ([UNK]): the vector of such a
+    # text says little about it (Thai, Amharic or emoji-only text embed almost alike), so
+    # the response cache compares it exactly only. None: not known.
+    unknown: Callable[[str], int] | None = None
 
     @property
     def text_tokens(self) -> int:

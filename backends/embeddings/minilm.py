@@ -225,7 +225,10 @@ class MiniLMEmbedder:
         self._load(path)
         self._tokenizer = load_tokenizer(path, max_tokens)
         self._counter = load_tokenizer(path, None)  # counts the whole text, for chunking
-        self.token_window = TokenWindow(max_tokens, _SPECIAL_TOKENS, self.count_tokens)
+        self._unk = self._counter.token_to_id("[UNK]")
+        self.token_window = TokenWindow(
+            max_tokens, _SPECIAL_TOKENS, self.count_tokens, self.unknown_tokens
+        )
         self._batch_size = batch_size
         self._batch_tokens = batch_tokens
         self._executor = concurrent.futures.ThreadPoolExecutor(
@@ -242,6 +245,12 @@ class MiniLMEmbedder:
     def count_tokens(self, text: str) -> int:
         """Word pieces of `text` without [CLS]/[SEP], untruncated."""
         return len(self._counter.encode(text, add_special_tokens=False).ids)
+
+    def unknown_tokens(self, text: str) -> int:
+        """Word pieces of `text` the tokenizer mapped to [UNK]."""
+        if self._unk is None:
+            return 0
+        return self._counter.encode(text, add_special_tokens=False).ids.count(self._unk)
 
     async def embed(self, texts: Sequence[str]) -> Vector:
         loop = asyncio.get_running_loop()

@@ -16,7 +16,15 @@ text alone, deterministically, in one linear pass over a bounded question:
 - entities: a capitalised word (not a common word such as a question word) or a quoted string
   in one question that the other does not contain, whatever its case there;
 - identifiers: error codes, SKUs and snake_case names (`routers.features.identifiers_in`, the
-  router's own detection) and any word mixing letters and digits.
+  router's own detection) and any word mixing letters and digits;
+- order: the same names, identifiers and numbers in another order ("Did Germany invade France"
+  vs "Did France invade Germany", "USD to EUR" vs "EUR to USD"), or the same content words
+  permuted ("dogs chase cats" vs "cats chase dogs").
+
+Negation also counts words without their apostrophe ("dont", "isnt") and a word that is the
+other question's word with a negating prefix ("legal" vs "illegal", "able" vs "unable").
+Numbers read hyphenated number words and ordinals ("twenty-first" = 21, "nineteenth" = 19)
+and a decimal comma ("1,5" = 1.5; "1,500" = 1500).
 
 A refusal costs a recomputed answer; a false hit serves a wrong one. So a guard errs towards
 refusing: "biggest" vs "largest" is refused too.
@@ -57,6 +65,17 @@ _NUMBER_WORDS = {
     **{w: str(n) for n, w in enumerate("_ first second third fourth fifth sixth seventh "
                                          "eighth ninth tenth eleventh twelfth".split()) if n},
 }  # fmt: skip
+# Ordinals past twelfth from their cardinals: thirteenth … nineteenth, twentieth … ninetieth,
+# hundredth, thousandth, millionth, billionth.
+_NUMBER_WORDS.update(
+    {
+        (w[:-1] + "ieth" if w.endswith("ty") else w + "th"): v
+        for w, v in list(_NUMBER_WORDS.items())
+        if w.endswith(("teen", "ty", "hundred", "thousand", "million", "billion"))
+    }
+)
+# In a hyphenated number ("twenty-one") "one" is a number.
+_COMPOUND_PARTS = {**_NUMBER_WORDS, "one": "1"}
 _MONTHS = frozenset(
     "january february march april june july august september october november december "
     "jan feb mar apr jun jul aug sep sept oct nov dec".split()
@@ -73,8 +92,14 @@ _TIME_WORDS = frozenset(
 )
 _NEGATIONS = frozenset(
     "not no never none nobody nothing nowhere neither nor without cannot except excluding "
-    "unless lack lacks lacking absent".split()
+    "unless lack lacks lacking absent "
+    # contractions typed without their apostrophe
+    "dont doesnt didnt isnt arent wasnt werent cant couldnt wouldnt shouldnt wont hasnt "
+    "havent hadnt mustnt neednt aint".split()
 )
+# A word that is another with one of these in front negates it ("illegal", "unable").
+_NEGATING_PREFIXES = ("un", "in", "im", "ir", "il", "dis", "non")
+_MIN_STEM = 3  # "unit" is not "un" + "it"
 _QUANTIFIERS = frozenset(
     "each every all both either respectively per total totals combined overall average "
     "altogether sum".split()
@@ -109,6 +134,8 @@ class Facts:
     scope: tuple[int, frozenset[str]]  # conjunctions counted, quantifiers
     entities: frozenset[str]  # casefolded capitalised words and quoted strings
     identifiers: frozenset[str]
+    # Every token in order, casefolded (a number as its value): what the order guard reads.
+    sequence: tuple[str, ...] = ()
 
 
 def facts(question: str) -> Facts:
@@ -123,17 +150,24 @@ def facts(question: str) -> Facts:
     negations = conjunctions = 0
     quantifiers: set[str] = set()
     words = set(folded)
+    sequence: list[str] = []
     for i, (token, word) in enumerate(zip(tokens, folded, strict=True)):
         # A possessive or a contraction with "'s" ("Paris's", "What's") is its word.
         base = word[:-2] if word.endswith("'s") and len(word) > 2 else word
         words.add(base)
         has_digit = any(c.isdigit() for c in word)
         if has_digit:
-            numbers.update(n.replace(",", "") for n in _NUMBER.findall(word))
+            found = [_number_value(n) for n in _NUMBER.findall(word)]
+            numbers.update(found)
             if any(c.isalpha() for c in word) and not _is_ordinal(word):
                 identifiers.add(word)
-        elif word in _NUMBER_WORDS:
-            numbers.add(_NUMBER_WORDS[word])
+                sequence.append(word)
+            sequence.extend(found)
+        elif (value := _NUMBER_WORDS.get(word) or _compound_number(word)) is not None:
+            numbers.add(value)
+            sequence.append(value)
+        else:
+            sequence.append(base)
         if word in _MONTHS or word in _WEEKDAYS or word in _TIME_WORDS:
             dates.add(word)
         elif word == "may" and token[0].isupper() and i > 0:
@@ -161,7 +195,31 @@ def facts(question: str) -> Facts:
         (conjunctions, frozenset(quantifiers)),
         frozenset(entities),
         frozenset(identifiers),
+        tuple(sequence),
     )
+
+
+def _number_value(digits: str) -> str:
+    """A number's digits as one value: "1,000" (groups of three) is 1000, "1,5" is 1.5."""
+    if "," not in digits:
+        return digits
+    head, *groups = digits.split(",")
+    if all(len(g) == 3 or (len(g) > 3 and g[3] == ".") for g in groups) and len(head) <= 3:
+        return digits.replace(",", "")
+    return digits.replace(",", ".")  # a decimal comma
+
+
+def _compound_number(word: str) -> str | None:
+    """ "twenty-one" = 21, "twenty-first" = 21, "forty-two" = 42; None when not a number."""
+    if "-" not in word:
+        return None
+    parts = word.split("-")
+    if len(parts) < 2 or any(p not in _COMPOUND_PARTS for p in parts):
+        return None
+    total = 0.0
+    for part in parts:
+        total += float(_COMPOUND_PARTS[part])
+    return str(int(total)) if total.is_integer() else str(total)
 
 
 def _is_ordinal(word: str) -> bool:
@@ -176,7 +234,7 @@ def refusal(a: Facts, b: Facts) -> str | None:
         return "numbers"
     if a.dates != b.dates:
         return "dates"
-    if a.negations != b.negations:
+    if a.negations != b.negations or _prefix_negated(a, b) or _prefix_negated(b, a):
         return "negation"
     if a.comparison != b.comparison:
         return "comparison"
@@ -186,7 +244,39 @@ def refusal(a: Facts, b: Facts) -> str | None:
         return "identifiers"
     if not _contained(a.entities, b) or not _contained(b.entities, a):
         return "entities"
+    if _reordered(a, b):
+        return "order"
     return None
+
+
+def _prefix_negated(a: Facts, b: Facts) -> bool:
+    """A word of `a` is a word of `b` with a negating prefix ("illegal" vs "legal")."""
+    for word in a.words - b.words:
+        for prefix in _NEGATING_PREFIXES:
+            stem = word[len(prefix) :].removeprefix("-")
+            if word.startswith(prefix) and len(stem) >= _MIN_STEM and stem in b.words:
+                return True
+    return False
+
+
+def _reordered(a: Facts, b: Facts) -> bool:
+    """The same names, identifiers and numbers, or the same content words, in another
+    order: who does what to whom, or what converts to what, has changed."""
+    marks = a.entities | b.entities | a.identifiers | b.identifiers | a.numbers | b.numbers
+    if _ordered(a.sequence, marks) != _ordered(b.sequence, marks):
+        return True
+    content_a = [w for w in a.sequence if _content(w, a.numbers)]
+    content_b = [w for w in b.sequence if _content(w, b.numbers)]
+    return content_a != content_b and sorted(content_a) == sorted(content_b)
+
+
+def _ordered(sequence: tuple[str, ...], marks: frozenset[str]) -> list[str]:
+    """The marks as they first occur in the sequence."""
+    return list(dict.fromkeys(w for w in sequence if w in marks))
+
+
+def _content(word: str, numbers: frozenset[str]) -> bool:
+    return word not in _COMMON and word not in numbers and word not in _NEGATIONS
 
 
 def _contained(entities: frozenset[str], other: Facts) -> bool:
@@ -199,4 +289,13 @@ def _contained(entities: frozenset[str], other: Facts) -> bool:
     return True
 
 
-GUARDS = ("numbers", "dates", "negation", "comparison", "scope", "identifiers", "entities")
+GUARDS = (
+    "numbers",
+    "dates",
+    "negation",
+    "comparison",
+    "scope",
+    "identifiers",
+    "entities",
+    "order",
+)

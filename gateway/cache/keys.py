@@ -11,10 +11,12 @@ and the cached form's own version.
 When any of them changes, new requests look under a new scope and the old entries are never
 read again; their TTL ends them, with no scan.
 
-The history is not in the key: only a self-contained question is cached. A follow-up is
-cached under the self-contained form the rewrite stage gave it; one that was not rewritten
-(no model, rewriting off or failed) is not cached at all, since its meaning lies in a
-conversation the key does not hold.
+The conversation the model reads is in the scope too (`history_digest`): every message the
+executors put before the question (a system message such as "Answer only in French", earlier
+turns). A follow-up the rewrite stage made self-contained reaches the executors without the
+turns the rewrite consumed (only the client's system messages stay), so it is cached under its
+self-contained form and the system messages; one that was not rewritten (no model, rewriting
+off or failed) is not cached at all.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from __future__ import annotations
 import hashlib
 import json
 import unicodedata
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from backends.llm.base import GenerationOptions
+from backends.llm.base import GenerationOptions, Message
 from gateway.settings import Settings, TenantConfig
 from routers import prompts
 
@@ -71,6 +74,8 @@ class CacheScope:
     embedding_model: str
     # The client's generation parameters (temperature, max_tokens …), as `options_digest`.
     options: str = ""
+    # The messages the executors send before the question, as `history_digest`.
+    history: str = ""
     prompts_version: str = PROMPTS_VERSION
     payload_version: int = PAYLOAD_VERSION
 
@@ -83,6 +88,7 @@ class CacheScope:
                 self.config_version,
                 self.embedding_model,
                 self.options,
+                self.history,
                 self.prompts_version,
                 self.payload_version,
             ],
@@ -99,11 +105,27 @@ def options_digest(options: GenerationOptions) -> str:
     return _digest(json.dumps(params, sort_keys=True, default=str))[:16] if params else ""
 
 
+def history_digest(history: Sequence[Message]) -> str:
+    """Every message the model reads before the question, role and text, as part of a scope.
+    Empty for none."""
+    if not history:
+        return ""
+    material = [[m.role, m.content] for m in history]
+    return _digest(json.dumps(material, ensure_ascii=False))[:16]
+
+
+# Full-width ASCII (U+FF01..FF5E) read as ASCII: the only compatibility forms folded. NFKC
+# would also fold superscripts ("2³" → "23"), ligatures and more, which change a question.
+_WIDTH = {c: c - 0xFEE0 for c in range(0xFF01, 0xFF5F)}
+
+
 def normalise_query(text: str) -> str:
-    """Case, Unicode compatibility forms, white space and the closing punctuation do not change
-    a question; other punctuation can ("C" vs "C++")."""
-    folded = " ".join(unicodedata.normalize("NFKC", text).casefold().split())
-    return folded.rstrip("?!.。？！ ")  # noqa: RUF001 (full-width marks on purpose)
+    """Only what cannot change a question: canonical Unicode composition (NFC), full-width
+    ASCII, letter case (`lower`, not `casefold`: "Maße" is not "Masse"), runs of white space
+    and a closing "?" or "." ("What is 10!" is not "What is 10?"). Other punctuation can
+    change one ("C" vs "C++")."""
+    composed = unicodedata.normalize("NFC", text).translate(_WIDTH)
+    return " ".join(composed.lower().split()).rstrip("?.。 ")
 
 
 def display_question(text: str) -> str:

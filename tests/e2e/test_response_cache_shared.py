@@ -255,6 +255,30 @@ def test_the_openai_endpoint_says_which_tier_answered_streamed_or_not(
     assert final["querygate"]["cache"] == "exact"
 
 
+def test_a_system_message_or_an_earlier_turn_is_part_of_what_is_cached(
+    pair: tuple[GatewayProcess, GatewayProcess],
+) -> None:
+    one, two = pair
+    text = unique("What does the Acme warranty cover?")
+    url = "/v1/chat/completions"
+
+    def chat(gw: GatewayProcess, *before: dict[str, str]) -> str:
+        body = {"model": "lookup", "messages": [*before, {"role": "user", "content": text}]}
+        resp = requests.post(f"{gw.url}{url}", json=body, headers=gw.headers(), timeout=30)
+        assert resp.status_code == 200, resp.text
+        cache: str = resp.json()["querygate"]["cache"]
+        return cache
+
+    french = {"role": "system", "content": "Answer only in French."}
+    turn = {"role": "user", "content": "I bought an Acme router in 2021."}
+    reply = {"role": "assistant", "content": "Noted."}
+    assert chat(one) == "miss"
+    assert chat(two, french) == "miss"  # not the answer written without it
+    assert chat(one, turn, reply) == "miss"
+    assert chat(two, french) == "exact"  # the same conversation is cached
+    assert chat(one, turn, reply) == "exact"
+
+
 def test_redis_killed_mid_traffic_fails_no_request_and_the_cache_comes_back(
     pair: tuple[GatewayProcess, GatewayProcess], redis: RedisServer
 ) -> None:

@@ -206,6 +206,28 @@ async def test_each_guard_refuses_a_near_question_that_asks_something_else(
     assert sample(pipeline, "querygate_cache_guard_refusals_total", {"guard": guard}) >= 1
 
 
+@pytest.mark.parametrize(
+    ("cached", "asked"),
+    [
+        ("ราคาเท่าไหร่", "ประเทศไทยอยู่ที่ไหน"),  # Thai
+        ("ሰላም እንዴት ነህ", "ቡና የት ነው"),  # Amharic
+        ("🍕🍔", "🚗➡️🏠"),  # emoji only
+    ],
+)
+async def test_a_question_its_tokenizer_does_not_know_is_cached_exactly_only(
+    build: Build, minilm: MiniLMEmbedder, cached: str, asked: str
+) -> None:
+    window = minilm.token_window
+    assert window.unknown is not None and window.unknown(asked) > 0
+    pipeline = build()  # a threshold of 0.5: nearly any neighbour would do
+    tag = uuid.uuid4().hex[:6]
+    assert (await ask(pipeline, req(f"{cached} {tag}"))).cache == "miss"
+    second = await ask(pipeline, req(f"{asked} {tag}"))
+    assert second.cache == "miss"
+    assert second.cache_debug == {"lookup": "miss"}  # not even looked up semantically
+    assert (await ask(pipeline, req(f"{cached} {tag}"))).cache == "exact"
+
+
 async def test_another_tenant_never_gets_the_answer_even_for_the_identical_question(
     build: Build,
 ) -> None:
@@ -295,6 +317,33 @@ async def test_a_follow_up_is_cached_only_in_its_rewritten_form(build: Build) ->
     assert first.query == standalone  # rewritten by the (scripted) small model
     assert first.cache == "miss"
     assert (await ask(pipeline, req(standalone))).cache == "exact"
+
+
+async def test_an_earlier_turn_or_a_system_message_is_in_the_key(build: Build) -> None:
+    pipeline = build(threshold=0.999)
+    text = unique("What does the Acme warranty cover?")
+    french = (Message("system", "Answer only in French."),)
+    turn = (Message("user", "I bought an Acme router."), Message("assistant", "Noted."))
+    assert (await ask(pipeline, req(text))).cache == "miss"
+    assert (await ask(pipeline, req(text, history=french))).cache == "miss"
+    assert (await ask(pipeline, req(text, history=turn))).cache == "miss"
+    assert (await ask(pipeline, req(text, history=french))).cache == "exact"
+    assert (await ask(pipeline, req(text, history=turn))).cache == "exact"
+
+
+async def test_a_rewritten_follow_up_is_shared_across_conversations_with_its_system_message(
+    build: Build,
+) -> None:
+    pipeline = build(threshold=0.999)
+    french = Message("system", "Answer only in French.")
+    standalone = unique("How many years does the Acme warranty last?")
+    follow = f"and how long does it last? [[fake:{json.dumps({'answer': standalone})}]]"
+    one = (french, Message("user", "Tell me about the Acme warranty."), Message("assistant", "Ok."))
+    two = (french, Message("user", "What is the Acme warranty?"), Message("assistant", "A plan."))
+    assert (await ask(pipeline, req(follow, history=one))).cache == "miss"
+    assert (await ask(pipeline, req(follow, history=two))).cache == "exact"
+    assert (await ask(pipeline, req(standalone, history=(french,)))).cache == "exact"
+    assert (await ask(pipeline, req(standalone))).cache == "miss"  # without the system message
 
 
 async def test_a_follow_up_that_was_not_rewritten_is_never_cached(

@@ -34,6 +34,28 @@ def refused(a: str, b: str) -> str | None:
         ("Is SKU_RED_XL in stock?", "Is SKU_BLUE_XL in stock?", "identifiers"),
         ("The 5 tallest peaks and their heights?", "The 5 tallest peaks?", "scope"),
         ("Who founded each Ivy League school?", "Who founded the Ivy League schools?", "scope"),
+        # The review's pairs: the same words in another order.
+        ("Did Germany invade France in 1940?", "Did France invade Germany in 1940?", "order"),
+        ("Convert USD to EUR", "Convert EUR to USD", "order"),
+        ("How do I migrate MySQL to Postgres?", "How do I migrate Postgres to MySQL?", "order"),
+        ("Is Paris north of London?", "Is London north of Paris?", "order"),
+        ("Do dogs chase cats?", "Do cats chase dogs?", "order"),
+        ("Is ERR-17 before ERR-18?", "Is ERR-18 before ERR-17?", "order"),
+        # Negation by prefix, and contractions without their apostrophe.
+        ("Is it legal to park here?", "Is it illegal to park here?", "negation"),
+        ("Is the drug safe?", "Is the drug unsafe?", "negation"),
+        ("Is the process reversible?", "Is the process irreversible?", "negation"),
+        ("Is the claim possible?", "Is the claim impossible?", "negation"),
+        ("Is the offer valid?", "Is the offer invalid?", "negation"),
+        ("Does Acme agree?", "Does Acme disagree?", "negation"),
+        ("Why does it work?", "Why doesnt it work?", "negation"),
+        ("Which countries use the euro?", "Which countries dont use the euro?", "negation"),
+        ("Is the port open?", "Isnt the port open?", "negation"),
+        # Hyphenated number words, ordinals past twelfth, a decimal comma.
+        ("Events of the twenty-first century?", "Events of the twenty-second century?", "numbers"),
+        ("Who won the nineteenth race?", "Who won the eighteenth race?", "numbers"),
+        ("Who was the thirtieth president?", "Who was the fortieth president?", "numbers"),
+        ("Is the dose 1,5 mg?", "Is the dose 15 mg?", "numbers"),
     ],
 )
 def test_a_guard_refuses_questions_that_differ_in_what_it_reads(a: str, b: str, guard: str) -> None:
@@ -53,6 +75,10 @@ def test_a_guard_refuses_questions_that_differ_in_what_it_reads(a: str, b: str, 
         ("What does the 1st clause say?", "What does the first clause say?"),
         ("What is the population of Macau?", "What's the population of Macau?"),
         ("What is Macau's population?", "what is macau's population"),
+        ("Which countries don't use the euro?", "Which countries dont use the euro?"),
+        ("Events of the twenty-first century?", "Events of the 21st century?"),
+        ("Is the dose 1,500 mg?", "Is the dose 1500 mg?"),
+        ("How do I reset the router?", "How can I reset the router?"),
     ],
 )
 def test_a_paraphrase_passes_every_guard(a: str, b: str) -> None:

@@ -7,12 +7,13 @@ from pydantic import ValidationError
 from backends.cache.base import CachedEntry, Neighbour
 from backends.cache.memory import MemoryCacheStore
 from backends.errors import BackendUnavailable
-from backends.llm.base import NO_OPTIONS, GenerationOptions
+from backends.llm.base import NO_OPTIONS, GenerationOptions, Message
 from backends.retrieval.base import Vector
 from gateway.cache.keys import (
     CacheScope,
     answer_config_version,
     exact_key,
+    history_digest,
     normalise_query,
     options_digest,
 )
@@ -46,6 +47,34 @@ def test_key_separates_every_scope() -> None:
     ):
         assert exact_key(changed, "q") != base
         assert changed.digest != SCOPE.digest
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("What is 2³?", "What is 23?"),  # NFKC folded the superscript
+        ("Maße", "Masse"),  # casefold folded ß
+        ("What is 10!", "What is 10?"),  # "!" is a factorial, not a closing mark
+        ("ﬁle size?", "file size?"),  # a ligature is a compatibility form NFKC folded
+    ],
+)
+def test_the_exact_key_keeps_what_can_change_a_question(a: str, b: str) -> None:
+    assert exact_key(SCOPE, a) != exact_key(SCOPE, b)
+
+
+def test_the_exact_key_folds_width_case_space_and_a_closing_mark_only() -> None:
+    assert normalise_query("ＡＢＣ？") == normalise_query("abc")  # noqa: RUF001 (full width)
+    assert normalise_query("Café\u00a0 ok.") == normalise_query("cafe\u0301 OK")  # NFC
+    assert normalise_query("What is RRF ?") == "what is rrf"
+
+
+def test_the_conversation_the_model_reads_is_in_the_scope() -> None:
+    french = history_digest([Message("system", "Answer only in French")])
+    turn = history_digest([Message("user", "About Acme."), Message("assistant", "Sure.")])
+    assert history_digest([]) == ""
+    assert len({"", french, turn}) == 3
+    keys = {exact_key(CacheScope("auto", 3, "cfg1", "m", history=h), "q") for h in ("", french)}
+    assert len(keys) == 2
 
 
 def test_no_options_add_nothing_to_the_scope() -> None:
