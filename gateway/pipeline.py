@@ -490,6 +490,10 @@ class Pipeline:
                 async for delta in self._timed_stream(outcome):
                     if delta.done:
                         answer = finish(outcome, _streamed_completion(outcome, parts, delta))
+                        if delta.extra.get("ended") is False:
+                            # No finish_reason nor [DONE]: the body stopped, maybe mid-answer.
+                            # Served as it came, never stored as a whole answer.
+                            answer = replace(answer, complete=False)
                         if rest := cited.flush():
                             yield rest
                     elif delta.text:
@@ -714,6 +718,8 @@ def _streamed_completion(
         tier=generation.tier,
         model=final.model,
         usage=final.usage or Usage(),
+        # "" (none came) reads as "stop" for the client; `_stream` marks the answer incomplete
+        # when the relay says the stream did not end (extra["ended"] is False).
         finish_reason=str(final.extra.get("finish_reason") or "stop"),
         usage_estimated=bool(final.extra.get("usage_estimated")),
         tool_calls=tuple(final.extra.get("tool_calls") or ()),

@@ -675,6 +675,8 @@ class LiteLLMTiers:
             model=deployment.model,
             extra={
                 "finish_reason": finish_reason,
+                # False: the body ended with no finish_reason (a stream cut at a clean boundary)
+                "ended": bool(finish_reason),
                 "usage_estimated": estimated,
                 # only when the model called tools (the client's, on the direct route)
                 **(
@@ -805,6 +807,8 @@ async def _relay_lean(
         model=deployment.model,
         extra={
             "finish_reason": finish_reason,
+            # False: neither a finish_reason nor `data: [DONE]` came (the body just stopped)
+            "ended": bool(finish_reason) or getattr(opened.chunks, "ended", False),
             "usage_estimated": estimated,
             **(
                 {"tool_calls": tuple(_streamed_tool_call(calls[i]) for i in sorted(calls))}

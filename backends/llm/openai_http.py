@@ -140,6 +140,7 @@ class SseStream:
     def __init__(self, response: aiohttp.ClientResponse) -> None:
         self._response = response
         self._lines = self._chunks()
+        self.ended = False  # `data: [DONE]` was read: the body did not just stop
 
     def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
         return self._lines
@@ -152,6 +153,7 @@ class SseStream:
                     continue  # blank separators, comments, `event:` lines
                 data = line[5:].strip()
                 if data == b"[DONE]":
+                    self.ended = True
                     return
                 chunk = _loads(data)
                 if "error" in chunk and not chunk.get("choices"):

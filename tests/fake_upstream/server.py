@@ -33,6 +33,8 @@ stripped from the text before the default answer echoes it. Keys, all optional:
 ``chunk_delay_ms`` int   sleep before each streamed chunk.
 ``malformed``      bool  HTTP 200 with a body (or SSE data line) that is not valid JSON.
 ``truncate_after`` int   stream: after N content chunks drop the connection mid-body.
+``eof_after``      int   stream: after N content chunks end the body cleanly, with neither a
+                         finish_reason nor ``data: [DONE]`` (a stream cut at a clean boundary).
 ``answer``         str   the answer text (default: ``FAKE ANSWER: <first 60 chars of the last
                          user message>``, plus `` [<id>]`` citing the first source the request
                          delimits as ``<source id="<id>">``, in a system or tool message, the
@@ -326,7 +328,10 @@ async def _stream(
         return response
     chunk_delay = directive.get("chunk_delay_ms", 0) / 1000
     truncate_after = directive.get("truncate_after")
+    eof_after = directive.get("eof_after")
     for n, chunk in enumerate(_stream_chunks(reply, include_usage)):
+        if eof_after is not None and n > int(eof_after):
+            break
         if truncate_after is not None and n > int(truncate_after):
             # close mid-body: the client sees an incomplete chunked read, as on a dropped link
             if request.transport is not None:

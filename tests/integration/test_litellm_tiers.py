@@ -125,7 +125,7 @@ async def test_stream_yields_deltas_then_a_final_delta_with_usage_and_cost(
     assert final.done and final.usage is not None
     assert (final.usage.prompt_tokens, final.usage.completion_tokens) == (30, 6)
     assert final.usage.cost_usd == pytest.approx(30 * IN_PRICE + 6 * OUT_PRICE)
-    assert final.extra == {"finish_reason": "stop", "usage_estimated": False}
+    assert final.extra == {"finish_reason": "stop", "ended": True, "usage_estimated": False}
 
 
 async def test_stream_without_upstream_usage_estimates_it_and_says_so(fake_upstream: str) -> None:

@@ -18,6 +18,7 @@ from backends.cache.base import CachedEntry, CacheStore
 from backends.cache.memory import MemoryCacheStore
 from backends.cache.redis import RedisCacheStore
 from backends.embeddings.minilm import MiniLMEmbedder
+from backends.errors import UpstreamError
 from backends.llm.base import Message
 from backends.llm.litellm_tiers import LiteLLMTiers
 from backends.redis_client import RedisConnection, RedisOptions
@@ -79,7 +80,7 @@ async def build(
     tiers: list[LiteLLMTiers] = []
     metrics = Metrics()
 
-    def make(threshold: float = LOW, **cache: Any) -> Pipeline:
+    def make(threshold: float = LOW, lean_http: bool = True, **cache: Any) -> Pipeline:
         tier = {"api_base": fake_upstream, "retries": 0, "input_cost_per_token": 1e-6}
         semantic = {"thresholds": {r: threshold for r in ("direct", "lookup", "multihop")}}
         s = Settings(
@@ -89,7 +90,7 @@ async def build(
             },
             cache={"backend": "memory", "semantic": semantic, **cache},
         )
-        llm = LiteLLMTiers(s.models.small, s.models.large)
+        llm = LiteLLMTiers(s.models.small, s.models.large, lean_http=lean_http)
         tiers.append(llm)
         services = Services(minilm, index, llm, store[0], metrics)
         return Pipeline(services, s, HeuristicClassifier())
@@ -303,6 +304,24 @@ async def test_a_stream_that_fails_midway_is_not_stored(build: Build) -> None:
         await streamed(pipeline, req(text))
     retry = await ask(pipeline, req(text))  # the fault cuts streams only
     assert retry.cache == "miss"
+
+
+@pytest.mark.parametrize("lean", [True, False], ids=["lean", "litellm"])
+async def test_a_stream_cut_cleanly_without_a_finish_is_not_stored(
+    build: Build, lean: bool
+) -> None:
+    pipeline = build(lean_http=lean)
+    key = uuid.uuid4().hex
+    answer = "It {cite:1} happens when the link drops, and then the router restarts."
+    text = scripted("Why does ERR-5121 happen?", key=key, eof_after=3, answer=answer)
+    if lean:
+        parts, first = await streamed(pipeline, req(text))
+        assert parts and first.cache == "miss"  # served as it came
+    else:  # litellm's stream wrapper fails such a stream itself
+        with pytest.raises(UpstreamError, match="before a finish_reason"):
+            await streamed(pipeline, req(text))
+    again = await ask(pipeline, req(text))  # the directive cuts streams only
+    assert again.cache == "miss"  # never stored as a whole answer
 
 
 async def test_a_follow_up_is_cached_only_in_its_rewritten_form(build: Build) -> None:
