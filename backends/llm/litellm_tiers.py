@@ -374,8 +374,10 @@ class LiteLLMTiers:
 
         The first `acompletion` in a process takes 130-530 ms. A mocked call per model exercises
         the same code path without touching the upstream (no tokens billed, works while the
-        upstream is still starting).
+        upstream is still starting). The lean wire's session opens here too.
         """
+        if any(d.lean for chain in self._chains.values() for d in chain):
+            self._http.start()
         for chain in self._chains.values():
             for deployment in chain:
                 await litellm.acompletion(

@@ -70,6 +70,11 @@ class OpenAIHttp:
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
 
+    def start(self) -> None:
+        """Open the session now, in the running loop (the app's start-up), not on the first
+        request."""
+        self._open()
+
     def _open(self) -> aiohttp.ClientSession:
         if self._closed:
             raise RuntimeError("OpenAIHttp is closed")
