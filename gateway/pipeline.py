@@ -50,7 +50,7 @@ from gateway.cache.keys import (
     history_digest,
     options_digest,
 )
-from gateway.cache.single_flight import Lease, Shared
+from gateway.cache.single_flight import Lease, Payload, Shared
 from gateway.metered_llm import MeteredLLM
 from gateway.metrics import Metrics
 from gateway.quotas import Quotas
@@ -78,7 +78,6 @@ from routers.types import Answer, Escalation, Generation, Route, RouteContext
 log = logging.getLogger(__name__)
 
 Outcome = Answer | Generation
-Payload = dict[str, Any]
 # What a route that reads no vector (direct, forced) gets when none was computed.
 NO_VECTOR: Vector = np.zeros(0, dtype=np.float32)
 

@@ -15,7 +15,11 @@ cap; concurrent identical misses compute once (`gateway.cache.single_flight`).
 The store fails open: an error is counted (`querygate_cache_lookups_total{result="error"}`)
 and the request is served uncached, never failed. An entry whose answer cannot be decoded is
 deleted and never served. Each request counts one lookup result: exact, semantic, miss, error,
-or bypass (`Cache-Control: no-cache`, or a follow-up that could not be rewritten).
+or bypass (`Cache-Control: no-cache`, OpenAI generation parameters, the client's tools or
+tool results, a follow-up that could not be rewritten).
+
+Exact, then semantic: the question's key covers the conversation the model reads (see
+`gateway.cache.keys`); the semantic tier serves only entries of the probe's own scope.
 """
 
 from __future__ import annotations
@@ -24,21 +28,18 @@ import contextlib
 import json
 import logging
 from dataclasses import dataclass, field
-from typing import Any
 
 from backends.cache.base import CachedEntry, CacheStore, CorruptEntry
 from backends.errors import BackendError
 from backends.retrieval.base import Vector
 from gateway.cache import guards
-from gateway.cache.single_flight import SingleFlight
+from gateway.cache.single_flight import LEASE_S, Payload, SingleFlight
 from gateway.metrics import Metrics
 from gateway.settings import CacheConfig
 from gateway.wire import answer_from_cache
 from routers.types import Route
 
 log = logging.getLogger(__name__)
-
-Payload = dict[str, Any]
 
 
 class StoreFailed(Exception):
@@ -64,8 +65,14 @@ class ResponseCache:
         self._store = store
         self._config = config
         self._metrics = metrics
+        # The store's claim is short and renewed while its leader computes (LEASE_S); an
+        # in-process lead is dropped past `lease_s`, the request timeout.
         self.flights = (
-            None if store is None else SingleFlight(store, config.single_flight_wait_s, lease_s)
+            None
+            if store is None
+            else SingleFlight(
+                store, config.single_flight_wait_s, min(LEASE_S, lease_s), stale_s=lease_s
+            )
         )
 
     @property
@@ -113,6 +120,11 @@ class ResponseCache:
         self._metrics.cache_nearest_similarity.observe(max(0.0, found.nearest))
         probe = guards.facts(question)
         for neighbour in neighbours:
+            if not neighbour.entry.key.startswith(scope + ":"):
+                # Only the scope's own entries may answer (a store that mixed scopes up
+                # would otherwise serve another configuration's or conversation's answer).
+                log.warning("cache neighbour from another scope ignored")
+                continue
             payload = await self._decoded(tenant, neighbour.entry)
             if payload is None:
                 continue

@@ -18,7 +18,7 @@ from backends.errors import BackendError, BackendUnavailable, UpstreamError
 from gateway.accounting import current_record, failure_of
 from gateway.appkeys import SERVICES
 from gateway.guard import request_guard
-from gateway.pipeline import QueryRequest, RequestContext
+from gateway.pipeline import Pipeline, QueryRequest, RequestContext
 from gateway.runtime import Runtime
 from gateway.settings import ServerConfig
 from gateway.wire import QueryResult, query_body
@@ -73,6 +73,7 @@ async def stream_answer(
         }
     )
     preparing = asyncio.ensure_future(_prepare(runtime, query, server.request_timeout_s))
+    prepared: RequestContext | None = None
     try:
         prepared = await _await_keeping_alive(request, response, fmt, preparing, server)
     except Exception as exc:
@@ -82,6 +83,10 @@ async def stream_answer(
         return response
     finally:
         preparing.cancel()  # a no-op when done; stops the work when the client went away
+        if prepared is None:
+            # The handler failed (a keep-alive write to a client gone, a cancellation) after
+            # or while preparation finished: its single-flight lead is released all the same.
+            release_abandoned(runtime.pipeline, preparing)
     try:
         if not response.prepared:
             # A budget spent since arrival (this request's rewrite, other requests) refuses
@@ -108,6 +113,23 @@ async def stream_answer(
         await runtime.pipeline.release(prepared)
     await response.write_eof()
     return response
+
+
+_RELEASING: set[asyncio.Task[None]] = set()  # strong references until each has run
+
+
+def release_abandoned(pipeline: Pipeline, preparing: asyncio.Future[RequestContext]) -> None:
+    """Release the context `preparing` produced (now or when it finishes) that no handler
+    took. A preparation that failed or was cancelled released its own lead."""
+
+    def release(done: asyncio.Future[RequestContext]) -> None:
+        if done.cancelled() or done.exception() is not None:
+            return
+        task = asyncio.ensure_future(pipeline.release(done.result()))
+        _RELEASING.add(task)
+        task.add_done_callback(_RELEASING.discard)
+
+    preparing.add_done_callback(release)
 
 
 async def _prepare(runtime: Runtime, query: QueryRequest, deadline_s: float) -> RequestContext:

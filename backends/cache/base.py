@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
+
 from backends.errors import BackendError
 from backends.retrieval.base import Vector
 
@@ -31,7 +33,9 @@ class CorruptEntry(BackendError):
 @dataclass(frozen=True, slots=True)
 class CachedEntry:
     key: str  # the exact-tier key: unique within its tenant, already scoped
-    question: str  # the normalised, self-contained question it answers (the guards read it)
+    # The self-contained question it answers as the guards read it (white space collapsed,
+    # case kept: `gateway.cache.keys.display_question`), not the exact key's normalised form.
+    question: str
     payload: bytes  # the answer, opaque to the store
     vector: Vector | None = None  # None: findable by exact key only
 
@@ -62,11 +66,29 @@ class CacheStore(Protocol):
 
     async def claim(self, tenant: str, key: str, ttl_s: float) -> bool:
         """Single flight: True for the one caller (across every process sharing the store)
-        that should compute `key`'s answer now; the lease ends at `release` or after ttl_s."""
+        that should compute `key`'s answer now; the lease ends at `release` or after ttl_s.
+        The store remembers the claim's owner token: only this store object's own claim is
+        renewed or released."""
         ...
 
-    async def release(self, tenant: str, key: str) -> None: ...
+    async def renew(self, tenant: str, key: str, ttl_s: float) -> bool:
+        """Extend this store object's own claim to ttl_s from now; False when it is no longer
+        held (it expired, and may have been taken by another caller)."""
+        ...
+
+    async def release(self, tenant: str, key: str) -> None:
+        """End this store object's own claim; never one another caller holds."""
+        ...
 
     async def ping(self) -> None: ...
 
     async def aclose(self) -> None: ...
+
+
+def unit_vector(vector: Vector) -> Vector | None:
+    """`vector` scaled to length 1, flattened; None for a zero or non-finite one."""
+    v = np.asarray(vector, dtype=np.float32).ravel()
+    norm = float(np.linalg.norm(v))
+    if not np.isfinite(norm) or norm == 0.0:
+        return None
+    return v / norm

@@ -9,14 +9,20 @@ evicts that tenant's oldest entries and no one else's; a read never reorders or 
 table, signature), each bucket keeping its newest `bucket_cap` keys. A probe reads its own
 bucket in every table, so it scores at most `tables * bucket_cap` candidates (one matrix
 product) whatever the tenant holds. Two unit vectors at cosine c fall in one table's bucket
-with probability (1 - arccos(c)/pi) ** bits; with 16 tables of 12 bits (the Redis store's
-layout), at least one table shares it with probability 0.995 at c = 0.95 and 0.93 at c = 0.90.
+with probability (1 - arccos(c)/pi) ** bits; with the default 16 tables of 12 bits (the Redis
+store buckets differently: 12 bands of 16 bits probed one bit away, see backends/cache/redis.py),
+at least one table shares it with probability 0.995 at c = 0.95 and 0.93 at c = 0.90.
 Measured by `python bench/cache_eval.py` (1k to 100k entries in one tenant): a near-duplicate
 is rarely missed, and a miss only costs a recomputed answer.
+
+A single-flight claim holds an owner token, as the Redis store's does: `renew` and `release`
+touch a claim only while it is still the one this store took, never one taken after it expired.
+A closed store fails every call with `BackendUnavailable`, which callers fail open on.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -25,7 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from backends.cache.base import CachedEntry, Neighbour
+from backends.cache.base import CachedEntry, Neighbour, unit_vector
+from backends.errors import BackendUnavailable
 from backends.retrieval.base import Vector
 
 _SEED = 20261130  # fixed: every process buckets a vector alike
@@ -60,7 +67,10 @@ class MemoryCacheStore:
         self._planes: npt.NDArray[np.float32] | None = None
         self._tenants: dict[str, OrderedDict[str, _Stored]] = {}
         self._buckets: dict[tuple[str, str, int], OrderedDict[str, None]] = {}
-        self._claims: dict[tuple[str, str], float] = {}
+        # (tenant, key) -> (owner token, expiry); `_owned` holds the tokens this store took.
+        self._claims: dict[tuple[str, str], tuple[int, float]] = {}
+        self._owned: dict[tuple[str, str], int] = {}
+        self._tokens = itertools.count(1)
         self._closed = False
         # Candidates scored by the last `nearest` (bench/cache_eval.py --scale reads it).
         self.last_candidates = 0
@@ -83,7 +93,7 @@ class MemoryCacheStore:
         entries = self._tenants.get(tenant)
         if not entries:
             return []
-        unit = _unit(vector)
+        unit = unit_vector(vector)
         if unit is None:
             return []
         now = self._clock()
@@ -110,7 +120,7 @@ class MemoryCacheStore:
         self._check_open()
         self._remove(tenant, entry.key)  # a rewrite is a new entry: newest, TTL from now
         entries = self._tenants.setdefault(tenant, OrderedDict())
-        unit = None if entry.vector is None else _unit(entry.vector)
+        unit = None if entry.vector is None else unit_vector(entry.vector)
         buckets = () if unit is None else self._signature(unit)
         entries[entry.key] = _Stored(scope, entry, self._clock() + ttl_s, unit, buckets)
         for bucket in buckets:
@@ -130,14 +140,26 @@ class MemoryCacheStore:
         self._check_open()
         now = self._clock()
         held = self._claims.get((tenant, key))
-        if held is not None and held > now:
+        if held is not None and held[1] > now:
             return False
-        self._claims[(tenant, key)] = now + ttl_s
+        token = next(self._tokens)
+        self._claims[(tenant, key)] = (token, now + ttl_s)
+        self._owned[(tenant, key)] = token
+        return True
+
+    async def renew(self, tenant: str, key: str, ttl_s: float) -> bool:
+        self._check_open()
+        if not self._holds(tenant, key):
+            self._owned.pop((tenant, key), None)
+            return False
+        self._claims[(tenant, key)] = (self._owned[(tenant, key)], self._clock() + ttl_s)
         return True
 
     async def release(self, tenant: str, key: str) -> None:
         self._check_open()
-        self._claims.pop((tenant, key), None)
+        if self._holds(tenant, key):
+            del self._claims[(tenant, key)]
+        self._owned.pop((tenant, key), None)
 
     async def ping(self) -> None:
         self._check_open()
@@ -147,12 +169,19 @@ class MemoryCacheStore:
         self._tenants.clear()
         self._buckets.clear()
         self._claims.clear()
+        self._owned.clear()
 
     # -- internals --------------------------------------------------------------------------
 
     def _check_open(self) -> None:
         if self._closed:
-            raise RuntimeError("the cache store is closed")
+            raise BackendUnavailable("cache", "the cache store is closed")
+
+    def _holds(self, tenant: str, key: str) -> bool:
+        """This store's own claim on the key is still the live one."""
+        held = self._claims.get((tenant, key))
+        token = self._owned.get((tenant, key))
+        return held is not None and held[0] == token and held[1] > self._clock()
 
     def _remove(self, tenant: str, key: str) -> None:
         entries = self._tenants.get(tenant)
@@ -181,11 +210,3 @@ class MemoryCacheStore:
             table * (1 << self._bits) + int(np.dot(row, weights))
             for table, row in enumerate(per_table)
         )
-
-
-def _unit(vector: Vector) -> Vector | None:
-    v = np.asarray(vector, dtype=np.float32).ravel()
-    norm = float(np.linalg.norm(v))
-    if not np.isfinite(norm) or norm == 0.0:
-        return None
-    return v / norm

@@ -65,7 +65,7 @@ import numpy as np
 import numpy.typing as npt
 from redis.exceptions import ResponseError
 
-from backends.cache.base import CachedEntry, CorruptEntry, Neighbour
+from backends.cache.base import CachedEntry, CorruptEntry, Neighbour, unit_vector
 from backends.errors import BackendUnavailable
 from backends.redis_client import RedisConnection
 from backends.retrieval.base import Vector
@@ -251,6 +251,11 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+
 
 def tenant_tag(tenant: str) -> str:
     """The tenant's hash tag. Configured tenant ids are already safe; anything else (a brace
@@ -298,14 +303,6 @@ def decode_vector(raw: bytes) -> Vector:
     if not np.all(np.isfinite(vector)):
         raise ValueError("vector is not finite")
     return vector
-
-
-def unit_vector(vector: Vector) -> Vector | None:
-    v = np.asarray(vector, dtype=np.float32).ravel()
-    norm = float(np.linalg.norm(v))
-    if not np.isfinite(norm) or norm == 0.0:
-        return None
-    return v / norm
 
 
 @lru_cache(maxsize=8)
@@ -385,6 +382,7 @@ class RedisCacheStore:
         self._fetch = connection.register_script(_FETCH)
         self._delete = connection.register_script(_DELETE)
         self._release = connection.register_script(_RELEASE)
+        self._renew = connection.register_script(_RENEW)
         # Our own claims' tokens: a release deletes a lease only if it is still ours, not one
         # another caller took after ours expired (in this process or another).
         self._leases: dict[tuple[str, str], str] = {}
@@ -456,6 +454,19 @@ class RedisCacheStore:
         if taken:
             self._leases[(tenant, key)] = token
         return bool(taken)
+
+    async def renew(self, tenant: str, key: str, ttl_s: float) -> bool:
+        self._check_open()
+        token = self._leases.get((tenant, key))
+        if token is None:
+            return False
+        ttl_ms = max(1, int(ttl_s * 1000))
+        renewed = await self._connection.call(
+            self._renew(keys=[lease_key(tenant, key)], args=[token, ttl_ms])
+        )
+        if not renewed:
+            self._leases.pop((tenant, key), None)
+        return bool(renewed)
 
     async def release(self, tenant: str, key: str) -> None:
         self._check_open()

@@ -5,9 +5,15 @@ the same key await. Across processes, the leader also holds the store's claim on
 (`CacheStore.claim`, a lease that ends at release or after its TTL); a request in another
 process that finds the claim taken polls the store for the answer, retrying the claim as it
 goes, so it leads itself when the leader released without storing anything (an answer that
-may not be cached, a failure). Nobody waits longer than `single_flight_wait_s` nor past the
-request's deadline; then it computes the answer itself. A store that fails while claiming is a
-store that is down: the request computes, uncoordinated.
+may not be cached, a failure). A store that fails while claiming is a store that is down: the
+request computes, uncoordinated.
+
+The store's claim is short (`LEASE_S`) and the leader renews it every third of that while it
+computes, so a leader that died (a killed process) holds up a popular question for seconds,
+not for a whole request timeout. A follower waits no longer than `single_flight_wait_s` and
+never past half of what is left of its own deadline: the other half is left to compute the
+answer itself. An in-process lead older than the request timeout (a leader whose request
+never reached `finish`) is dropped, not followed.
 """
 
 from __future__ import annotations
@@ -24,6 +30,10 @@ from gateway.guard import request_deadline
 
 # How often a waiter in another process looks for the leader's answer.
 POLL_INTERVAL_S = 0.05
+# The store's claim: how long it outlives a leader that stopped renewing it.
+LEASE_S = 6.0
+# The share of a follower's remaining deadline it may spend waiting for a leader.
+WAIT_SHARE = 0.5
 
 Payload = dict[str, Any]
 
@@ -43,24 +53,38 @@ class Lease:
     future: asyncio.Future[Shared | None]
     claimed: bool = False  # holds the store's claim too
     done: bool = False
+    started: float = 0.0  # loop time
+    renewing: asyncio.Task[None] | None = None
 
 
 class SingleFlight:
-    def __init__(self, store: CacheStore, wait_s: float, lease_s: float) -> None:
+    def __init__(
+        self, store: CacheStore, wait_s: float, lease_s: float, stale_s: float | None = None
+    ) -> None:
         self._store = store
         self._wait_s = wait_s
         self._lease_s = lease_s
+        # An in-process lead this old is dropped (default: ten leases).
+        self._stale_s = stale_s if stale_s is not None else 10 * lease_s
         self._flights: dict[tuple[str, str], Lease] = {}
 
     def leader_of(self, tenant: str, key: str) -> Lease | None:
-        return self._flights.get((tenant, key))
+        lease = self._flights.get((tenant, key))
+        if lease is not None and asyncio.get_running_loop().time() - lease.started > self._stale_s:
+            # Its request never finished it (a bug, a leak): nobody follows it any more.
+            del self._flights[(tenant, key)]
+            if not lease.future.done():
+                lease.future.set_result(None)
+            return None
+        return lease
 
     def budget_s(self) -> float:
-        """How long a follower may wait: the configured wait, never past its deadline."""
+        """How long a follower may wait: the configured wait, and never more than a share of
+        what is left of its deadline (the rest is for computing the answer itself)."""
         wait = self._wait_s
         deadline = request_deadline.get()
         if deadline is not None:
-            wait = min(wait, deadline - asyncio.get_running_loop().time())
+            wait = min(wait, WAIT_SHARE * (deadline - asyncio.get_running_loop().time()))
         return max(0.0, wait)
 
     async def follow(self, lease: Lease) -> Shared | None:
@@ -84,6 +108,7 @@ class SingleFlight:
         try:
             lease.claimed = await self._store.claim(tenant, key, self._lease_s)
             if lease.claimed:
+                self._keep(lease)
                 return lease, None
             loop = asyncio.get_running_loop()
             until = loop.time() + self.budget_s()
@@ -93,6 +118,7 @@ class SingleFlight:
                     return lease, payload
                 if await self._store.claim(tenant, key, self._lease_s):
                     lease.claimed = True
+                    self._keep(lease)
                     # The leader may have stored its answer and released between the two
                     # reads: look once more before computing it again.
                     return lease, await poll()
@@ -107,6 +133,8 @@ class SingleFlight:
         if lease is None or lease.done:
             return
         lease.done = True
+        if lease.renewing is not None:
+            lease.renewing.cancel()
         if self._flights.get((lease.tenant, lease.key)) is lease:
             del self._flights[(lease.tenant, lease.key)]
         if not lease.future.done():
@@ -117,7 +145,21 @@ class SingleFlight:
                 await asyncio.shield(self._store.release(lease.tenant, lease.key))
 
     def _register(self, tenant: str, key: str) -> Lease:
-        future: asyncio.Future[Shared | None] = asyncio.get_running_loop().create_future()
-        lease = Lease(tenant, key, future)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Shared | None] = loop.create_future()
+        lease = Lease(tenant, key, future, started=loop.time())
         self._flights[(tenant, key)] = lease
         return lease
+
+    def _keep(self, lease: Lease) -> None:
+        """Renew the store's claim every third of its life until the lead is finished."""
+        lease.renewing = asyncio.get_running_loop().create_task(self._renew(lease))
+
+    async def _renew(self, lease: Lease) -> None:
+        while not lease.done:
+            await asyncio.sleep(self._lease_s / 3)
+            try:
+                if not await self._store.renew(lease.tenant, lease.key, self._lease_s):
+                    return  # lost (expired and taken): another request leads the fleet now
+            except BackendError:
+                continue  # the store is failing: the claim may lapse, which only costs time

@@ -227,6 +227,25 @@ async def test_an_expired_claim_is_taken_over_and_the_old_owner_cannot_release_i
         await other._connection.aclose()
 
 
+async def test_a_claim_is_renewed_only_by_its_owner_and_only_while_it_holds(env: Env) -> None:
+    tenant, other = _tenant(), env.second_store()
+    try:
+        assert not await other.renew(tenant, "k", ttl_s=30)  # never claimed
+        assert await env.store.claim(tenant, "k", ttl_s=0.3)
+        assert not await other.renew(tenant, "k", ttl_s=30)  # not its lease
+        for _ in range(3):
+            await asyncio.sleep(0.15)
+            assert await env.store.renew(tenant, "k", ttl_s=0.3)  # outlives its first TTL
+        assert not await other.claim(tenant, "k", ttl_s=30)
+        await asyncio.sleep(0.45)  # no renewal: it lapses
+        assert await other.claim(tenant, "k", ttl_s=30)
+        assert not await env.store.renew(tenant, "k", ttl_s=30)  # the new one is not its own
+        assert not await env.store.claim(tenant, "k", ttl_s=30)
+    finally:
+        await other.aclose()
+        await other._connection.aclose()
+
+
 async def test_a_corrupt_entry_is_deleted_and_never_served(env: Env) -> None:
     tenant = _tenant()
     await _put(env.store, tenant, _entry("bad", _vector(9)))

@@ -26,8 +26,9 @@ from backends.retrieval.embedded import EmbeddedRetriever
 from gateway.ingest.pipeline import ingest_documents
 from gateway.ingest.readers import read_paths
 from gateway.metrics import Metrics
-from gateway.pipeline import Pipeline, QueryRequest, Services
+from gateway.pipeline import Pipeline, QueryRequest, RequestContext, Services
 from gateway.settings import Settings, TenantConfig
+from gateway.streaming import release_abandoned
 from gateway.wire import QueryResult
 from routers.classifier import HeuristicClassifier
 from tests.fixtures.gateway import DATA
@@ -469,3 +470,18 @@ async def test_a_store_that_dies_is_served_around_and_counted(
         await asyncio.sleep(0.1)
     assert result.cache in ("miss", "exact")
     assert (await ask(pipeline, req(text))).cache == "exact"
+
+
+async def test_a_prepared_lead_that_no_stream_handler_took_is_released(build: Build) -> None:
+    pipeline = build()
+    ctx = await pipeline.prepare(req(unique("What voids the Acme warranty?")))
+    lease = ctx.flight
+    assert lease is not None  # it leads its key's single flight
+    preparing: asyncio.Future[RequestContext] = asyncio.get_running_loop().create_future()
+    release_abandoned(pipeline, preparing)  # the handler failed while preparation ran
+    preparing.set_result(ctx)  # then preparation finished
+    for _ in range(20):
+        await asyncio.sleep(0.01)
+    assert ctx.flight is None and lease.done
+    flights = pipeline._cache.flights
+    assert flights is not None and flights.leader_of(lease.tenant, lease.key) is None

@@ -40,3 +40,26 @@ def test_an_answer_calling_the_clients_tools_or_cut_short_is_not_stored() -> Non
     assert refusal(Answer("Gustave [1]", Route.LOOKUP, CITED, finish_reason="length")) == (
         "incomplete"
     )
+
+
+def test_a_models_refusal_on_the_direct_route_is_not_stored() -> None:
+    for text in (
+        "I don't know.",
+        "I don’t know who won yesterday.",  # noqa: RUF001 (a typographic apostrophe)
+        "I can't access real-time data, so I cannot tell you today's weather.",
+        "I'm sorry, but I cannot browse the internet.",
+        "Sorry, I do not have access to live prices.",
+        "As an AI language model, I have no opinions.",
+        "I am unable to help with that.",
+        "Unfortunately, I cannot provide current stock prices.",
+    ):
+        assert refusal(Answer(text, Route.DIRECT)) == "abstention", text
+
+
+def test_an_answer_that_only_mentions_not_knowing_is_stored() -> None:
+    for text in (
+        "Socrates said: I know that I know nothing.",
+        "The Eiffel Tower is 330 m tall; I can't recommend climbing it in wind.",
+        "Ice cannot float on alcohol because it is denser.",
+    ):
+        assert refusal(Answer(text, Route.DIRECT)) is None, text

@@ -1,4 +1,5 @@
 import asyncio
+import json
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from gateway.cache.keys import (
     options_digest,
 )
 from gateway.cache.single_flight import Shared, SingleFlight
+from gateway.guard import request_deadline
 from gateway.metrics import Metrics
 from gateway.pipeline import replay_pieces
 from gateway.response_cache import ResponseCache, StoreFailed
@@ -144,6 +146,95 @@ async def test_memory_store_claim_is_held_until_released_or_expired() -> None:
     assert await store.claim("acme", "k", ttl_s=5)  # the lease ended by itself
 
 
+async def test_memory_store_renews_and_releases_only_its_own_live_claim() -> None:
+    now = [0.0]
+    store = MemoryCacheStore(clock=lambda: now[0])
+    assert not await store.renew("acme", "k", ttl_s=5)  # never claimed
+    assert await store.claim("acme", "k", ttl_s=5)
+    now[0] = 4.0
+    assert await store.renew("acme", "k", ttl_s=5)  # now held until 9
+    now[0] = 8.0
+    assert not await store.claim("acme", "k", ttl_s=5)
+    now[0] = 9.5
+    assert not await store.renew("acme", "k", ttl_s=5)  # lapsed: not renewed back to life
+    assert await store.claim("acme", "k", ttl_s=5)
+
+
+async def test_a_closed_memory_store_is_unavailable_not_a_bug() -> None:
+    store = MemoryCacheStore()
+    await store.aclose()
+    with pytest.raises(BackendUnavailable):
+        await store.get("acme", "k")
+    cache = ResponseCache(store, CacheConfig(), Metrics(), lease_s=5)
+    with pytest.raises(StoreFailed):  # served uncached, counted as an error: not a 500
+        await cache.exact("acme", "k")
+
+
+async def test_a_leader_renews_its_short_claim_while_it_computes() -> None:
+    store = MemoryCacheStore()
+    flights = SingleFlight(store, wait_s=5, lease_s=0.15)
+
+    async def nothing() -> None:
+        return None
+
+    lease, _ = await flights.lead("acme", "k", nothing)
+    await asyncio.sleep(0.5)  # three leases long: renewed all along
+    assert not await store.claim("acme", "k", ttl_s=5)
+    await flights.finish(lease, None)
+    await asyncio.sleep(0)
+    assert lease.renewing is not None and lease.renewing.done()
+    assert await store.claim("acme", "k", ttl_s=5)
+
+
+async def test_a_dead_leaders_claim_lapses_within_a_short_lease() -> None:
+    store = MemoryCacheStore()
+    cache = ResponseCache(store, CacheConfig(single_flight_wait_s=30), Metrics(), lease_s=300)
+    assert cache.flights is not None
+    assert cache.flights._lease_s <= 10  # not the request timeout
+
+
+async def test_a_follower_keeps_half_its_deadline_to_compute_itself() -> None:
+    flights = SingleFlight(MemoryCacheStore(), wait_s=30, lease_s=5)
+    loop = asyncio.get_running_loop()
+    token = request_deadline.set(loop.time() + 4.0)
+    try:
+        assert 1.9 < flights.budget_s() <= 2.0
+    finally:
+        request_deadline.reset(token)
+
+
+async def test_a_stale_in_process_lead_is_dropped_not_followed() -> None:
+    flights = SingleFlight(MemoryCacheStore(), wait_s=5, lease_s=0.05, stale_s=0.1)
+
+    async def nothing() -> None:
+        return None
+
+    lease, _ = await flights.lead("acme", "k", nothing)  # never finished: a leaked lead
+    assert flights.leader_of("acme", "k") is lease
+    await asyncio.sleep(0.15)
+    assert flights.leader_of("acme", "k") is None
+    assert lease.future.done() and lease.future.result() is None  # its followers compute
+    await flights.finish(lease, None)
+
+
+async def test_a_neighbour_from_another_scope_is_never_served() -> None:
+    store = MemoryCacheStore()
+    payload = json.dumps(
+        {"answer": "x", "route": "lookup", "citations": [], "extractive": False,
+         "escalated": False, "route_reason": "r"}
+    ).encode()  # fmt: skip
+    # Filed under scope "s1" but keyed for scope "s2": a store mix-up.
+    await store.put("acme", "s1", CachedEntry("s2:k", "q", payload, _vec(1.0, 0.0)), ttl_s=60,
+                    max_entries=9)  # fmt: skip
+    cache = ResponseCache(store, CacheConfig(), Metrics(), lease_s=5)
+    found = await cache.semantic("acme", "s1", "q", _vec(1.0, 0.0))
+    assert found.nearest is not None and found.payload is None
+    await store.put("acme", "s1", CachedEntry("s1:k", "q", payload, _vec(1.0, 0.0)), ttl_s=60,
+                    max_entries=9)  # fmt: skip
+    found = await cache.semantic("acme", "s1", "q", _vec(1.0, 0.0))
+    assert found.payload is not None  # its own scope's entry is
+
+
 class BrokenStore:
     name = "broken"
 
@@ -162,6 +253,9 @@ class BrokenStore:
         raise BackendUnavailable("cache", "connection refused")
 
     async def claim(self, tenant: str, key: str, ttl_s: float) -> bool:
+        raise BackendUnavailable("cache", "connection refused")
+
+    async def renew(self, tenant: str, key: str, ttl_s: float) -> bool:
         raise BackendUnavailable("cache", "connection refused")
 
     async def release(self, tenant: str, key: str) -> None:
