@@ -69,8 +69,9 @@ class Metrics:
         self.cache_lookups = Counter(
             "querygate_cache_lookups",
             "Response cache lookups, one per answering request: exact, semantic, miss, error "
-            "(the store failed: served uncached), bypass (Cache-Control: no-cache, or a "
-            "follow-up that could not be rewritten).",
+            "(the store failed or the index generation was unknown: served uncached), bypass "
+            "(Cache-Control: no-cache, OpenAI generation parameters, the client's tools or "
+            "tool results, or a follow-up that could not be rewritten).",
             ["result"],
             registry=r,
         )
