@@ -79,6 +79,13 @@ def _wait_workers_ready(gw: GatewayProcess, count: int) -> None:
         time.sleep(0.2)
 
 
+def _wait_children_ready(gw: GatewayProcess) -> None:
+    deadline = time.monotonic() + 90
+    while not _children(gw.proc.pid) <= _log_pids(gw, msg="ready"):
+        assert time.monotonic() < deadline, gw.log()[-3000:]
+        time.sleep(0.2)
+
+
 def _children(pid: int) -> set[int]:
     """The supervisor's worker processes (spawned interpreters)."""
     found = set()
@@ -133,6 +140,7 @@ def test_a_worker_that_dies_is_replaced(workers: GatewayProcess) -> None:
 
 
 def test_admin_reload_reloads_every_worker(workers: GatewayProcess) -> None:
+    _wait_children_ready(workers)  # a replacement still starting gets no SIGHUP, by design
     before = _sample(workers, "querygate_config_reloads_total", result="unchanged")
     admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
     response = requests.post(f"{workers.url}/admin/reload", headers=admin, timeout=10)
@@ -140,8 +148,13 @@ def test_admin_reload_reloads_every_worker(workers: GatewayProcess) -> None:
     deadline = time.monotonic() + 40
     # the worker that got it, then both again through the supervisor's SIGHUP
     while _sample(workers, "querygate_config_reloads_total", result="unchanged") < before + 3:
-        assert time.monotonic() < deadline, "not every worker reloaded"
+        assert time.monotonic() < deadline, _reloads(workers)
         time.sleep(0.2)
+
+
+def _reloads(gw: GatewayProcess) -> str:
+    """What a failed reload test shows: each worker's reload log lines."""
+    return "\n".join(line for line in gw.log().splitlines() if "reload" in line or "worker" in line)
 
 
 def test_a_second_gateway_on_the_same_port_is_refused(workers: GatewayProcess) -> None:
