@@ -629,22 +629,14 @@ class LiteLLMTiers:
             raise UpstreamError("llm", f"{deployment.model}: response without choices")
         choice = response.choices[0]
         message = choice.message
-        text = message.content or ""
-        tokens = (response.usage.prompt_tokens, response.usage.completion_tokens)
-        estimated = tokens[0] == 0
-        if estimated:
-            # litellm reports zeros when the upstream sent no usage; a real prompt is never
-            # free, so estimate rather than book the call at no cost
-            log.warning("llm %s sent no usage; estimating tokens", deployment.model)
-            tokens = _estimate_usage(deployment.model, wire, text)
-        return Completion(
-            text=text,
-            tier=tier,
-            model=deployment.model,
-            usage=deployment.cost(*tokens),
-            tool_calls=tuple(_parse_tool_call(c) for c in message.tool_calls or ()),
-            finish_reason=choice.finish_reason or "stop",
-            usage_estimated=estimated,
+        return _completion(
+            tier,
+            deployment,
+            wire,
+            message.content or "",
+            (response.usage.prompt_tokens, response.usage.completion_tokens),
+            tuple(_parse_tool_call(c) for c in message.tool_calls or ()),
+            choice.finish_reason,
         )
 
     @staticmethod
@@ -740,9 +732,29 @@ def _completion_from_json(
         raise UpstreamError("llm", f"{deployment.model}: response without choices")
     choice = choices[0]
     message = choice.get("message") or {}
-    text = message.get("content") or ""
     usage = answer.get("usage") or {}
-    tokens = (int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
+    return _completion(
+        tier,
+        deployment,
+        wire,
+        message.get("content") or "",
+        (int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)),
+        tuple(_parse_tool_call(_json_call(c)) for c in message.get("tool_calls") or ()),
+        choice.get("finish_reason"),
+    )
+
+
+def _completion(
+    tier: Tier,
+    deployment: _Deployment,
+    wire: list[dict[str, Any]],
+    text: str,
+    tokens: tuple[int, int],
+    tool_calls: tuple[ToolCall, ...],
+    finish_reason: str | None,
+) -> Completion:
+    """One answer, whichever wire brought it. An upstream that sent no usage (zeros) is
+    estimated: a real prompt is never free, so the call is not booked at no cost."""
     estimated = tokens[0] == 0
     if estimated:
         log.warning("llm %s sent no usage; estimating tokens", deployment.model)
@@ -752,8 +764,8 @@ def _completion_from_json(
         tier=tier,
         model=deployment.model,
         usage=deployment.cost(*tokens),
-        tool_calls=tuple(_parse_tool_call(_json_call(c)) for c in message.get("tool_calls") or ()),
-        finish_reason=choice.get("finish_reason") or "stop",
+        tool_calls=tool_calls,
+        finish_reason=finish_reason or "stop",
         usage_estimated=estimated,
     )
 
