@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.settings import hash_api_key
 from tests.fixtures.gateway import KEYS, GatewayProcess, start_gateway, stop_gateway
-from tests.redis_server import RedisServer, running_redis
+from tests.redis_server import RedisServer
 
 LIMITS: dict[str, dict[str, Any]] = {
     "burster": {"rate_limit": {"requests_per_s": 0.01, "burst": 3}},
@@ -37,14 +37,8 @@ def headers(tenant: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def redis() -> Iterator[RedisServer]:
-    with running_redis() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
 def pair(
-    redis: RedisServer, fake_upstream: str, tmp_path_factory: pytest.TempPathFactory
+    module_redis: RedisServer, fake_upstream: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[GatewayProcess, GatewayProcess]]:
     tenants = [
         {"id": "acme", "api_key_sha256": hash_api_key(KEYS["acme"])},
@@ -55,7 +49,7 @@ def pair(
         "tenants": tenants,
         "cache": {
             "backend": "off",  # every question reaches the model: its cost is the point here
-            "redis_url": redis.url,
+            "redis_url": module_redis.url,
             "redis_socket_timeout_s": 0.1,
             "redis_connect_timeout_s": 0.2,
         },
@@ -131,7 +125,7 @@ def test_a_budget_spent_through_both_processes_is_spent_on_either(
 
 
 def test_redis_killed_mid_traffic_no_request_fails_and_sharing_resumes(
-    pair: tuple[GatewayProcess, GatewayProcess], redis: RedisServer
+    pair: tuple[GatewayProcess, GatewayProcess], module_redis: RedisServer
 ) -> None:
     one, two = pair
 
@@ -142,7 +136,7 @@ def test_redis_killed_mid_traffic_no_request_fails_and_sharing_resumes(
 
     statuses = wave(8)
     with ThreadPoolExecutor(1) as killer:
-        killed = killer.submit(redis.kill)
+        killed = killer.submit(module_redis.kill)
         statuses += wave(16)  # Redis goes away during these
         killed.result()
     statuses += wave(8)  # and stays away for these
@@ -156,7 +150,7 @@ def test_redis_killed_mid_traffic_no_request_fails_and_sharing_resumes(
     for gw in (one, two):
         assert [route(gw, "outage").status_code for _ in range(3)] == [200, 200, 429]
 
-    redis.start()
+    module_redis.start()
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         statuses = [ask(gw, "steady", 10).status_code for gw in (one, two)]

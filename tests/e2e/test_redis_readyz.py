@@ -15,7 +15,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fixtures.gateway import GatewayProcess, start_gateway, stop_gateway
-from tests.redis_server import RedisServer, running_redis
+from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.integration
 
@@ -23,19 +23,13 @@ QUESTION = "What does the Acme warranty cover?"
 
 
 @pytest.fixture(scope="module")
-def redis() -> Iterator[RedisServer]:
-    with running_redis() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
 def cached_gateway(
-    redis: RedisServer, fake_upstream: str, tmp_path_factory: pytest.TempPathFactory
+    module_redis: RedisServer, fake_upstream: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[GatewayProcess]:
     overrides = {
         "cache": {
             "backend": "redis",
-            "redis_url": redis.url,
+            "redis_url": module_redis.url,
             "redis_socket_timeout_s": 0.1,
             "redis_connect_timeout_s": 0.2,
         },
@@ -72,21 +66,23 @@ def readyz(gw: GatewayProcess) -> requests.Response:
     return requests.get(f"{gw.url}/readyz", timeout=10)
 
 
-def test_answers_are_cached_in_redis(cached_gateway: GatewayProcess, redis: RedisServer) -> None:
+def test_answers_are_cached_in_redis(
+    cached_gateway: GatewayProcess, module_redis: RedisServer
+) -> None:
     text = f"{QUESTION} ({uuid.uuid4().hex[:6]})"
     assert ask(cached_gateway, text)["cache"] == "miss"
     assert ask(cached_gateway, text)["cache"] == "exact"
-    assert b"qg:cache:{acme}:ent" in redis.command("KEYS", "qg:cache:*")
+    assert b"qg:cache:{acme}:ent" in module_redis.command("KEYS", "qg:cache:*")
 
 
 def test_redis_down_is_degraded_not_unready_and_recovers(
-    cached_gateway: GatewayProcess, redis: RedisServer
+    cached_gateway: GatewayProcess, module_redis: RedisServer
 ) -> None:
     gw = cached_gateway
     before = readyz(gw)
     assert before.status_code == 200
     assert before.json()["status"] == "ok" and before.json()["checks"]["cache"] == "ok"
-    redis.kill()
+    module_redis.kill()
     try:
         down = readyz(gw)
         assert down.status_code == 200, down.text  # still in the load balancer
@@ -100,7 +96,7 @@ def test_redis_down_is_degraded_not_unready_and_recovers(
         assert lookups(gw, "error") == errors + 1
         assert time.monotonic() - started < 10
     finally:
-        redis.restart()
+        module_redis.restart()
     deadline = time.monotonic() + 15
     while readyz(gw).json()["status"] != "ok":
         assert time.monotonic() < deadline, "readiness did not recover by itself"

@@ -19,25 +19,19 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fixtures.gateway import GatewayProcess, start_gateway, stop_gateway
-from tests.redis_server import RedisServer, running_redis
+from tests.redis_server import RedisServer
 
 NO_CACHE = {"Cache-Control": "no-cache"}
 
 
 @pytest.fixture(scope="module")
-def redis() -> Iterator[RedisServer]:
-    with running_redis() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
 def pair(
-    redis: RedisServer, fake_upstream: str, tmp_path_factory: pytest.TempPathFactory
+    module_redis: RedisServer, fake_upstream: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[GatewayProcess, GatewayProcess]]:
     overrides = {
         "cache": {
             "backend": "redis",
-            "redis_url": redis.url,
+            "redis_url": module_redis.url,
             "redis_socket_timeout_s": 0.1,
             "redis_connect_timeout_s": 0.2,
         },
@@ -280,7 +274,7 @@ def test_a_system_message_or_an_earlier_turn_is_part_of_what_is_cached(
 
 
 def test_redis_killed_mid_traffic_fails_no_request_and_the_cache_comes_back(
-    pair: tuple[GatewayProcess, GatewayProcess], redis: RedisServer
+    pair: tuple[GatewayProcess, GatewayProcess], module_redis: RedisServer
 ) -> None:
     one, two = pair
     text = unique("How do I fix ERR-4471 on the Acme router?")
@@ -303,9 +297,9 @@ def test_redis_killed_mid_traffic_fails_no_request_and_the_cache_comes_back(
     with ThreadPoolExecutor(max_workers=2) as pool:
         running = [pool.submit(traffic, 4.0) for _ in range(2)]
         time.sleep(1.0)
-        redis.kill()
+        module_redis.kill()
         time.sleep(2.0)
-        redis.restart()
+        module_redis.restart()
         for f in running:
             f.result()
     assert statuses and set(statuses) == {200}
