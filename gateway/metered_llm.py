@@ -18,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import aclosing
 from typing import Any, Protocol
 
 from backends.errors import BackendError
@@ -70,6 +71,37 @@ def estimate_usage(
     return Usage(prompt, completion, prompt * per_prompt + completion * per_completion)
 
 
+async def settled(
+    stream: AsyncIterator[StreamDelta],
+    on_done: Callable[[StreamDelta], Awaitable[None]],
+    on_cut: Callable[[str, str], None],
+    on_failed: Callable[[], None] = lambda: None,
+) -> AsyncGenerator[StreamDelta, None]:
+    """`stream` relayed, its cost settled once: `on_done` with the final delta, or, cut before
+    its usage came (cancelled, closed, failed after some text), `on_cut` with the text so far
+    and the model. `on_cut` must not await, so a cancellation cannot lose it. A call that failed
+    before any text was not answered: neither is called (`on_failed` is)."""
+    parts: list[str] = []
+    model = ""
+    done = failed = False
+    try:
+        async for delta in stream:
+            if delta.done:
+                done = True
+                await on_done(delta)
+            else:
+                parts.append(delta.text)
+                model = delta.model or model
+            yield delta
+    except BackendError:
+        failed = True
+        on_failed()
+        raise
+    finally:
+        if not done and (parts or not failed):
+            on_cut("".join(parts), model)
+
+
 class MeteredLLM:
     def __init__(self, inner: LLM, metrics: Metrics) -> None:
         self._inner = inner
@@ -113,31 +145,19 @@ class MeteredLLM:
         route: str = "",
         options: GenerationOptions = NO_OPTIONS,
     ) -> AsyncIterator[StreamDelta]:
-        parts: list[str] = []
-        model = ""
-        done = failed = False
-        try:
-            async for delta in self._inner.stream(
-                tier, messages, max_tokens=max_tokens, route=route, options=options
-            ):
-                if delta.done:
-                    done = True
-                    self._answered(tier, delta.model, delta.usage or Usage(), route)
-                else:
-                    parts.append(delta.text)
-                    model = delta.model or model
+        async def done(delta: StreamDelta) -> None:
+            self._answered(tier, delta.model, delta.usage or Usage(), route)
+
+        def cut(text: str, model: str) -> None:
+            usage = estimate_usage(self._inner, tier, messages, text, model)
+            self._cut(tier, model or "-", usage, route)
+
+        stream = self._inner.stream(
+            tier, messages, max_tokens=max_tokens, route=route, options=options
+        )
+        async with aclosing(settled(stream, done, cut, lambda: self._failed(tier))) as deltas:
+            async for delta in deltas:
                 yield delta
-        except BackendError:
-            failed = True
-            self._failed(tier)
-            raise
-        finally:
-            # Cut before its usage came (cancelled, closed, failed after some text): costed
-            # all the same. A call that failed before any text was not answered: no cost.
-            # Nothing here awaits, so a cancellation cannot lose it.
-            if not done and (parts or not failed):
-                usage = estimate_usage(self._inner, tier, messages, "".join(parts), model)
-                self._cut(tier, model or "-", usage, route)
 
     async def warm_up(self) -> None:
         await self._inner.warm_up()

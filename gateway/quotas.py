@@ -41,6 +41,7 @@ import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from contextlib import aclosing
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
@@ -57,7 +58,7 @@ from backends.llm.base import (
 from backends.quotas.base import QuotaStore
 from backends.quotas.memory import MemoryQuotaStore
 from gateway.errors import TooManyRequests
-from gateway.metered_llm import estimate_usage
+from gateway.metered_llm import estimate_usage, settled
 from gateway.metrics import MULTIPROC_ENV, Metrics
 from gateway.settings import TenantConfig
 
@@ -457,26 +458,23 @@ class BudgetedLLM:
         stream = self._inner.stream(
             tier, messages, max_tokens=max_tokens, route=route, options=options
         )
-        parts: list[str] = []
-        model = ""
-        done = failed = False
-        try:
+        if tenant is None:  # outside a request: not budgeted
             async for delta in stream:
-                if delta.done:
-                    done = True
-                    if tenant is not None and delta.usage is not None:
-                        await self._record(tenant, delta.usage.cost_usd)
-                else:
-                    parts.append(delta.text)
-                    model = delta.model or model
                 yield delta
-        except BackendError:
-            failed = True
-            raise
-        finally:
-            if tenant is not None and not done and (parts or not failed):
-                usage = estimate_usage(self._inner, tier, messages, "".join(parts), model)
-                self._quotas.record_spend_nowait(tenant, usage.cost_usd)
+            return
+        budgeted = tenant
+
+        async def done(delta: StreamDelta) -> None:
+            if delta.usage is not None:
+                await self._record(budgeted, delta.usage.cost_usd)
+
+        def cut(text: str, model: str) -> None:
+            usage = estimate_usage(self._inner, tier, messages, text, model)
+            self._quotas.record_spend_nowait(budgeted, usage.cost_usd)
+
+        async with aclosing(settled(stream, done, cut)) as deltas:
+            async for delta in deltas:
+                yield delta
 
     async def warm_up(self) -> None:
         await self._inner.warm_up()
