@@ -32,6 +32,7 @@ from backends.llm.base import (
     StreamDelta,
     Tier,
     Usage,
+    WrappedLLM,
 )
 from gateway.metrics import Metrics
 
@@ -102,16 +103,10 @@ async def settled(
             on_cut("".join(parts), model)
 
 
-class MeteredLLM:
+class MeteredLLM(WrappedLLM):
     def __init__(self, inner: LLM, metrics: Metrics) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._metrics = metrics
-
-    def has_tier(self, tier: Tier) -> bool:
-        return self._inner.has_tier(tier)
-
-    def prices(self, tier: Tier) -> tuple[float, float]:
-        return self._inner.prices(tier)
 
     async def complete(
         self,
@@ -158,12 +153,6 @@ class MeteredLLM:
         async with aclosing(settled(stream, done, cut, lambda: self._failed(tier))) as deltas:
             async for delta in deltas:
                 yield delta
-
-    async def warm_up(self) -> None:
-        await self._inner.warm_up()
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
 
     def _answered(self, tier: str, model: str, usage: Usage, route: str) -> None:
         m = self._metrics

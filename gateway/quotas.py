@@ -54,6 +54,7 @@ from backends.llm.base import (
     Message,
     StreamDelta,
     Tier,
+    WrappedLLM,
 )
 from backends.quotas.base import QuotaStore
 from backends.quotas.memory import MemoryQuotaStore
@@ -395,7 +396,7 @@ class Quotas:
             log.warning("quota store back: rate limits and budgets are shared again")
 
 
-class BudgetedLLM:
+class BudgetedLLM(WrappedLLM):
     """The LLM seam with the current request's tenant's budget around every call: checked
     before it (BudgetExceeded), its cost recorded after it. Built once per process around the
     tiers, so every model call of every stage and route (rewrite, agent turns, final answers,
@@ -408,14 +409,8 @@ class BudgetedLLM:
     charge is kept without an await, so the cancellation cannot erase it."""
 
     def __init__(self, inner: LLM, quotas: Quotas) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._quotas = quotas
-
-    def has_tier(self, tier: Tier) -> bool:
-        return self._inner.has_tier(tier)
-
-    def prices(self, tier: Tier) -> tuple[float, float]:
-        return self._inner.prices(tier)
 
     async def complete(
         self,
@@ -475,12 +470,6 @@ class BudgetedLLM:
         async with aclosing(settled(stream, done, cut)) as deltas:
             async for delta in deltas:
                 yield delta
-
-    async def warm_up(self) -> None:
-        await self._inner.warm_up()
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
 
     async def _record(self, tenant: TenantConfig, usd: float) -> None:
         # Kept at once, sent by a task of its own: a client that hangs up while it is being

@@ -185,3 +185,23 @@ class LLM(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+class WrappedLLM:
+    """An `LLM` around another, for wrappers that change only `complete` and `stream` (metering,
+    budgets, timing): the rest passes through."""
+
+    def __init__(self, inner: LLM) -> None:
+        self._inner = inner
+
+    def has_tier(self, tier: Tier) -> bool:
+        return self._inner.has_tier(tier)
+
+    def prices(self, tier: Tier) -> tuple[float, float]:
+        return self._inner.prices(tier)
+
+    async def warm_up(self) -> None:
+        await self._inner.warm_up()
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
