@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 
 import pytest
 
@@ -26,9 +27,13 @@ TODAY = utc_day(time.time())
 
 
 @asynccontextmanager
-async def store(url: str) -> AsyncIterator[RedisQuotaStore]:
-    """One process's view: its own connection (pool) and store."""
-    connection = RedisConnection(RedisOptions(url))
+async def store(url: str, timeout_s: float | None = None) -> AsyncIterator[RedisQuotaStore]:
+    """One process's view: its own connection (pool) and store; `timeout_s` replaces the
+    production socket and connect timeouts where a test is about something else."""
+    options = RedisOptions(url)
+    if timeout_s is not None:
+        options = replace(options, socket_timeout_s=timeout_s, connect_timeout_s=timeout_s)
+    connection = RedisConnection(options)
     await connection.start()
     try:
         yield RedisQuotaStore(connection)
@@ -92,7 +97,9 @@ async def test_the_bucket_refills_on_the_servers_clock(url: str) -> None:
 
 async def test_concurrent_spend_from_two_processes_is_added_exactly(url: str) -> None:
     acme = tenant_id("acme")
-    async with store(url) as one, store(url) as two:
+    # About atomic addition, not timeouts: opening 40 connections at once on a loaded 2-core
+    # CI machine can take longer than the production connect timeout (0.5 s).
+    async with store(url, timeout_s=5.0) as one, store(url, timeout_s=5.0) as two:
         # Each connection is used once first: redis-py's cluster client maps the slots on its
         # first call, and concurrent first calls race that (connections closed under them).
         for s in (one, two):
