@@ -17,7 +17,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.settings import hash_api_key
-from tests.fixtures.gateway import KEYS, GatewayProcess, start_gateway, stop_gateway
+from tests.fixtures.gateway import KEYS, GatewayProcess, gateway_pair
 from tests.redis_server import RedisServer
 
 LIMITS: dict[str, dict[str, Any]] = {
@@ -57,15 +57,8 @@ def pair(
         "router": {"classifier": "heuristic"},  # questions here are forced to a route
     }
     root = Path(tmp_path_factory.mktemp("quotas-shared"))
-    one = start_gateway(root / "one", fake_upstream, overrides=overrides)
-    try:
-        two = start_gateway(root / "two", fake_upstream, overrides=overrides)
-    except BaseException:
-        stop_gateway(one)
-        raise
-    yield one, two
-    stop_gateway(two)
-    stop_gateway(one)
+    with gateway_pair(root, fake_upstream, overrides) as both:
+        yield both
 
 
 def route(gw: GatewayProcess, tenant: str) -> requests.Response:

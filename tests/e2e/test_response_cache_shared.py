@@ -18,7 +18,7 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.fixtures.gateway import GatewayProcess, start_gateway, stop_gateway
+from tests.fixtures.gateway import GatewayProcess, gateway_pair
 from tests.redis_server import RedisServer
 
 NO_CACHE = {"Cache-Control": "no-cache"}
@@ -39,15 +39,8 @@ def pair(
         "router": {"classifier": "heuristic"},
     }
     root = Path(tmp_path_factory.mktemp("cache-shared"))
-    one = start_gateway(root / "one", fake_upstream, overrides=overrides)
-    try:
-        two = start_gateway(root / "two", fake_upstream, overrides=overrides)
-    except BaseException:
-        stop_gateway(one)
-        raise
-    yield one, two
-    stop_gateway(two)
-    stop_gateway(one)
+    with gateway_pair(root, fake_upstream, overrides) as both:
+        yield both
 
 
 def ask(
