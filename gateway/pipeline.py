@@ -201,7 +201,11 @@ class Pipeline:
 
     async def prepare(self, request: QueryRequest) -> RequestContext:
         """Every stage up to the final model call; `complete` or `stream` finishes it."""
-        ctx = RequestContext(request, StageTimer(self._s.metrics))
+        # From the request's arrival: the time it queued for admission is part of its latency
+        # (the route latency SLO and its alerts would not see an overloaded worker otherwise).
+        record = current_record.get()
+        arrived = record.started if record is not None else None
+        ctx = RequestContext(request, StageTimer(self._s.metrics, arrived))
         try:
             for stage in self._stages:
                 if (outcome := await stage(ctx)) is not None:

@@ -10,9 +10,10 @@ from gateway.metrics import Metrics
 
 
 class StageTimer:
-    def __init__(self, metrics: Metrics) -> None:
+    def __init__(self, metrics: Metrics, started: float | None = None) -> None:
+        """`started`: a `time.perf_counter()` reading to count from (the request's arrival)."""
         self._metrics = metrics
-        self._started = time.perf_counter()
+        self._started = time.perf_counter() if started is None else started
         self.stages_ms: dict[str, float] = {}
 
     @contextmanager

@@ -216,6 +216,23 @@ async def test_tenant_over_share_gets_429_and_a_full_process_503_with_retry_afte
     assert shed and shed[-1].__dict__["tenant"] == "acme"
 
 
+async def test_time_queued_for_admission_counts_in_the_route_latency(
+    app_client: tuple[TestClient[Any, Any], ScriptedEmbedder],
+) -> None:
+    """The route latency histogram (what the latency SLO alerts read) starts at arrival: an
+    overloaded worker's queueing shows there, not only in the HTTP histogram."""
+    client, _ = app_client
+    name = "querygate_request_duration_seconds_sum"
+    before = sample(client, name, route="lookup")
+    first = asyncio.ensure_future(ask(client, "acme", "SLEEP0.4 acme holds the slot"))
+    await asyncio.sleep(0.1)
+    # acme's share is one in flight: this one waits ~0.3 s for admission, then answers at once.
+    second = await ask(client, "acme", "acme waits its turn")
+    assert [second[0], (await first)[0]] == [200, 200]
+    # 0.4 s for the first, plus the second's ~0.3 s in the queue (~0.4 s if queueing did not count).
+    assert sample(client, name, route="lookup") - before >= 0.6
+
+
 async def test_the_deadline_gives_503_counted_and_logged(
     app_client: tuple[TestClient[Any, Any], ScriptedEmbedder], caplog: pytest.LogCaptureFixture
 ) -> None:
