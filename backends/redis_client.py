@@ -145,6 +145,8 @@ class RedisConnection:
         if facts.cluster != self.cluster:
             raise RedisModeMismatch(_mismatch_message(facts.cluster))
         self.facts = facts
+        if isinstance(self.client, RedisCluster):
+            await self._map_slots(self.client)
         log.info(
             "Redis connected",
             extra={
@@ -154,6 +156,15 @@ class RedisConnection:
                 "vector_fast_path": "not built: the cache store uses plain commands and Lua",
             },
         )
+
+    async def _map_slots(self, client: RedisCluster) -> None:
+        """Read the slot map now, not on the first calls: concurrent first calls of a fresh
+        cluster client race its lazy mapping (connections closed under them) and a slow
+        mapping fails them on the op timeout. Failing here only logs: calls map it later."""
+        try:
+            await guarded(client.initialize(), 2 * self.options.op_timeout_s)
+        except BackendUnavailable as exc:
+            log.warning("Redis cluster slots not mapped at start-up", extra={"error": str(exc)})
 
     async def call(self, pending: Awaitable[T]) -> T:
         """Await one client call under the whole-call bound, translating every failure."""

@@ -3,6 +3,7 @@ server, a Redis that is down at start-up only delays it, and its bounds hold."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
@@ -43,6 +44,22 @@ async def test_cluster_url_builds_a_cluster_client(redis_cluster: RedisCluster) 
         for i in range(30):  # keys on every master, reached through one seed node
             await connection.call(connection.client.set(f"k{i}", i))
         assert await connection.call(connection.client.get("k29")) == b"29"
+    finally:
+        await connection.aclose()
+
+
+async def test_a_started_cluster_client_takes_a_burst_of_first_calls(
+    redis_cluster: RedisCluster,
+) -> None:
+    """`start` maps the slots, so a burst that arrives first after start-up (production
+    timeouts) does not race the client's lazy mapping of them."""
+    url = redis_cluster.urls[0].replace("redis://", "redis+cluster://")
+    connection = RedisConnection(RedisOptions(url))
+    try:
+        await connection.start()
+        keys = [f"burst{i}" for i in range(60)]  # on every master
+        await asyncio.gather(*(connection.call(connection.client.set(k, 1)) for k in keys))
+        assert await connection.call(connection.client.get("burst59")) == b"1"
     finally:
         await connection.aclose()
 
