@@ -73,6 +73,11 @@ def _parser() -> argparse.ArgumentParser:
     ingest.add_argument(
         "--sample-corpus", action="store_true", help="the offline Wikipedia sample (10,033 pages)"
     )
+    ingest.add_argument(
+        "--rechunk",
+        action="store_true",
+        help="rewrite unchanged documents too, with today's chunker (after an upgrade changed it)",
+    )
 
     route = sub.add_parser("route", help="explain the routing decision for a question")
     route.add_argument("question")
@@ -271,7 +276,9 @@ def _ingest(settings: Settings, args: argparse.Namespace) -> int:
     from gateway.ingest.readers import UnreadableInput
 
     try:
-        report = asyncio.run(_ingest_async(settings, args.tenant, args.paths, args.sample_corpus))
+        report = asyncio.run(
+            _ingest_async(settings, args.tenant, args.paths, args.sample_corpus, args.rechunk)
+        )
     except UnreadableInput as exc:
         print(f"cannot ingest: {exc}", file=sys.stderr)
         return 2
@@ -280,7 +287,7 @@ def _ingest(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def _ingest_async(
-    settings: Settings, tenant: str, paths: list[Path], sample: bool
+    settings: Settings, tenant: str, paths: list[Path], sample: bool, rechunk: bool = False
 ) -> dict[str, int]:
     from backends.embeddings.bulk import bulk_embedder
     from backends.embeddings.config import build_embedder
@@ -307,7 +314,14 @@ async def _ingest_async(
             display.update()
 
         report = await ingest_documents(
-            tenant, docs, bulk, retriever, step, embed_batch=BULK_BATCH, parallel=parallel
+            tenant,
+            docs,
+            bulk,
+            retriever,
+            step,
+            embed_batch=BULK_BATCH,
+            parallel=parallel,
+            rechunk=rechunk,
         )
         progress.state, progress.chunks = "done", report.chunks
         display.update(final=True)

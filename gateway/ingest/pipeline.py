@@ -54,6 +54,9 @@ class _Pending:
     content_hash: str
     is_new: bool
     chunks: list[TextChunk]
+    # Stored with the same content (a rechunk): the backends skip a write of an unchanged hash,
+    # so the old version is deleted just before the new one is written.
+    same_content: bool = False
 
 
 def content_hash(title: str, text: str) -> str:
@@ -71,12 +74,14 @@ async def ingest_documents(
     chunking: ChunkingConfig = DEFAULT_CHUNKING,
     embed_batch: int = EMBED_BATCH,
     parallel: int = 1,
+    rechunk: bool = False,
 ) -> IngestReport:
     """Add, update or delete each document; a document with blank text is deleted.
 
     Each document is written in its own transaction, so an interrupted ingest leaves whole
     documents only and re-running it resumes where it stopped. `parallel`: batches embedded
-    at once (written one at a time, in order).
+    at once (written one at a time, in order). `rechunk`: rewrite unchanged documents too, so
+    an index chunked by an older chunker gets today's chunks (they count as updated).
     """
     docs = list({d.doc_id: d for d in raw_docs}.values())  # the last version of an id wins
     window = token_window(embedder) if chunking.fit_window else None
@@ -97,7 +102,7 @@ async def ingest_documents(
                 ids = [d.doc_id for d in docs[i : i + LOOKUP_BATCH]]
                 stored = await retriever.content_hashes(tenant, ids)
             item = await _prepare(
-                tenant, raw, stored.get(raw.doc_id), retriever, report, chunking, window
+                tenant, raw, stored.get(raw.doc_id), retriever, report, chunking, window, rechunk
             )
             if item is None:
                 done += 1
@@ -129,6 +134,7 @@ async def _prepare(
     report: IngestReport,
     chunking: ChunkingConfig,
     window: TokenWindow | None,
+    rechunk: bool,
 ) -> _Pending | None:
     """What to write for this document, given its stored hash; None when it needs nothing."""
     if not raw.text.strip():
@@ -136,7 +142,7 @@ async def _prepare(
             report.deleted += 1
         return None
     digest = content_hash(raw.title, raw.text)
-    if digest == stored:
+    if digest == stored and not rechunk:
         report.unchanged += 1
         return None
     # Pure-Python work that grows with the text (a 500k-char document: ~150 ms): off the loop,
@@ -147,7 +153,7 @@ async def _prepare(
         log.warning("document has no passage to index, skipped", extra={"doc_id": raw.doc_id})
         report.empty += 1
         return None
-    return _Pending(raw, digest, stored is None, chunks)
+    return _Pending(raw, digest, stored is None, chunks, same_content=digest == stored)
 
 
 async def _embed(pending: list[_Pending], embedder: Embedder) -> tuple[list[_Pending], Vector]:
@@ -164,6 +170,9 @@ async def _write(
     report: IngestReport,
 ) -> int:
     """Write each document of an embedded batch; returns documents written."""
+    for item in pending:
+        if item.same_content:
+            await retriever.delete_document(tenant, item.raw.doc_id)
     rows = iter(vectors)
     documents = [
         Document(

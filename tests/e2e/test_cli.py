@@ -3,6 +3,7 @@ is generated once, stored, and not printed again."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -80,6 +81,23 @@ def test_an_unreadable_file_exits_2_naming_it_without_a_traceback(tmp_path: Path
     assert done.returncode == 2, done.stderr
     assert "bad.jsonl:2" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_ingest_skips_unchanged_documents_unless_told_to_rechunk(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(f"data_dir: {tmp_path / 'data'}\n")
+    doc = tmp_path / "warranty.md"
+    doc.write_text("# Warranty\n\nAcme's warranty lasts two years.\n")
+    reports = []
+    for flags in ((), (), ("--rechunk",)):
+        done = run_cli(config, "ingest", "--tenant", "t", *flags, str(doc))
+        assert done.returncode == 0, done.stderr[-2000:]
+        reports.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert [(r["added"], r["unchanged"], r["updated"]) for r in reports] == [
+        (1, 0, 0),
+        (0, 1, 0),
+        (0, 0, 1),
+    ]
 
 
 def test_a_config_refused_while_starting_the_backends_exits_2_naming_it(tmp_path: Path) -> None:

@@ -120,6 +120,24 @@ async def test_unchanged_documents_are_skipped_before_embedding(index: EmbeddedR
     assert await index.generation("t") == generation + 1
 
 
+async def test_rechunk_rewrites_unchanged_documents_with_today_s_chunker(
+    index: EmbeddedRetriever,
+) -> None:
+    text = " ".join(f"Step {i} is simple." for i in range(60))
+    manual = [RawDocument("manual", "Manual", text)]
+    old, new = ChunkingConfig(target_tokens=100), ChunkingConfig(target_tokens=40)
+    first = await ingest_documents("t", manual, FakeEmbedder(), index, chunking=old)
+    generation = await index.generation("t")
+    skipped = await ingest_documents("t", manual, FakeEmbedder(), index, chunking=new)
+    assert skipped.unchanged == 1 and await index.stats("t") == (1, first.chunks)
+    again = await ingest_documents("t", manual, FakeEmbedder(), index, chunking=new, rechunk=True)
+    assert (again.updated, again.unchanged, again.added) == (1, 0, 0)
+    assert again.chunks > first.chunks
+    assert await index.stats("t") == (1, again.chunks)  # the old chunks are gone
+    assert await index.content_hash("t", "manual") == content_hash("Manual", text)
+    assert await index.generation("t") > generation  # cached answers retire
+
+
 async def test_blank_text_deletes_the_document(index: EmbeddedRetriever) -> None:
     await ingest_documents("t", docs(3), FakeEmbedder(), index)
     report = await ingest_documents(
