@@ -179,6 +179,8 @@ class CachedEmbedder:
     def __init__(self, inner: MiniLMEmbedder, path: Path) -> None:
         self.model_id = inner.model_id
         self.dimension = inner.dimension
+        # The ingest pipeline sizes chunks to this window, as the gateway's does.
+        self.token_window = inner.token_window
         self._inner = inner
         self._path = path
         self._vectors: dict[str, Vector] = {}
@@ -244,9 +246,14 @@ class CachedEmbedder:
 # -- corpus ----------------------------------------------------------------------------------
 
 
+# 2: chunks sized to the embedder's token window, as the gateway's ingest sizes them (format 1
+# hid the window behind the embeddings cache, so the index kept word-estimated chunks).
+CORPUS_FORMAT = 2
+
+
 def corpus_digest(docs: Sequence[RawDocument], model_id: str) -> str:
     """Changes whenever a document, the chunking or the embedding model changes."""
-    digest = hashlib.sha256(f"{model_id}\x00{DEFAULT_CHUNKING}".encode())
+    digest = hashlib.sha256(f"{CORPUS_FORMAT}\x00{model_id}\x00{DEFAULT_CHUNKING}".encode())
     for doc in docs:
         digest.update(f"{doc.doc_id}\x00{content_hash(doc.title, doc.text)}\n".encode())
     return digest.hexdigest()
@@ -270,8 +277,10 @@ async def ensure_corpus(
             reported[0] = done // 1000
             print(f"  [{label}] ingest {done}/{total}", file=sys.stderr, flush=True)
 
-    # Unchanged documents (same content hash) are skipped inside the pipeline itself.
-    report = await ingest_documents(TENANT, docs, embedder, retriever, progress)
+    # Unchanged documents (same content hash) are skipped inside the pipeline itself, unless
+    # the digest changed while the documents did not (the chunking): then all are rewritten.
+    rechunk = _manifest(manifest) is not None and stored[1] > 0
+    report = await ingest_documents(TENANT, docs, embedder, retriever, progress, rechunk=rechunk)
     embedder.save()
     manifest.parent.mkdir(parents=True, exist_ok=True)
     stored = await retriever.stats(TENANT)
