@@ -194,7 +194,7 @@ class _OpenStream:
 
     deployment: _Deployment
     chunks: CustomStreamWrapper | openai_http.SseStream
-    first: Any
+    first: Any  # litellm's first chunk, or the lean wire's first batch of chunks
 
 
 def _resolve_key(config: TierConfig) -> str:
@@ -778,38 +778,47 @@ def _json_call(raw: dict[str, Any]) -> SimpleNamespace:
     )
 
 
+def _gather_lean_tool_calls(calls: dict[int, dict[str, str]], delta: dict[str, Any]) -> None:
+    """A decoded delta's tool-call pieces joined into `calls` (by index)."""
+    for piece in delta.get("tool_calls") or ():
+        call = calls.setdefault(
+            int(piece.get("index") or 0), {"id": "", "name": "", "arguments": ""}
+        )
+        call["id"] = piece.get("id") or call["id"]
+        if (function := piece.get("function")) is not None:
+            call["name"] = function.get("name") or call["name"]
+            call["arguments"] += function.get("arguments") or ""
+
+
 async def _relay_lean(
     opened: _OpenStream, wire: list[dict[str, Any]]
 ) -> AsyncIterator[StreamDelta]:
-    """`LiteLLMTiers._relay` for decoded OpenAI chunks."""
+    """`LiteLLMTiers._relay` for the lean wire's batches of decoded OpenAI chunks."""
     deployment = opened.deployment
     parts: list[str] = []
     calls: dict[int, dict[str, str]] = {}
     finish_reason = ""
     reported: tuple[int, int] | None = None
     try:
-        async for chunk in _prepend(opened.first, opened.chunks):
-            choices = chunk.get("choices")
-            if choices:
-                choice = choices[0]
-                finish_reason = choice.get("finish_reason") or finish_reason
-                delta = choice.get("delta") or {}
-                for piece in delta.get("tool_calls") or ():
-                    call = calls.setdefault(
-                        int(piece.get("index") or 0), {"id": "", "name": "", "arguments": ""}
+        async for batch in _prepend(opened.first, opened.chunks):
+            texts: list[str] = []
+            for chunk in batch:
+                if choices := chunk.get("choices"):
+                    finish_reason = choices[0].get("finish_reason") or finish_reason
+                    delta = choices[0].get("delta") or {}
+                    _gather_lean_tool_calls(calls, delta)
+                    if text := delta.get("content"):
+                        texts.append(text)
+                if (usage := chunk.get("usage")) is not None:
+                    reported = (
+                        int(usage.get("prompt_tokens") or 0),
+                        int(usage.get("completion_tokens") or 0),
                     )
-                    call["id"] = piece.get("id") or call["id"]
-                    if (function := piece.get("function")) is not None:
-                        call["name"] = function.get("name") or call["name"]
-                        call["arguments"] += function.get("arguments") or ""
-                if text := delta.get("content"):
-                    parts.append(text)
-                    yield StreamDelta(text=text, model=deployment.model)
-            if (usage := chunk.get("usage")) is not None:
-                reported = (
-                    int(usage.get("prompt_tokens") or 0),
-                    int(usage.get("completion_tokens") or 0),
-                )
+            if texts:
+                # the chunks that arrived together go on as one delta: one event to the client
+                text = "".join(texts)
+                parts.append(text)
+                yield StreamDelta(text=text, model=deployment.model)
     except _CALL_ERRORS as exc:
         raise UpstreamError("llm", f"{deployment.model}: stream interrupted: {exc}") from exc
     estimated = reported is None

@@ -138,41 +138,88 @@ class OpenAIHttp:
             await session.close()
 
 
+# No chunk comes near this; a body without newlines must not grow a buffer without bound.
+MAX_LINE = 1 << 20
+
+
+class SseLines:
+    """The payloads of an SSE body's `data:` lines, from the body read in arbitrary pieces: a
+    line split across reads waits for its end, the lines one read completes come out together.
+    Blank separators, comments and `event:` lines are skipped."""
+
+    def __init__(self) -> None:
+        self._tail = b""  # the start of a line whose end has not come yet
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """The payloads of the lines `data` completes; `b""` is the body's end, which completes
+        a last line sent without its newline."""
+        if data:
+            *lines, self._tail = (self._tail + data).split(b"\n")
+            if len(self._tail) > MAX_LINE:
+                raise MalformedBody(f"an SSE line longer than {MAX_LINE} bytes")
+        else:
+            lines, self._tail = [self._tail], b""
+        return [line[5:].strip() for raw in lines if (line := raw.strip()).startswith(b"data:")]
+
+
 class SseStream:
-    """A chat completion's server-sent events as decoded chunks, until `data: [DONE]` or the
-    end of the body. `aclose` gives the connection back (or drops it when unread)."""
+    """A chat completion's server-sent events as batches of decoded chunks, until `data: [DONE]`
+    or the end of the body. A batch is every chunk one read found buffered: what arrived
+    together is handled together downstream (one delta, one write to the client), and no read
+    waits for more once one chunk is complete. `aclose` gives the connection back (or drops it
+    when unread)."""
 
     def __init__(self, response: aiohttp.ClientResponse) -> None:
         self._response = response
-        self._lines = self._chunks()
+        self._batches = self._read()
         self.ended = False  # `data: [DONE]` was read: the body did not just stop
 
-    def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
-        return self._lines
+    def __aiter__(self) -> AsyncIterator[list[dict[str, Any]]]:
+        return self._batches
 
-    async def _chunks(self) -> AsyncIterator[dict[str, Any]]:
+    async def _read(self) -> AsyncIterator[list[dict[str, Any]]]:
+        lines = SseLines()
         try:
-            async for raw in self._response.content:
-                line = raw.strip()
-                if not line.startswith(b"data:"):
-                    continue  # blank separators, comments, `event:` lines
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    self.ended = True
+            while True:
+                data = await self._response.content.readany()  # all it holds, b"" at the end
+                batch, failure = self._decode(lines.feed(data))
+                if batch:
+                    yield batch
+                if failure is not None:
+                    raise failure
+                if self.ended or not data:
                     return
-                chunk = _loads(data)
-                if "error" in chunk and not chunk.get("choices"):
-                    error = chunk["error"]
-                    code = error.get("code") if isinstance(error, dict) else None
-                    status = int(str(code)) if str(code).isdigit() else 500
-                    raise WireStatusError(status, _error_text(json.dumps(chunk).encode()))
-                yield chunk
         except aiohttp.ClientError as exc:
             raise WireConnectionError(f"stream cut: {type(exc).__name__}: {exc}") from exc
 
+    def _decode(self, payloads: list[bytes]) -> tuple[list[dict[str, Any]], WireError | None]:
+        """The chunks up to `[DONE]` or a failure, and that failure: it is raised once the
+        chunks before it have gone on, as they would have one by one."""
+        chunks: list[dict[str, Any]] = []
+        for data in payloads:
+            if data == b"[DONE]":
+                self.ended = True
+                break
+            try:
+                chunks.append(_chunk(data))
+            except WireError as exc:
+                return chunks, exc
+        return chunks, None
+
     async def aclose(self) -> None:
-        await self._lines.aclose()  # type: ignore[attr-defined]  # an async generator
+        await self._batches.aclose()  # type: ignore[attr-defined]  # an async generator
         self._response.release()
+
+
+def _chunk(data: bytes) -> dict[str, Any]:
+    """One decoded event; an error event (OpenAI's shape, sent mid-stream) raises."""
+    chunk = _loads(data)
+    if "error" in chunk and not chunk.get("choices"):
+        error = chunk["error"]
+        code = error.get("code") if isinstance(error, dict) else None
+        status = int(str(code)) if str(code).isdigit() else 500
+        raise WireStatusError(status, _error_text(json.dumps(chunk).encode()))
+    return chunk
 
 
 def _url(api_base: str | None) -> str:

@@ -117,7 +117,8 @@ async def test_stream_yields_deltas_then_a_final_delta_with_usage_and_cost(
     fake_upstream: str,
 ) -> None:
     usage = {"prompt_tokens": 30, "completion_tokens": 6}
-    _, messages = _ask("stream this", {"usage": usage})
+    # a pause before each chunk: each comes in its own read, so goes on as its own delta
+    _, messages = _ask("stream this", {"usage": usage, "chunk_delay_ms": 20})
     deltas = await _drain(_llm(_tier(fake_upstream)).stream("small", messages))
     *parts, final = deltas
     assert "".join(d.text for d in parts) == "FAKE ANSWER: stream this"
