@@ -104,8 +104,7 @@ class Step:
     wall_s: float = 0.0  # to the last answer: the rates count the drain of the queue too
     sent: int = 0
     accepted_s: list[float] = field(default_factory=list)
-    refused: Counter[str] = field(default_factory=Counter)  # "503 overloaded"
-    refused_s: list[float] = field(default_factory=list)
+    refused_s: dict[str, list[float]] = field(default_factory=dict)  # "503 overloaded": times
     retry_after: int = 0
     failures: Counter[str] = field(default_factory=Counter)
     lag_s: list[float] = field(default_factory=list)  # actual send time - scheduled
@@ -119,8 +118,8 @@ class Step:
         return len(self.accepted_s) / self.wall_s
 
     def row(self, saturation: float) -> str:
-        refused = sum(self.refused.values())
-        acc, rejects = self.accepted_s, self.refused_s
+        rejects = [t for times in self.refused_s.values() for t in times]
+        acc = self.accepted_s
         cells = [
             f"{self.offered_rate / saturation:.1f}x",
             f"{self.sent / self.seconds:.0f}",
@@ -128,8 +127,12 @@ class Step:
             f"{pct(acc, 0.5):.0f}",
             f"{pct(acc, 0.99):.0f}",
             f"{pct(acc, 1.0):.0f}",
-            ", ".join(f"{n} {k}" for k, n in sorted(self.refused.items())) or "-",
-            f"{100 * self.retry_after / refused:.0f}%" if refused else "-",
+            "; ".join(
+                f"{len(t)} {k} (p50 {pct(t, 0.5):.1f}, p99 {pct(t, 0.99):.1f})"
+                for k, t in sorted(self.refused_s.items())
+            )
+            or "-",
+            f"{100 * self.retry_after / len(rejects):.0f}%" if rejects else "-",
             f"{pct(rejects, 0.5):.1f}" if rejects else "-",
             f"{pct(rejects, 0.99):.1f}" if rejects else "-",
             f"{self.peak_inflight:.0f} / {self.peak_queued:.0f}",
@@ -142,7 +145,7 @@ class Step:
 
 
 HEADER = (
-    "| load | offered/s | accepted/s | accepted p50 ms | p99 ms | max ms | refused "
+    "| load | offered/s | accepted/s | accepted p50 ms | p99 ms | max ms | refused (ms to answer) "
     "| with Retry-After | reject p50 ms | reject p99 ms | peak in-flight / queued "
     "| CPU gateway / client | client lag p99 ms | failures |\n" + "|---" * 14 + "|"
 )
@@ -184,12 +187,13 @@ async def one(
     if status == 200:
         step.accepted_s.append(elapsed)
         return True
-    if status in (429, 503) and retry_after:
-        step.refused[f"{status} {kind}"] += 1
-        step.refused_s.append(elapsed)
-        step.retry_after += 1
-    else:
-        step.failures[f"{status} {kind}{'' if retry_after else ' (no Retry-After)'}"] += 1
+    if status not in (429, 503):
+        step.failures[f"{status} {kind}"] += 1
+        return False
+    step.refused_s.setdefault(f"{status} {kind}", []).append(elapsed)
+    step.retry_after += retry_after
+    if not retry_after:  # a refusal the client cannot pace itself by
+        step.failures[f"{status} {kind} without Retry-After"] += 1
     return False
 
 
