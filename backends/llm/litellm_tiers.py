@@ -531,11 +531,7 @@ class LiteLLMTiers:
             "api_base": config.api_base,
             "api_key": deployment.api_key,
             "timeout": config.timeout_s,
-            "temperature": config.temperature,
-            # the client's parameters over the tier's (no litellm drop_params: a parameter an
-            # upstream refuses is refused, never dropped)
-            **options.wire(),
-            "max_tokens": options.cap(max_tokens or config.max_tokens),
+            **_generation(deployment, max_tokens, options),
             "max_retries": 0,  # _retrying is the one retry layer
         }
 
@@ -713,10 +709,20 @@ def _wire_body(
     options: GenerationOptions,
 ) -> dict[str, Any]:
     """The request litellm would send an OpenAI-compatible server for `_call_args`."""
+    return {
+        "model": deployment.config.model.removeprefix(openai_http.PREFIX),
+        "messages": wire,
+        **_generation(deployment, max_tokens, options),
+    }
+
+
+def _generation(
+    deployment: _Deployment, max_tokens: int | None, options: GenerationOptions
+) -> dict[str, Any]:
+    """The sampling parameters both wires send: the client's over the tier's (no litellm
+    drop_params: a parameter an upstream refuses is refused, never dropped)."""
     config = deployment.config
     return {
-        "model": config.model.removeprefix(openai_http.PREFIX),
-        "messages": wire,
         "temperature": config.temperature,
         **options.wire(),
         "max_tokens": options.cap(max_tokens or config.max_tokens),
