@@ -170,9 +170,6 @@ async def _write(
     report: IngestReport,
 ) -> int:
     """Write each document of an embedded batch; returns documents written."""
-    for item in pending:
-        if item.same_content:
-            await retriever.delete_document(tenant, item.raw.doc_id)
     rows = iter(vectors)
     documents = [
         Document(
@@ -183,8 +180,11 @@ async def _write(
         )
         for item in pending
     ]
-    stored_flags = await retriever.upsert_documents(tenant, documents)
-    for item, document, stored in zip(pending, documents, stored_flags, strict=True):
+    kept = await _rechunk_still_current(tenant, pending, documents, retriever, report)
+    if not kept:
+        return len(pending)
+    stored_flags = await retriever.upsert_documents(tenant, [document for _, document in kept])
+    for (item, document), stored in zip(kept, stored_flags, strict=True):
         if not stored:
             report.unchanged += 1  # an identical version landed first (a concurrent PUT)
             continue
@@ -194,3 +194,28 @@ async def _write(
             report.updated += 1
         report.chunks += len(document.chunks)
     return len(pending)
+
+
+async def _rechunk_still_current(
+    tenant: str,
+    pending: list[_Pending],
+    documents: list[Document],
+    retriever: Retriever,
+    report: IngestReport,
+) -> list[tuple[_Pending, Document]]:
+    """The batch's documents to write. A rechunk whose document a live PUT or DELETE changed
+    since its hash was read is dropped (that write is newer than the file); the old version of
+    every other rechunk is deleted now, as the backends skip a write of an unchanged hash."""
+    rechunks = [item.raw.doc_id for item in pending if item.same_content]
+    if not rechunks:
+        return list(zip(pending, documents, strict=True))
+    stored = await retriever.content_hashes(tenant, rechunks)
+    kept: list[tuple[_Pending, Document]] = []
+    for item, document in zip(pending, documents, strict=True):
+        if item.same_content and stored.get(item.raw.doc_id) != item.content_hash:
+            report.unchanged += 1  # not ours to rewrite any more
+            continue
+        if item.same_content:
+            await retriever.delete_document(tenant, item.raw.doc_id)
+        kept.append((item, document))
+    return kept

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -136,6 +136,41 @@ async def test_rechunk_rewrites_unchanged_documents_with_today_s_chunker(
     assert await index.stats("t") == (1, again.chunks)  # the old chunks are gone
     assert await index.content_hash("t", "manual") == content_hash("Manual", text)
     assert await index.generation("t") > generation  # cached answers retire
+
+
+class WriteDuringEmbed(FakeEmbedder):
+    """Runs `write` (a live PUT or DELETE of the same document) while the ingest embeds."""
+
+    def __init__(self, write: Callable[[], Awaitable[object]]) -> None:
+        super().__init__()
+        self._write: Callable[[], Awaitable[object]] | None = write
+
+    async def embed(self, texts: Sequence[str]) -> Vector:
+        if self._write is not None:
+            write, self._write = self._write, None
+            await write()
+        return await super().embed(texts)
+
+
+@pytest.mark.parametrize("live", ["put", "delete"])
+async def test_rechunk_leaves_a_document_written_while_it_ran_as_that_write_left_it(
+    index: EmbeddedRetriever, live: str
+) -> None:
+    """A PUT (or DELETE) that lands between the rechunk's hash lookup and its write is newer
+    than the file: the rechunk must not delete it and restore the file's version."""
+    manual = [RawDocument("manual", "Manual", "The old manual text.")]
+    await ingest_documents("t", manual, FakeEmbedder(), index)
+    put = [RawDocument("manual", "Manual", "The manual, edited through the API.")]
+
+    async def write() -> object:
+        if live == "put":
+            return await ingest_documents("t", put, FakeEmbedder(), index)
+        return await index.delete_document("t", "manual")
+
+    report = await ingest_documents("t", manual, WriteDuringEmbed(write), index, rechunk=True)
+    expected = content_hash("Manual", put[0].text) if live == "put" else None
+    assert await index.content_hash("t", "manual") == expected
+    assert (report.updated, report.unchanged) == (0, 1)
 
 
 async def test_blank_text_deletes_the_document(index: EmbeddedRetriever) -> None:
