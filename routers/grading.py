@@ -7,8 +7,9 @@ Two methods, chosen by `EscalationConfig.method`, behind one entry point, `asses
   - agreement: whether both arms (BM25 and dense) put the best passage near their top. The fused
     RRF score says it, read against the best possible score: both arms rank the passage first,
     (lexical_weight + dense_weight) / (k + 1); a passage only one arm found scores about half.
-- learned: `routers.sufficiency`'s logistic regression over both arms' scores and ranks, the
-  query and the classifier's verdict (coverage and agreement among them), against a threshold.
+- learned: `routers.sufficiency`'s logistic regression over the evidence (best cosine, coverage,
+  the question's names in the best passage), the query and the classifier's verdict, against a
+  threshold.
 """
 
 from __future__ import annotations
@@ -93,7 +94,6 @@ def learned_features(
         classification,
         content_word_count=s.content_words,
         coverage=s.coverage,
-        agreement=s.agreement,
     )
     return row, s
 

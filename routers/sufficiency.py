@@ -1,9 +1,9 @@
 """The learned sufficiency model: P(the evidence a lookup found is not enough: multi-hop needed).
 
-Logistic regression over cheap features of what the lookup already has: both retrieval arms'
-scores and ranks (scale-free: nothing whose range depends on the corpus), the query's words
-(length capped), and the classifier's verdict. No extra model call and no
-extra embedding; one dot product of SUFFICIENCY_FEATURES. The weights, the standardisation and
+Logistic regression over cheap features of what the lookup already has: the best cosine and how
+much of the question the best passages hold (scale-free: nothing whose range depends on the
+corpus), the query's words (length capped), and the classifier's verdict. No extra model call and
+no extra embedding; one dot product of SUFFICIENCY_FEATURES. The weights, the standardisation and
 the threshold tuned on held-out questions live in a small JSON artifact written by
 `scripts/train_sufficiency.py`.
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,29 +39,35 @@ ARTIFACT_FORMAT = "querygate.sufficiency.logreg/1"
 # corpus is chunked and whether it holds k chunks at all (on the 3-chunk tests/data/acme corpus
 # distinct_docs alone added +5 logits). The query's length is capped, see CONTENT_WORDS_CAP.
 SUFFICIENCY_FEATURES: tuple[str, ...] = (
-    # both arms
+    # the evidence
     "dense_top",  # best cosine among the hits (one embedding model's scale, checked at load)
-    "dense_gap",  # best minus second-best cosine: one passage stands out
-    "bm25_lead",  # 1 - second-best / best BM25 score: the same, scale-free
-    "agreement",  # the best hit's fused score over the best possible (both arms rank it first)
-    "tops_agree",  # both arms' best hit (among the hits) is the same passage
+    "coverage",  # share of the question's content words found in the best passages
+    "names_in_best",  # share of the question's names and numbers found in the best passage
     # the query
     "content_words",  # log(1 + number of content words, capped)
-    "coverage",  # share of them found in the best passages
     "entities",
-    "wh_words",
+    "back_references",  # their, them, each...: the question asks about what it names itself
     # the classifier
     "clf_multihop",
-    "clf_confidence",
 )
-# Tried and not kept (2026-11-30): "a top-3 hit's title words are in the question" and "share of
-# the question's words in the best passage" raised the out-of-fold AUC 0.964 -> 0.974 and cut
-# the answerable single-hop questions flagged at recall 0.95 from 6.5% to 5.2% on train+val, but
-# escalated 2 of tests/data/acme's 10 single-hop questions (a tenant's titles are file names,
-# not the subject a Wikipedia title is).
+# Chosen out of fold on train+val (2026-11-30; answerable single-hop questions flagged at multihop
+# recall 0.95, scripts/train_sufficiency.py's folds): dropping dense_gap, bm25_lead, agreement,
+# tops_agree, clf_confidence and wh_words (each alone changed nothing) and adding names_in_best
+# and back_references took 29 of 445 to 22 (over 11 other fold assignments too, mean 29.7 ->
+# 23.0), padded twins escalated as often (6.2%). Tried and not kept: a top-3 hit's
+# title words in the question and the share of the question's words in the best passage (5.2%,
+# but 2 of tests/data/acme's 10 single-hop questions escalated: a tenant's titles are file
+# names); numerals, superlatives, the classifier's log-odds, rank agreement and score spreads of
+# the arms. Lighter twins (half weight) flag fewer but escalate more padded questions (8.5%).
 # FanOutQA's parents are long and its sub-questions short (length alone separates them, AUC
 # 0.995), so past a short question's length, more words must not read as "multi-hop".
 CONTENT_WORDS_CAP = 6
+# Names (a capitalised word not opening a sentence, as routers.features counts entities) and
+# numbers: what a passage answering the question names too. Padding a question with chat adds
+# none, unlike plain coverage.
+_NAME_OR_NUMBER = re.compile(r"(?<![.!?]\s)(?<!^)\b[A-Z][\w'-]+|\b\d[\w'-]*")
+_TOKEN = re.compile(r"[\w'-]+")
+_BACK_REFERENCE = re.compile(r"\b(their|them|they|each|these|those|its)\b", re.IGNORECASE)
 
 
 class SufficiencyModelMismatch(ValueError):
@@ -97,50 +104,22 @@ def _sigmoid(z: float) -> float:
     return e / (1.0 + e)
 
 
-def _top_two_gap(values: list[float]) -> float:
-    ordered = sorted(values, reverse=True)
-    return ordered[0] - ordered[1] if len(ordered) > 1 else 0.0
-
-
-def _relative_lead(values: list[float]) -> float:
-    """How far the best score leads the second, as a share of the best: a ratio, so the scale
-    of BM25 scores (which grows with the corpus) cancels. A lone score leads fully."""
-    ordered = sorted(values, reverse=True)
-    if not ordered or ordered[0] <= 0:
-        return 0.0
-    return 1.0 - ordered[1] / ordered[0] if len(ordered) > 1 else 1.0
-
-
-def _arm_features(hits: list[Hit]) -> dict[str, float]:
-    bm25 = [h.bm25_score for h in hits if h.bm25_score is not None]
-    dense = [h.dense_score for h in hits if h.dense_score is not None]
-    bm25_first = min(
-        ((h.bm25_rank, h.chunk_id) for h in hits if h.bm25_rank is not None), default=None
-    )
-    dense_first = min(
-        ((h.dense_rank, h.chunk_id) for h in hits if h.dense_rank is not None), default=None
-    )
-    return {
-        "dense_top": max(dense, default=0.0),
-        "dense_gap": _top_two_gap(dense),
-        "bm25_lead": _relative_lead(bm25),
-        "tops_agree": float(
-            bm25_first is not None and dense_first is not None and bm25_first[1] == dense_first[1]
-        ),
+def _names_in(query: str, passage: Hit) -> float:
+    """Share of the query's names and numbers among the passage's words; 1 when it has none."""
+    wanted = {w.casefold() for w in _NAME_OR_NUMBER.findall(query)}
+    if not wanted:
+        return 1.0
+    found = {
+        w.casefold() for w in _TOKEN.findall(f"{passage.title} {passage.section} {passage.text}")
     }
+    return len(wanted & found) / len(wanted)
 
 
-def _classifier_features(classification: Classification) -> dict[str, float]:
+def _clf_multihop(classification: Classification) -> float:
     # The learned router gives every class's probability; a classifier without scores (the
     # heuristic) gives only its verdict, read as its confidence on the chosen route.
     chosen = classification.confidence if classification.route is Route.MULTIHOP else 0.0
-    return {
-        "clf_multihop": classification.scores.get(str(Route.MULTIHOP), chosen),
-        "clf_confidence": classification.confidence,
-    }
-
-
-_QUERY_LEXICAL = ("entities", "wh_words")
+    return classification.scores.get(str(Route.MULTIHOP), chosen)
 
 
 def sufficiency_features(
@@ -150,18 +129,18 @@ def sufficiency_features(
     *,
     content_word_count: int,
     coverage: float,
-    agreement: float,
 ) -> F64:
     """The model's input row, in SUFFICIENCY_FEATURES order, for a non-empty list of hits.
-    Coverage and agreement come from `routers.grading`, which computes them anyway."""
-    lexical = lexical_features(query)
+    The content words and coverage come from `routers.grading`, which computes them anyway."""
+    back_references = len(_BACK_REFERENCE.findall(query))
     values = {
-        **_arm_features(hits),
-        "agreement": agreement,
-        "content_words": math.log1p(min(content_word_count, CONTENT_WORDS_CAP)),
+        "dense_top": max((h.dense_score for h in hits if h.dense_score is not None), default=0.0),
         "coverage": coverage,
-        **{name: lexical[name] for name in _QUERY_LEXICAL},
-        **_classifier_features(classification),
+        "names_in_best": _names_in(query, hits[0]),
+        "content_words": math.log1p(min(content_word_count, CONTENT_WORDS_CAP)),
+        "entities": lexical_features(query)["entities"],
+        "back_references": back_references / (back_references + 0.5),
+        "clf_multihop": _clf_multihop(classification),
     }
     return np.array([values[name] for name in SUFFICIENCY_FEATURES], dtype=np.float64)
 

@@ -161,7 +161,7 @@ def test_out_of_domain_single_hop_questions_stay_sufficient_under_the_default_co
 ) -> None:
     # A model fitted on Wikipedia must read a tenant's three-chunk corpus the same way: plain
     # lookups there must not go to the agent. The bar is the one the default was decided on
-    # (routers/rules.py): at most one of the ten; today only the serial-number question, P 0.505.
+    # (routers/rules.py): at most one of the ten; today only the serial-number question, P 0.756.
     grades = asyncio.run(acme_grades(EscalationConfig(), tmp_path))["single-hop"]
     escalated = [question for question, g in grades if not g.sufficient]
     assert len(grades) == len(ACME_SINGLE_HOP)
