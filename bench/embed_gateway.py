@@ -1,18 +1,20 @@
-"""The embedding runtime's gain through the whole gateway: querygate on numpy vs on onnxruntime.
+"""The embedding settings' gain through the whole gateway: querygate on numpy vs onnxruntime, or
+onnx with one vs two threads per forward pass.
 
     .venv/bin/python bench/embed_gateway.py [--requests 200] [--concurrency 1 32] [--rounds 2]
+    .venv/bin/python bench/embed_gateway.py --variants onnx,onnx-2t
 
-Two `querygate serve` processes (one worker, cache off), identical but for
-`embeddings.runtime`, against one fake upstream, driven by `bench/proxy_compare.py`'s closed-loop
-client and its CPU accounting (utime + stime of the gateway's process tree from /proc), the two
-in alternating order, cell by cell. Paths (non-streaming `/v1/chat/completions`):
+`querygate serve` processes (one worker, cache off), identical but for their `embeddings`
+settings, against one fake upstream, driven by `bench/proxy_compare.py`'s closed-loop
+client and its CPU accounting (utime + stime of the gateway's process tree from /proc), in
+alternating order, cell by cell. Paths (non-streaming `/v1/chat/completions`):
 
   auto_direct   `model: auto`, a greeting: query embedding + classification, then the model
   lookup        `model: lookup`: query embedding + hybrid retrieval + the model
 
 Reported: requests/s, added p50 over the raw upstream, gateway CPU ms per request, and the
-numpy / onnx ratio of CPU per request. The machine's cores are shared by client, gateways and
-upstream; CPU per request is the figure a busy machine disturbs least.
+first variant's CPU per request over each other's. The machine's cores are shared by client,
+gateways and upstream; CPU per request is the figure a busy machine disturbs least.
 """
 
 from __future__ import annotations
@@ -35,7 +37,12 @@ from proxy_compare import PATHS, Cell, System, fake_upstream, merge, run_cell  #
 
 from tests.fixtures.gateway import KEYS, start_gateway, stop_gateway  # noqa: E402
 
-RUNTIMES = ("numpy", "onnx")
+# Embedding settings compared (`--variants`, the first is the baseline of the ratio column).
+VARIANTS: dict[str, dict[str, object]] = {
+    "numpy": {"runtime": "numpy"},
+    "onnx": {"runtime": "onnx"},
+    "onnx-2t": {"runtime": "onnx", "threads": 2},
+}
 WANTED = ("auto_direct", "lookup")
 
 
@@ -77,7 +84,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--variants", default="numpy,onnx", help=f"of {', '.join(VARIANTS)}")
     args = parser.parse_args()
+    variants = args.variants.split(",")
     load0 = os.getloadavg()[0]
     pool = {"max_inflight": 256, "max_queued": 256}
     pool |= {"tenant_max_inflight": 256, "tenant_max_queued": 256}
@@ -90,10 +99,10 @@ def main() -> None:
     ):
         gateways = []
         try:
-            for runtime in RUNTIMES:
+            for runtime in variants:
                 overrides = {
                     "cache": {"backend": "off"},
-                    "embeddings": {"runtime": runtime},
+                    "embeddings": VARIANTS[runtime],
                     "server": {"admission": {"queries": pool}},
                 }
                 gw = start_gateway(Path(tmp) / runtime, base, overrides=overrides)
@@ -118,16 +127,16 @@ def main() -> None:
     load1 = os.getloadavg()[0]
     print(f"\nload average {load0:.1f} / {load1:.1f} on {os.cpu_count()} cores")
     print(
-        "| path | c | runtime | req/s | added p50 ms | CPU ms/req | numpy ÷ onnx CPU |\n"
+        f"| path | c | embedding | req/s | added p50 ms | CPU ms/req | {variants[0]} CPU ÷ its |\n"
         "|---|---|---|---|---|---|---|"
     )
     for path in WANTED:
         for c in args.concurrency:
             base_p50 = results[(path, c, "upstream")].pct(0.5)
-            numpy_cell = results[(path, c, "querygate-numpy")]
-            for runtime in RUNTIMES:
+            baseline = results[(path, c, f"querygate-{variants[0]}")]
+            for runtime in variants:
                 cell = results[(path, c, f"querygate-{runtime}")]
-                ratio = f"{numpy_cell.cpu_ms / cell.cpu_ms:.2f}x" if runtime == "onnx" else ""
+                ratio = f"{baseline.cpu_ms / cell.cpu_ms:.2f}x" if runtime != variants[0] else ""
                 print(
                     f"| {path} | {c} | {runtime} | {cell.rps:.0f} | "
                     f"{cell.pct(0.5) - base_p50:+.2f} | {cell.cpu_ms:.2f} | {ratio} |"

@@ -41,6 +41,13 @@ class EmbeddingsConfig(BaseModel):
         "about half the numpy pass's CPU per text), numpy, or auto: onnx when onnxruntime is "
         "installed, else numpy; the runtime in use is logged at start",
     )
+    threads: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="onnx runtime: threads one forward pass may use (a single query's latency "
+        "falls with more; batches and bulk ingest get their parallelism from callers)",
+    )
     timeout_s: float = Field(default=30.0, gt=0)
 
     @model_validator(mode="after")
@@ -90,7 +97,7 @@ def _build_minilm(config: EmbeddingsConfig) -> Embedder:
             embedder = MiniLMEmbedder(batch_size=config.batch_size)
             reason = "onnxruntime missing"
         else:
-            embedder = OnnxMiniLMEmbedder(batch_size=config.batch_size)
+            embedder = OnnxMiniLMEmbedder(batch_size=config.batch_size, threads=config.threads)
             reason = f"graph from {embedder.graph_source}"
     log.info(
         "embedding runtime",

@@ -158,3 +158,12 @@ def test_runtime_onnx_without_onnxruntime_refuses_to_start(
 
 def test_runtime_numpy_is_numpy() -> None:
     assert type(build_embedder(EmbeddingsConfig(runtime="numpy"))) is MiniLMEmbedder
+
+
+def test_threads_set_the_forward_pass_s_intra_op_threads_and_keep_the_vectors() -> None:
+    one = build_embedder(EmbeddingsConfig(runtime="onnx"))
+    two = build_embedder(EmbeddingsConfig(runtime="onnx", threads=2))
+    assert isinstance(one, OnnxMiniLMEmbedder) and isinstance(two, OnnxMiniLMEmbedder)
+    assert one._session.get_session_options().intra_op_num_threads == 1
+    assert two._session.get_session_options().intra_op_num_threads == 2
+    np.testing.assert_allclose(two.embed_sync(VARIED[:4]), one.embed_sync(VARIED[:4]), atol=PARITY)
