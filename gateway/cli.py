@@ -291,8 +291,7 @@ async def _ingest_async(
 ) -> dict[str, int]:
     from backends.embeddings.bulk import bulk_embedder
     from backends.embeddings.config import build_embedder
-    from gateway.ingest.background import BULK_BATCH, IngestProgress, ProgressDisplay
-    from gateway.ingest.pipeline import ingest_documents
+    from gateway.ingest.background import IngestProgress, ProgressDisplay, ingest_shown
     from gateway.ingest.readers import read_paths
     from gateway.ingest.wiki_sample import load_wiki_sample
     from gateway.services import build_retriever
@@ -308,20 +307,8 @@ async def _ingest_async(
         progress.total, progress.state = len(docs), "running"
         progress.workers = getattr(bulk, "workers", 1)
         display = ProgressDisplay(progress)
-
-        def step(done: int, total: int) -> None:
-            progress.done = done
-            display.update()
-
-        report = await ingest_documents(
-            tenant,
-            docs,
-            bulk,
-            retriever,
-            step,
-            embed_batch=BULK_BATCH,
-            parallel=parallel,
-            rechunk=rechunk,
+        report = await ingest_shown(
+            progress, display, docs, bulk, retriever, parallel, rechunk=rechunk
         )
         progress.state, progress.chunks = "done", report.chunks
         display.update(final=True)

@@ -24,7 +24,7 @@ from aiohttp import web
 from backends.embeddings.base import Embedder
 from backends.embeddings.bulk import SERVING_NICE, bulk_embedder
 from backends.retrieval.base import Retriever
-from gateway.ingest.pipeline import ingest_documents
+from gateway.ingest.pipeline import IngestReport, ingest_documents
 from gateway.ingest.readers import RawDocument
 
 log = logging.getLogger(__name__)
@@ -127,6 +127,35 @@ def _duration(seconds: float) -> str:
     return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
+async def ingest_shown(
+    progress: IngestProgress,
+    display: ProgressDisplay,
+    docs: list[RawDocument],
+    bulk: Embedder,
+    retriever: Retriever,
+    parallel: int,
+    *,
+    rechunk: bool = False,
+) -> IngestReport:
+    """`ingest_documents` of `docs` for `progress.tenant` in bulk batches, keeping `progress`
+    and its display up to date."""
+
+    def step(done: int, total: int) -> None:
+        progress.done = done
+        display.update()
+
+    return await ingest_documents(
+        progress.tenant,
+        docs,
+        bulk,
+        retriever,
+        step,
+        embed_batch=BULK_BATCH,
+        parallel=parallel,
+        rechunk=rechunk,
+    )
+
+
 class BackgroundIngest:
     """One ingest of `load()`'s documents for `tenant`; `run` is the task's body."""
 
@@ -155,19 +184,7 @@ class BackgroundIngest:
             progress.started = time.monotonic()
             log.info("ingest started", extra=progress.snapshot())
 
-            def step(done: int, total: int) -> None:
-                progress.done = done
-                self._display.update()
-
-            report = await ingest_documents(
-                progress.tenant,
-                docs,
-                bulk,
-                retriever,
-                step,
-                embed_batch=BULK_BATCH,
-                parallel=parallel,
-            )
+            report = await ingest_shown(progress, self._display, docs, bulk, retriever, parallel)
         except asyncio.CancelledError:
             progress.state = "failed"
             progress.error = "stopped before the end (the next start resumes it)"
