@@ -1269,10 +1269,16 @@ def _to_hits(fused: Sequence[tuple[str, float]], arms: Mapping[str, list[Json]])
                 bm25_rank=bm25[0] if bm25 else None,
                 dense_rank=dense[0] if dense else None,
                 bm25_score=bm25[1] if bm25 else None,
-                dense_score=dense[1] if dense else None,
+                dense_score=_cosine(dense[1]) if dense else None,
             )
         )
     return out
+
+
+def _cosine(knn_score: float) -> float:
+    """The cosine behind a lucene cosinesimil score, (1 + cos) / 2: Hit.dense_score is a cosine
+    on both backends, as the sufficiency model and the agent's min_similarity read it."""
+    return 2.0 * knn_score - 1.0
 
 
 def _read_hit(source: Json) -> Hit:

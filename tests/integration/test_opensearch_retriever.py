@@ -151,6 +151,22 @@ async def test_hybrid_fuses_both_arms_with_rrf(
     assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
 
 
+async def test_dense_scores_are_cosines_as_on_the_embedded_index(
+    opensearch_retriever: OpenSearchRetriever,
+) -> None:
+    # The sufficiency model (trained on the embedded index) and the agent's min_similarity
+    # read dense_score as a cosine; the node's lucene cosinesimil score is (1 + cos) / 2.
+    tenant = "cosines"
+    await opensearch_retriever.upsert_document(tenant, doc("c", ["first", "second"], [31, 32]))
+    query = unit_vector(31)
+
+    hits = await opensearch_retriever.search(SearchRequest(tenant, "", query, k=2, mode="dense"))
+
+    by_id = {h.chunk_id: h.dense_score for h in hits}
+    assert by_id["c#0"] == pytest.approx(1.0, abs=1e-4)
+    assert by_id["c#1"] == pytest.approx(float(unit_vector(32) @ query), abs=1e-4)
+
+
 async def test_arm_weights_decide_which_arm_ranks_first(
     opensearch_retriever: OpenSearchRetriever,
 ) -> None:
