@@ -23,12 +23,11 @@ tenant filter runs over a store that holds someone else's chunks: in the embedde
 shares the SQLite file (its own FTS table and vectors, as always); in OpenSearch it has its own
 index under `tenancy: index_per_tenant` (the default), or shares the one index under `shared`.
 
-Writes take the fastest path each backend offers, searches the production one. Embedded: the
-Retriever's own `upsert_documents` into a SQLite file per size, kept in the cache directory
-(the store it builds is the one `querygate ingest` builds). OpenSearch: the tenant's index is
-created by the retriever (its template and mapping), and the exact chunk documents its write
-path stages are sent through its own retried `_bulk`, already visible (`pending: false`), with
-one refresh at the end: the per-document un-hiding flip would index every vector twice. Search:
+Writes and searches take the production path: the Retriever's own `upsert_documents`, so each
+store is the one `querygate ingest` builds. Embedded: a SQLite file per size, kept in the cache
+directory. OpenSearch: its staged-then-flipped write indexes every chunk twice, so the index
+holds as many deleted documents as live ones until merges reclaim them (the footprint column
+says how many remain); searches start once the node's merges are done. Search:
 `Retriever.search` with the lookup route's request (hybrid, `RetrievalConfig`'s k and
 candidates, the policy's lexical weight, the configured fusion; `minmax_peak` fuses client-side
 on both backends, `minmax` server-side on a node with neural-search).
@@ -55,7 +54,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, cast, get_args
+from typing import cast, get_args
 
 # Before numpy loads OpenBLAS: one thread, as the gateway's embedder assumes on 2 shared cores.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -79,11 +78,7 @@ from backends.retrieval.base import (  # noqa: E402
     Vector,
 )
 from backends.retrieval.embedded import EmbeddedRetriever  # noqa: E402
-from backends.retrieval.opensearch import (  # noqa: E402
-    OpenSearchConfig,
-    OpenSearchRetriever,
-    _Stored,
-)
+from backends.retrieval.opensearch import OpenSearchConfig, OpenSearchRetriever  # noqa: E402
 from bench.retrieval_eval import load_queries  # noqa: E402
 from gateway.ingest.chunker import DEFAULT_CHUNKING, chunk_document  # noqa: E402
 from gateway.ingest.pipeline import content_hash  # noqa: E402
@@ -97,8 +92,7 @@ OTHER_TENANT = "bench-scale-other"
 OTHER_SHARE = 0.1  # of each size's documents, stored again for the second tenant
 NOISE = 0.01  # sd per dimension of a copy's vector noise: |noise| ~ 0.2, cosine ~ 0.98
 SEED = 11
-WRITE_BATCH = 1000  # documents per upsert_documents call (embedded) or per bulk slice
-BULK_PARALLEL = 3  # bulk slices in flight: JSON encoding overlaps the node's indexing
+WRITE_BATCH = 1000  # documents per upsert_documents call
 WARMUP_CONCURRENCY = 8
 LEXICAL_QUERIES = REPO / "bench" / "data" / "lexical_queries.jsonl"
 
@@ -369,7 +363,7 @@ async def run_opensearch(
     retriever = OpenSearchRetriever(config)
     try:
         start = time.perf_counter()
-        index = await bulk_load(retriever, documents)
+        index = await load(retriever, documents)
         print(
             f"  opensearch {chunks}: loaded and merged in {time.perf_counter() - start:.0f} s",
             file=sys.stderr,
@@ -386,17 +380,13 @@ async def run_opensearch(
         await retriever.aclose()
 
 
-async def bulk_load(retriever: OpenSearchRetriever, documents: Sequence[Document]) -> str:
-    """Both tenants' chunks, visible, through the retriever's bulk; one refresh. Returns the
-    main tenant's index."""
-    other = documents[: int(len(documents) * OTHER_SHARE)]
-    indices = [
-        await load_tenant(retriever, tenant, docs)
-        for tenant, docs in ((TENANT, documents), (OTHER_TENANT, other))
-    ]
-    await retriever._client.indices.refresh(index=",".join(indices), request_timeout=300)
-    await merges_done(retriever, ",".join(indices))
-    return indices[0]
+async def load(retriever: OpenSearchRetriever, documents: Sequence[Document]) -> str:
+    """Both tenants' chunks through `upsert_documents`, then the merges the load started;
+    returns the main tenant's alias."""
+    await write_all(retriever, documents)
+    aliases = [retriever.config.tenant_alias(t) for t in (TENANT, OTHER_TENANT)]
+    await merges_done(retriever, ",".join(aliases))
+    return aliases[0]
 
 
 async def merges_done(retriever: OpenSearchRetriever, indices: str, timeout_s: float = 300) -> None:
@@ -410,48 +400,15 @@ async def merges_done(retriever: OpenSearchRetriever, indices: str, timeout_s: f
         await asyncio.sleep(0.5)
 
 
-async def load_tenant(
-    retriever: OpenSearchRetriever, tenant: str, documents: Sequence[Document]
-) -> str:
-    """Send the tenant's chunks in `WRITE_BATCH` slices, `BULK_PARALLEL` at once, unrefreshed;
-    returns its index (alias)."""
-    index = await retriever._writable(tenant)
-    gate = asyncio.Semaphore(BULK_PARALLEL)
-
-    async def send(part: Sequence[Document]) -> None:
-        async with gate:
-            ops = await asyncio.to_thread(visible_ops, retriever, index, tenant, part)
-            await retriever._bulk(ops, refresh="false")
-
-    slices = [documents[i : i + WRITE_BATCH] for i in range(0, len(documents), WRITE_BATCH)]
-    await asyncio.gather(*(send(part) for part in slices))
-    return index
-
-
-def visible_ops(
-    retriever: OpenSearchRetriever, index: str, tenant: str, documents: Sequence[Document]
-) -> list[dict[str, Any]]:
-    """The index ops the write path stages for these documents, already un-hidden and stamped
-    as the flip would leave them."""
-    ops: list[dict[str, Any]] = []
-    for document in documents:
-        hidden, _ = retriever._document_ops(index, tenant, document, _Stored())
-        for line in hidden:
-            if "pending" in line:
-                line["pending"] = False
-                line["generation"] = 1
-        ops += hidden
-    return ops
-
-
 async def index_size(retriever: OpenSearchRetriever, index: str) -> str:
     client = retriever._client
     alias = await client.indices.get_alias(name=index)
     name = next(iter(alias))
-    stats = await client.indices.stats(index=name, metric="store,segments")
+    stats = await client.indices.stats(index=name, metric="store,segments,docs")
     total = stats["indices"][name]["primaries"]
     store = total["store"]["size_in_bytes"] / 2**20
-    return f"index {store:.0f} MB, {total['segments']['count']} segments"
+    deleted = total["docs"]["deleted"]
+    return f"index {store:.0f} MB, {total['segments']['count']} segments, {deleted} deleted docs"
 
 
 async def version(retriever: OpenSearchRetriever) -> str:
