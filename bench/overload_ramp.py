@@ -24,8 +24,9 @@ shorter queue (`gateway.admission`).
 Per step: offered and accepted (200) rates, accepted latency p50/p99/max, refusals by status
 and error type with their share carrying Retry-After and their time to answer, the peak of the
 admission gauges from /metrics, the gateway's and the client's CPU (100% = one core) and how
-late the client sent. Any other outcome (another status, a refusal without Retry-After, a
-connection error, a client timeout) is a failure: it is printed and the exit status is 1.
+late the client sent. Any other outcome (another status or error type than admission's, a
+refusal without Retry-After, a connection error, a client timeout, in the warm-up too) is a
+failure: it is printed and the exit status is 1.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import re
 import sys
@@ -58,6 +60,8 @@ TENANT_KEYS = {**KEYS, "initech": "key-initech-0004", "umbrella": "key-umbrella-
 DEADLINE_S = 10.0
 CLIENT_TIMEOUT_S = DEADLINE_S + 5  # past the gateway's own deadline: a timeout is its fault
 RAMP = (0.5, 1.0, 1.5, 2.0, 3.0)
+# What admission answers when it sheds (gateway.admission): any other 429 or 503 is a failure.
+REFUSALS = frozenset({"429 rate_limited", "503 overloaded", "503 deadline_exceeded"})
 GAUGE_RE = re.compile(r'^querygate_admission_(inflight|queued)\{pool="queries"\} (\S+)$', re.M)
 
 
@@ -94,7 +98,7 @@ def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
     ranked = sorted(values)
-    return ranked[min(len(ranked) - 1, int(q * len(ranked)))] * 1000
+    return ranked[max(0, math.ceil(q * len(ranked)) - 1)] * 1000
 
 
 @dataclass
@@ -187,7 +191,7 @@ async def one(
     if status == 200:
         step.accepted_s.append(elapsed)
         return True
-    if status not in (429, 503):
+    if f"{status} {kind}" not in REFUSALS:
         step.failures[f"{status} {kind}"] += 1
         return False
     step.refused_s.setdefault(f"{status} {kind}", []).append(elapsed)
@@ -291,7 +295,7 @@ async def run(gw: GatewayProcess, delay_ms: int, step_s: float, probe_s: float) 
     timeout = aiohttp.ClientTimeout(total=CLIENT_TIMEOUT_S)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         url = f"{gw.url}/v1/chat/completions"
-        await closed_loop(session, url, requests, 4, 1.0)  # warm-up
+        warmup = await closed_loop(session, url, requests, 4, 1.0)
         sat, probes = await saturation(session, url, requests, probe_s)
         print(f"saturation S = {sat:.1f} accepted/s", flush=True)
         steps = []
@@ -303,7 +307,7 @@ async def run(gw: GatewayProcess, delay_ms: int, step_s: float, probe_s: float) 
     print(HEADER)
     for step in steps:
         print(step.row(sat))
-    failures = sum((s.failures for s in probes + steps), Counter[str]())
+    failures = sum((s.failures for s in [warmup, *probes, *steps]), Counter[str]())
     if failures:
         print(f"\nFAILED: undesigned outcomes {dict(failures)}")
     return not failures
