@@ -9,6 +9,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from gateway import heap
 from gateway.admin import handle_config, handle_reload
 from gateway.admission import Admission
 from gateway.appkeys import METRICS, RUNTIME, SERVICES, RuntimeHolder
@@ -61,10 +62,12 @@ def create_app(
     prepare: Prepare = as_is,
     *,
     startup_ingest: BackgroundIngest | None = None,
+    freeze_heap: bool = False,
 ) -> web.Application:
     """`config_path` is the file a reload re-reads; `prepare` re-applies the CLI's overrides;
     `startup_ingest` runs in the background once the backends are up (the sample corpus on
-    first run), while the gateway answers from what is indexed so far."""
+    first run), while the gateway answers from what is indexed so far; `freeze_heap` (the
+    server's own process, not an in-process test) freezes the start-up heap before "ready"."""
     metrics = Metrics()
     admission = Admission(metrics)  # per process: each worker admits on its own
     app = web.Application(
@@ -90,6 +93,8 @@ def create_app(
                 ingest = asyncio.create_task(
                     startup_ingest.run(services.embedder, services.retriever)
                 )
+            if freeze_heap:
+                heap.freeze()
             log.info("ready", extra={"config_version": settings.version})
             yield
             health.cancel()

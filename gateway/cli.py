@@ -214,12 +214,6 @@ def serve_worker(spec: WorkerSpec, sock: socket.socket, on_ready: Callable[[], N
     return _run_app(settings, args, sock=sock, on_ready=on_ready)
 
 
-async def _freeze_heap(app: object) -> None:
-    from gateway import heap
-
-    heap.freeze()
-
-
 def _run_app(
     settings: Settings,
     args: argparse.Namespace,
@@ -238,8 +232,8 @@ def _run_app(
         args.config,
         lambda fresh: _serve_settings(fresh, args, False),
         startup_ingest=startup_ingest,
+        freeze_heap=True,
     )
-    app.on_startup.append(_freeze_heap)  # after every backend has opened
     if on_ready is not None:
 
         async def ready(app: web.Application) -> None:  # runs after every backend has opened
