@@ -227,8 +227,10 @@ def test_sighup_while_workers_start_ends_nothing(fake_upstream: str, tmp_path: P
         )
     again = GatewayProcess(gw.url, proc, gw.log_path, gw.config_path)
     try:
-        for _ in range(8):  # through the supervisor's start and the workers' model load
-            time.sleep(0.5)
+        # while the interpreter still imports (~0.5 s), then through the supervisor's start and
+        # the workers' model load
+        for pause in (0.15, *[0.5] * 8):
+            time.sleep(pause)
             proc.send_signal(signal.SIGHUP)
         _wait_workers_ready(again, 2)
         assert proc.poll() is None
