@@ -5,10 +5,14 @@ from __future__ import annotations
 import gc
 import weakref
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 
 from gateway import heap
+from gateway.app import create_app
+from gateway.settings import Settings
 
 
 class Node:
@@ -33,3 +37,18 @@ def test_freeze_collects_the_garbage_then_freezes_what_lives(unfrozen: None) -> 
     assert gc.get_freeze_count() > 0
     # frozen: in no generation a collection walks
     assert not any(o is alive for o in gc.get_objects())
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_the_server_s_app_freezes_its_heap_before_it_is_ready(
+    unfrozen: None, tmp_path: Path
+) -> None:
+    settings = Settings.model_validate(
+        {"data_dir": tmp_path, "cache": {"backend": "off"}, "server": {"reload_poll_s": 0}}
+    )
+    async with TestClient(TestServer(create_app(settings))) as client:
+        assert gc.get_freeze_count() == 0  # an app built for a test leaves the collector alone
+        assert (await client.get("/healthz")).status == 200
+    async with TestClient(TestServer(create_app(settings, freeze_heap=True))) as client:
+        assert gc.get_freeze_count() > 1000  # frozen while its backends started
+        assert (await client.get("/healthz")).status == 200
