@@ -23,6 +23,7 @@ from routers.sufficiency import (
     SufficiencyModel,
     SufficiencyModelMismatch,
     load_sufficiency_model,
+    sufficiency_features,
 )
 from routers.types import Classification, Route
 from scripts.train_sufficiency import TuningRows, choose_threshold, fit_sufficiency, flagged
@@ -112,6 +113,28 @@ def test_scattered_evidence_for_a_multi_hop_question_scores_above_agreeing_arms(
     p_single = model.probability(learned_features(single, agreeing, _lookup(0.05), BEST)[0])
     p_multi = model.probability(learned_features(multi, scattered, _lookup(0.35), BEST)[0])
     assert p_multi > p_single
+
+
+def _names_share(query: str, hits: list[Hit]) -> float:
+    row = sufficiency_features(query, hits, _lookup(0.1), content_word_count=3, coverage=1.0)
+    return float(row[SUFFICIENCY_FEATURES.index("names_in_top2")])
+
+
+def test_a_possessive_name_is_found_under_the_plain_name() -> None:
+    hits = [_hit("Larisa Latynina", "Larisa Latynina is a Soviet gymnast.", (1, 9.0), (1, 0.6))]
+    assert _names_share("What is Larisa Latynina's age?", hits) == 1.0
+
+
+def test_names_are_read_from_the_better_of_the_two_best_passages_not_their_union() -> None:
+    other = _hit("Denali", "Denali is the highest mountain in North America.", (1, 7.0), None)
+    texas = _hit("Texas", "Texas is a state; its highest point is Guadalupe Peak.", None, (1, 0.5))
+    assert _names_share("How high is Guadalupe Peak in Texas?", [other, texas]) == 1.0
+    # Each passage holds one of the two names: a multi-hop question's evidence is spread.
+    kyiv = _hit("Kyiv", "Kyiv is the capital of Ukraine.", (1, 8.0), (1, 0.5))
+    oslo = _hit("Oslo", "Oslo is the capital of Norway.", (2, 7.0), (2, 0.5))
+    assert _names_share("Is Kyiv older than Oslo?", [kyiv, oslo]) == 0.5
+    # Only the top two count.
+    assert _names_share("Is Kyiv older than Oslo?", [other, texas, kyiv]) == 0.0
 
 
 def _synthetic(rows: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
