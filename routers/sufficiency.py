@@ -52,11 +52,12 @@ SUFFICIENCY_FEATURES: tuple[str, ...] = (
 )
 # Chosen out of fold on train+val (2026-11-30; answerable single-hop questions flagged at multihop
 # recall 0.95, scripts/train_sufficiency.py's folds): dropping dense_gap, bm25_lead, agreement,
-# tops_agree, clf_confidence and wh_words (each alone changed nothing) and adding names_in_best
-# and back_references took 29 of 445 to 22 (over 11 other fold assignments too, mean 29.7 ->
-# 23.0), padded twins escalated as often (6.2%). Then (2026-12-01, same criterion) names read
-# without a possessive ("Obama's" is Obama) and from the better of the two best passages: 22 ->
-# 20 (nested over 5 fold assignments, threshold chosen without the scored fold: 22.0 -> 19.4).
+# tops_agree, clf_confidence and wh_words (each alone changed nothing) and adding names in the
+# best passage and back_references took 29 of 445 to 22 (over 11 other fold assignments too,
+# mean 29.7 -> 23.0), padded twins escalated as often (6.2%). Then (2026-12-01, same criterion)
+# names read without a possessive ("Obama's" is Obama) and from the better of the two best
+# passages: 22 -> 20 (nested over 5 fold assignments, threshold chosen without the scored fold:
+# 22.0 -> 19.4).
 # Tried and not kept: a top-3 hit's title words in the question and the share of the question's
 # words in the best passage (5.2%, but 2 of tests/data/acme's 10 single-hop questions escalated:
 # a tenant's titles are file names); numerals, superlatives, the classifier's log-odds, rank
