@@ -82,7 +82,7 @@ def _message(m: ChatMessage) -> Message:
 def _arguments_object(text: str) -> dict[str, Any]:
     try:
         parsed = json.loads(text or "{}")
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # not JSON, over 4,300 digits, nested too deeply
         return {}
     return parsed if isinstance(parsed, dict) else {}
 

@@ -235,3 +235,28 @@ def test_healthz_answers_while_adversarial_queries_run(gateway: GatewayProcess) 
         statuses = [q.result().status_code for q in queries]
     assert statuses == [200] * 8
     assert max(health) < 1.0, health
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    ["[" * 30_000, '{"a": ' + "9" * 5000 + "}"],
+    ids=["nested-too-deeply", "5000-digits"],
+)
+@pytest.mark.parametrize("where", ["trailing", "history"])
+def test_tool_call_arguments_json_cannot_hold_are_kept_verbatim(
+    gateway: GatewayProcess, arguments: str, where: str
+) -> None:
+    """An assistant tool call's `arguments` is a string the client echoes back; a parse of it
+    that overflowed (RecursionError) or met a 5000-digit integer (ValueError) gave a 500."""
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    messages: list[dict[str, object]] = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "done"},
+    ]
+    if where == "history":
+        messages.append({"role": "user", "content": "and then?"})
+    body = json.dumps({"model": "direct", "messages": messages})
+    resp = post(gateway, "/v1/chat/completions", body)
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["choices"][0]["message"]["content"]
