@@ -302,7 +302,7 @@ def _parse_tool_call(raw: Any) -> ToolCall:
     text = str(raw.function.arguments or "")
     try:
         arguments = json.loads(text or "{}")
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # not JSON, over 4,300 digits, nested too deeply
         return ToolCall(raw.id, name, {}, error="invalid JSON", raw_arguments=text)
     if not isinstance(arguments, dict):
         return ToolCall(raw.id, name, {}, error="not a JSON object", raw_arguments=text)

@@ -12,6 +12,7 @@ import string
 import uuid
 from typing import Any
 
+import pytest
 import requests
 
 from tests.fixtures.gateway import GatewayProcess
@@ -370,10 +371,20 @@ def test_tools_on_a_deployment_without_a_model_are_refused(extractive: GatewayPr
     assert resp.json()["error"]["message"].startswith("tools: no model is configured")
 
 
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        '{"city": "Os',
+        # JSON Python's parser cannot hold (RecursionError, ValueError): these gave a 500
+        '{"city": ' + "[" * 3000,
+        '{"city": ' + "9" * 5000 + "}",
+    ],
+    ids=["cut", "nested-too-deeply", "5000-digits"],
+)
 def test_a_models_malformed_tool_arguments_reach_the_client_verbatim(
-    gateway: GatewayProcess,
+    gateway: GatewayProcess, arguments: str
 ) -> None:
-    script = {"key": key(), "tool_calls": [{"name": "get_weather", "arguments": '{"city": "Os'}]}
+    script = {"key": key(), "tool_calls": [{"name": "get_weather", "arguments": arguments}]}
     resp = chat(
         gateway,
         model="direct",
@@ -382,4 +393,4 @@ def test_a_models_malformed_tool_arguments_reach_the_client_verbatim(
     )
     assert resp.status_code == 200, resp.text
     call = resp.json()["choices"][0]["message"]["tool_calls"][0]
-    assert call["function"]["arguments"] == '{"city": "Os'
+    assert call["function"]["arguments"] == arguments
