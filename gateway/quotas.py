@@ -352,8 +352,14 @@ class Quotas:
         the whole store is down, and it is not asked again for `retry_s` (so an outage costs
         one timeout per interval). Any other error is this tenant's keys holding something
         unusable: logged, repaired, and only this decision is made here."""
-        if self._monotonic() < self._retry_at:
+        now = self._monotonic()
+        if now < self._retry_at:
             return None
+        if self.degraded:
+            # Half-open: this call alone asks the store that was down; the calls that arrive
+            # while it waits for its answer (a slow Redis: up to a timeout) decide here,
+            # rather than each paying that timeout too.
+            self._retry_at = now + self._retry_s
         try:
             result = await call()
         except BackendUnavailable as exc:

@@ -166,6 +166,53 @@ async def test_a_paused_redis_costs_one_socket_timeout(redis_server: RedisServer
             redis_server.resume()
 
 
+class CountingStore(RedisQuotaStore):
+    """The real store, counting the bucket calls that reach Redis."""
+
+    takes = 0
+
+    async def take(self, tenant: str, rate_per_s: float, burst: float) -> float:
+        self.takes += 1
+        return await super().take(tenant, rate_per_s, burst)
+
+
+async def test_a_slow_redis_is_asked_again_by_one_request_not_by_every_one_waiting(
+    redis_server: RedisServer,
+) -> None:
+    """Once the retry interval is over, the requests that arrive while the one retry waits
+    on a paused (slow) Redis decide here: without it each paid a socket timeout too."""
+    acme = TenantConfig.model_validate(
+        {
+            "id": tenant_id("acme"),
+            "api_key_sha256": "0" * 64,
+            "rate_limit": {"requests_per_s": 1000, "burst": 1000},
+        }
+    )
+    connection = RedisConnection(RedisOptions(redis_server.url))
+    await connection.start()
+    counting = CountingStore(connection)
+    metrics = Metrics()
+    quotas = Quotas(counting, metrics, retry_s=0.2)
+    try:
+        await quotas.admit(acme, answering=False)
+        redis_server.pause()
+        try:
+            await quotas.admit(acme, answering=False)  # times out: degraded
+            assert quotas.degraded
+            await asyncio.sleep(0.25)  # the retry interval is over
+            counting.takes = 0
+            await asyncio.gather(*(quotas.admit(acme, answering=False) for _ in range(10)))
+        finally:
+            redis_server.resume()
+        assert counting.takes == 1
+        local = metrics.registry.get_sample_value(
+            "querygate_quota_local_decisions_total", {"check": "rate_limit"}
+        )
+        assert local == 11.0  # the timed-out call, then all ten
+    finally:
+        await connection.aclose()
+
+
 async def test_two_gateways_quotas_share_the_limit_and_the_budget(url: str) -> None:
     acme, globex = limited(tenant_id("acme"), budget=0.25), limited(tenant_id("globex"))
     async with store(url) as s1, store(url) as s2:
