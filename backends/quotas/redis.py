@@ -49,7 +49,10 @@ local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local state = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
 local tokens = tonumber(state[1])
 local last = tonumber(state[2])
-if tokens == nil or last == nil then
+-- Lua's tonumber reads 'nan' and 'inf': a ts of nan or inf would never refill, a tokens of
+-- -inf never be taken. Those are not numbers either; nor is a negative tokens.
+if tokens == nil or last == nil or tokens ~= tokens or last ~= last or tokens < 0
+   or tokens == math.huge or math.abs(last) == math.huge then
   tokens = burst
   last = now
 end

@@ -335,6 +335,23 @@ async def test_one_tenants_corrupt_keys_are_repaired_and_no_other_tenant_is_degr
         assert redis_server.command("TYPE", key).strip() in (b"+hash", b"hash", b"+none")
 
 
+@pytest.mark.parametrize(("tokens", "ts"), [("1", "nan"), ("5", "inf"), ("-inf", "1")])
+async def test_a_bucket_holding_nan_or_inf_starts_afresh(
+    redis_server: RedisServer, tokens: str, ts: str
+) -> None:
+    """Lua's tonumber reads 'nan' and 'inf': a bucket whose ts is one never refilled (the
+    tenant was refused for good once its tokens ran out), and tokens of -inf was an error on
+    every request that the repair, which only fixes a key of another type, never cleared."""
+    acme = tenant_id("acme")
+    redis_server.command("HSET", bucket_key(acme), "tokens", tokens, "ts", ts)
+    async with store(redis_server.url) as s:
+        assert [await s.take(acme, 1.0, 2) for _ in range(2)] == [0.0, 0.0]  # full: the burst
+        assert 0.0 < await s.take(acme, 1.0, 2) <= 1.0  # empty: a token within a second
+    reply = redis_server.command("HGET", bucket_key(acme), "ts")
+    stored = float(reply.split(b"\r\n")[1])
+    assert abs(stored - time.time()) < 60  # the server's clock, not the garbage
+
+
 async def test_a_dead_redis_is_unavailable_not_a_tenants_data_error(
     redis_server: RedisServer,
 ) -> None:
