@@ -2,7 +2,9 @@
 
 Built once per process from `RedisOptions` (services.py fills them from `cache.redis_*`):
 
-- one connection pool (per node on a cluster), at most `max_connections` connections;
+- one connection pool (per node on a cluster), at most `max_connections` connections, and at
+  most that many calls in flight: a call past it waits for one to end (within its bound) rather
+  than fail as if Redis were down;
 - explicit, short socket and connect timeouts: a cache that fails open must fail fast, and a
   Redis that accepts connections but never answers (overloaded, paused) costs a request one
   socket timeout, not the request's deadline;
@@ -128,6 +130,11 @@ class RedisConnection:
         self.client: Client = build_client(options)
         self.facts: ServerFacts | None = None
         self._closed = False
+        # Calls in flight, at most the pool's size: redis-py's pool refuses a call past it
+        # at once (MaxConnectionsError), which callers would read as Redis being down, and a
+        # burst of requests (their rate-limit checks run before admission) would put every
+        # tenant's quotas on per-process limits. Past it a call waits, within its bound.
+        self._slots = asyncio.Semaphore(options.max_connections)
 
     @property
     def cluster(self) -> bool:
@@ -171,7 +178,18 @@ class RedisConnection:
         if self._closed:
             _close_unawaited(pending)
             raise BackendUnavailable("redis", "the Redis connection is closed")
-        return await guarded(pending, self.options.op_timeout_s)
+        return await guarded(self._in_slot(pending), self.options.op_timeout_s)
+
+    async def _in_slot(self, pending: Awaitable[T]) -> T:
+        try:
+            await self._slots.acquire()
+        except BaseException:  # the call's bound ended the wait: it never runs
+            _close_unawaited(pending)
+            raise
+        try:
+            return await pending
+        finally:
+            self._slots.release()
 
     def register_script(self, source: str) -> AsyncScript:
         """A Lua script run by EVALSHA (loaded again by itself after a Redis restart)."""

@@ -118,3 +118,27 @@ async def test_a_closed_connection_refuses_calls(redis_server: RedisServer) -> N
     await connection.aclose()  # idempotent
     with pytest.raises(BackendUnavailable):
         await connection.ping()
+
+
+@pytest.mark.parametrize("mode", ["single", "cluster"])
+async def test_more_calls_than_connections_wait_for_one_rather_than_fail(
+    mode: str, request: pytest.FixtureRequest
+) -> None:
+    """redis-py's pool refuses a call past its size at once (MaxConnectionsError), which every
+    caller reads as Redis down; a burst past the pool must wait for a connection instead."""
+    if mode == "single":
+        url = request.getfixturevalue("redis_server").url
+    else:
+        url = request.getfixturevalue("redis_cluster").urls[0]
+        url = url.replace("redis://", "redis+cluster://")
+    connection = RedisConnection(RedisOptions(url, max_connections=4))
+    try:
+        await connection.start()
+        keys = [f"many{{{i % 7}}}" for i in range(40)]
+        await asyncio.gather(*(connection.call(connection.client.incr(k)) for k in keys))
+        totals = [
+            int(await connection.call(connection.client.get(f"many{{{i}}}"))) for i in range(7)
+        ]
+        assert sum(totals) == 40
+    finally:
+        await connection.aclose()

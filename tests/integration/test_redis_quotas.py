@@ -213,6 +213,29 @@ async def test_a_slow_redis_is_asked_again_by_one_request_not_by_every_one_waiti
         await connection.aclose()
 
 
+async def test_a_burst_past_the_pool_size_keeps_the_limits_shared(url: str) -> None:
+    """Rate limits are taken before admission, so a burst of requests (one tenant's flood
+    will do) makes more Redis calls at once than the pool has connections (64). Each was
+    refused by the client as if Redis were down: every tenant's limits went per process."""
+    flood = TenantConfig.model_validate(
+        {
+            "id": tenant_id("flood"),
+            "api_key_sha256": "0" * 64,
+            "rate_limit": {"requests_per_s": 0.01, "burst": 50},
+        }
+    )
+    metrics = Metrics()
+    async with store(url) as s:
+        quotas = Quotas(s, metrics, retry_s=60.0)
+        outcomes = await asyncio.gather(
+            *(quotas.admit(flood, answering=False) for _ in range(150)), return_exceptions=True
+        )
+        assert not quotas.degraded
+        assert sum(isinstance(o, RateLimited) for o in outcomes) == 100  # one shared bucket
+        assert all(o is None or isinstance(o, RateLimited) for o in outcomes)
+        assert metrics.registry.get_sample_value("querygate_quota_store_degraded") == 0.0
+
+
 async def test_two_gateways_quotas_share_the_limit_and_the_budget(url: str) -> None:
     acme, globex = limited(tenant_id("acme"), budget=0.25), limited(tenant_id("globex"))
     async with store(url) as s1, store(url) as s2:
