@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -260,3 +261,33 @@ def test_tool_call_arguments_json_cannot_hold_are_kept_verbatim(
     resp = post(gateway, "/v1/chat/completions", body)
     assert resp.status_code == 200, resp.text
     assert resp.json()["choices"][0]["message"]["content"]
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n",
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + b"X-H: v\r\n" * 200 + b"\r\n",
+        b"POST /v1/route HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    ],
+    ids=["header-too-long", "too-many-headers", "bad-chunk-size"],
+)
+def test_a_request_the_http_parser_refuses_is_an_info_line_not_an_error(
+    gateway: GatewayProcess, request_bytes: bytes
+) -> None:
+    """aiohttp answers these 400 itself and logged each at ERROR with a traceback: anyone,
+    unauthenticated, could page the operator and fill the log ~30x faster than they sent."""
+    host, port = gateway.url.removeprefix("http://").split(":")
+    seen = len(gateway.log().splitlines())
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(request_bytes)
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+    assert reply.split(b" ", 2)[1] == b"400", reply[:200]
+    lines = [json.loads(line) for line in gateway.log().splitlines()[seen:]]
+    server = [line for line in lines if line["logger"] == "aiohttp.server"]
+    assert [(line["level"], line["msg"], line["status"]) for line in server] == [
+        ("info", "malformed HTTP request refused", 400)
+    ]
+    assert "exc" not in server[0]
