@@ -551,6 +551,8 @@ def print_report(
 # What the server-side check fuses: the fusion neural-search can run in the node, with the
 # gateway's per-query weights.
 SERVER_SIDE = Candidate("minmax +policy x4", "minmax", per_query="policy", raised=4.0)
+# The node computes the cosine in float32.
+COSINE_TOLERANCE = 1e-4
 
 
 async def server_side_check(
@@ -563,12 +565,14 @@ async def server_side_check(
 ) -> str:
     """Hybrid search through the node's own fusion path for `SERVER_SIDE` (server-side where
     neural-search is installed) against `fuse` over the arms already retrieved: how many
-    queries' top 10 chunks agree, in order, and each path's latency."""
+    queries' top 10 chunks agree, in order, in how many the best cosine among them (what the
+    sufficiency grade reads) agrees, and each path's latency."""
     await retriever.ensure_index()  # idempotent; asks the node for its plugins
     path = retriever.fusion_path(SERVER_SIDE.method)
     if not path.startswith("server-side"):
         return f"  {label:<18}{bench:<10} skipped: {path}"
-    same, server_ms, client_ms = 0, [], []
+    same, same_cosine, uncosined, server_ms, client_ms = 0, 0, 0, [], []
+    cosine_gaps: list[float] = []
     client = OpenSearchRetriever(retriever.config.model_copy(update={"server_side_fusion": "off"}))
     try:
         for query, vector, arm in zip(queries, vectors, arms[(label, bench)], strict=True):
@@ -587,16 +591,27 @@ async def server_side_check(
             hits = await retriever.search(request)
             server_ms.append((time.perf_counter() - start) * 1000)
             start = time.perf_counter()
-            await client.search(request)
+            on_client = await client.search(request)
             client_ms.append((time.perf_counter() - start) * 1000)
             same += [h.chunk_id for h in hits] == fused_chunk_ids(arm, query.text, SERVER_SIDE)
+            cosine_gaps.append(_best_cosine(hits) - _best_cosine(on_client))
+            same_cosine += abs(cosine_gaps[-1]) <= COSINE_TOLERANCE
+            uncosined += all(h.dense_score is None for h in on_client)
     finally:
         await client.aclose()
     return (
-        f"  {label:<18}{bench:<10} identical top {DEPTH} in {same}/{len(queries)} queries; "
+        f"  {label:<18}{bench:<10} identical top {DEPTH} in {same}/{len(queries)} queries, "
+        f"best cosine within {COSINE_TOLERANCE:g} in {same_cosine}/{len(queries)} (client-side, "
+        f"no top-{DEPTH} hit from the dense arm in {uncosined}; server minus client from "
+        f"{min(cosine_gaps):+.4f} to {max(cosine_gaps):+.4f}); "
         f"p50 server-side {np.median(server_ms):.0f} ms, client-side (_msearch) "
         f"{np.median(client_ms):.0f} ms"
     )
+
+
+def _best_cosine(hits: Sequence[Hit]) -> float:
+    # As routers.sufficiency reads it: 0 when no hit carries a dense score.
+    return max((h.dense_score for h in hits if h.dense_score is not None), default=0.0)
 
 
 def open_backends(args: argparse.Namespace) -> dict[str, Retriever]:

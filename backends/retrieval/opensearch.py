@@ -55,7 +55,7 @@ import re
 import unicodedata
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from opensearchpy import AsyncOpenSearch
@@ -763,7 +763,47 @@ class OpenSearchRetriever:
             )
         raw = response["hits"]["hits"]
         fused = [(h["_id"], float(h["_score"]) * scale) for h in raw]
-        return _best_first(_to_hits(fused, {"server": raw}))[: request.k]
+        hits = _best_first(_to_hits(fused, {"server": raw}))[: request.k]
+        keys = {h["_source"]["chunk_id"]: str(h["_id"]) for h in raw}
+        return await self._with_cosines(request, hits, keys)
+
+    async def _with_cosines(
+        self, request: SearchRequest, hits: list[Hit], keys: Mapping[str, str]
+    ) -> list[Hit]:
+        """Fused in the node, hits come back without their arms' scores, but the sufficiency
+        grade reads the best cosine (at 0 it escalates every lookup) and the agent's relevance
+        filter reads each hit's. One exact script_score over just these k chunks fills them in."""
+        if not hits:
+            return hits
+        body: Json = {
+            "size": len(hits),
+            "_source": False,
+            "query": {
+                "script_score": {
+                    "query": {
+                        "bool": {
+                            "filter": [
+                                {"term": {"tenant": request.tenant}},
+                                {"ids": {"values": [keys[h.chunk_id] for h in hits]}},
+                            ]
+                        }
+                    },
+                    # script_score refuses negative scores: 1 + cos, taken back below.
+                    "script": {
+                        "source": "1.0 + cosineSimilarity(params.vector, doc['embedding'])",
+                        "params": {"vector": request.vector.astype(float).tolist()},
+                    },
+                }
+            },
+        }
+        with _translated("search"):
+            response = await self._client.search(
+                index=self.config.tenant_alias(request.tenant),
+                body=body,
+                params={"ignore_unavailable": "true"},
+            )
+        cosine = {str(h["_id"]): float(h["_score"]) - 1.0 for h in response["hits"]["hits"]}
+        return [replace(h, dense_score=cosine.get(keys[h.chunk_id])) for h in hits]
 
     def _bm25_body(self, request: SearchRequest, text: str) -> Json:
         return {

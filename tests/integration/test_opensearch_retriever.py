@@ -225,9 +225,12 @@ async def test_server_side_minmax_matches_client_side(
     assert client.fusion_path("minmax").startswith("client-side")
     tenant = "minmax"
     words = ["alpha", "beta", "gamma", "delta", "epsilon"]
+    vectors: dict[str, Vector] = {}
     for n in range(12):
         texts = [f"{words[n % 5]} {words[(n + c) % 5]} report {n} part {c}" for c in range(2)]
-        await server.upsert_document(tenant, doc(f"d{n}", texts, [100 + 2 * n, 101 + 2 * n]))
+        document = doc(f"d{n}", texts, [100 + 2 * n, 101 + 2 * n])
+        vectors |= {c.chunk_id: c.embedding for c in document.chunks}
+        await server.upsert_document(tenant, document)
     try:
         for query, seed in [("alpha report", 104), ("gamma delta", 111), ("epsilon", 120)]:
             for lexical, dense in [(1.0, 1.0), (4.0, 1.0), (1.0, 0.5), (0.0, 1.0)]:
@@ -249,6 +252,12 @@ async def test_server_side_minmax_matches_client_side(
                 )
                 assert on_server[0].bm25_rank is None  # fused in the node: no per-arm ranks
                 assert on_client[0].bm25_rank is not None or on_client[0].dense_rank is not None
+                # ...but each hit's cosine, as the client-side path gives it: the sufficiency
+                # grade and the agent's relevance filter read it.
+                cosines = [float(unit_vector(seed) @ vectors[h.chunk_id]) for h in on_server]
+                assert [h.dense_score for h in on_server] == pytest.approx(cosines, abs=1e-5)
+                client_cosines = {h.chunk_id: h.dense_score for h in on_client}
+                assert client_cosines[on_server[0].chunk_id] == pytest.approx(cosines[0], abs=1e-5)
     finally:
         await client.aclose()
 
