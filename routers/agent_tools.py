@@ -168,6 +168,8 @@ class AgentTools:
         self._limits = limits
         self._book = book
         self._searched: set[str] = set()
+        # Searches running now: the same search asked twice in one turn runs once.
+        self._running: set[str] = set()
 
     async def run(self, call: ToolCall) -> ToolResult:
         """Run one tool call; every failure becomes a message to the model, never an error."""
@@ -221,16 +223,22 @@ class AgentTools:
         normalised = " ".join(query.casefold().split())
         if normalised in self._searched:
             return _Shown("You already ran this search; its passages are above.")
-        vector = (await self._embedder.embed([query]))[0]
-        hits = await self._retriever.search(
-            SearchRequest(
-                tenant=self._tenant,
-                text=query,
-                vector=vector,
-                k=k,
-                candidates=self._limits.candidates,
+        if normalised in self._running:
+            return _Shown("Another call of this turn runs this same search; see its result.")
+        self._running.add(normalised)
+        try:
+            vector = (await self._embedder.embed([query]))[0]
+            hits = await self._retriever.search(
+                SearchRequest(
+                    tenant=self._tenant,
+                    text=query,
+                    vector=vector,
+                    k=k,
+                    candidates=self._limits.candidates,
+                )
             )
-        )
+        finally:
+            self._running.discard(normalised)
         # Only a search that ran counts as done: a failed one may be retried.
         self._searched.add(normalised)
         grades = tuple(

@@ -288,6 +288,22 @@ async def test_identical_searches_are_not_run_twice(
     assert result.answer.citations
 
 
+async def test_the_same_search_asked_many_times_in_one_turn_runs_once(
+    make_pipeline: Any, retriever: Instrumented
+) -> None:
+    retriever.delay_s = 0.2  # the calls overlap: each would be in flight at once
+    calls = [
+        search(" Acme  warranty" if i % 2 else "acme warranty", call_id=f"c{i}") for i in range(6)
+    ]
+    script = directive({"tool_calls": calls}, {"answer": "Two years {cite:1}."})
+    result = await ask(make_pipeline(), "How long is the Acme warranty?", script)
+    runs = tool_runs(result)
+    assert [r.status for r in runs] == ["ok"] * 6
+    assert retriever.max_in_flight == 1
+    assert [bool(r.chunk_ids) for r in runs] == [True, False, False, False, False, False]
+    assert result.answer.citations
+
+
 async def test_an_invented_citation_is_dropped_and_the_answer_says_so(make_pipeline: Any) -> None:
     script = directive(
         {"tool_calls": [search("Acme warranty")]},
