@@ -32,7 +32,7 @@ from __future__ import annotations
 from typing import Any
 
 from backends.llm.base import NO_OPTIONS, GenerationOptions
-from gateway.errors import BadRequest
+from gateway.errors import BadRequest, clip, listed
 from gateway.schemas import ChatBody
 
 # Parameters the gateway cannot honour, with the values that ask for nothing and why not.
@@ -57,19 +57,19 @@ def refuse_unsupported(body: ChatBody) -> None:
         if value is None:
             continue
         if name not in _REFUSED:
-            problems.append(f"{name}: not a parameter this endpoint supports")
+            problems.append(f"{clip(name)}: not a parameter this endpoint supports")
             continue
         accepted, why = _REFUSED[name]
         if not any(value == ok and type(value) is type(ok) for ok in accepted):
             problems.append(f"{name}: {why}")
     extra = body.stream_options.model_extra if body.stream_options is not None else None
-    problems += [f"stream_options.{name}: not supported" for name in sorted(extra or {})]
+    problems += [f"stream_options.{clip(name)}: not supported" for name in sorted(extra or {})]
     if body.tools is None and body.tool_choice is not None:
         problems.append("tool_choice: needs tools")
     if body.tools is None and body.parallel_tool_calls is not None:
         problems.append("parallel_tool_calls: needs tools")
     if problems:
-        raise BadRequest("; ".join(problems))
+        raise BadRequest(listed(problems))
 
 
 def generation_options(body: ChatBody) -> GenerationOptions:

@@ -8,6 +8,19 @@ One middleware turns them into `{"error": {"type", "message"}}`; handlers raise,
 from __future__ import annotations
 
 
+def clip(text: str, limit: int = 64) -> str:
+    """A client's own string (a model name, a field's name) as an error message quotes it:
+    at most `limit` characters. Quoted whole, a body-sized name made every refusal's response
+    and log line as large as the body (1 MiB by default)."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def listed(problems: list[str], limit: int = 10) -> str:
+    """The first `limit` problems, and how many more: one per field could be thousands."""
+    more = len(problems) - limit
+    return "; ".join(problems[:limit]) + (f"; and {more} more" if more > 0 else "")
+
+
 class GatewayError(Exception):
     status = 500
     type = "internal_error"

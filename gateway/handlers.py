@@ -15,7 +15,7 @@ from pydantic import BaseModel, ValidationError
 from backends.errors import BackendError
 from backends.llm.base import Message
 from gateway.appkeys import METRICS, RUNTIME, SERVICES
-from gateway.errors import BadRequest, Unprocessable
+from gateway.errors import BadRequest, Unprocessable, clip, listed
 from gateway.guard import request_guard
 from gateway.ingest.background import INGEST
 from gateway.limits import read_body
@@ -68,9 +68,9 @@ async def parse_body(request: web.Request, model: type[Model]) -> Model:
 def describe_validation(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors(include_url=False):
-        field = ".".join(str(p) for p in err["loc"]) or "body"
+        field = ".".join(clip(str(p)) for p in err["loc"]) or "body"
         parts.append(f"{field}: {err['msg']}")
-    return "; ".join(parts)
+    return listed(parts)
 
 
 def check_limits(runtime: Runtime, query: str, history_len: int) -> None:

@@ -14,7 +14,7 @@ from aiohttp import web
 
 from gateway.accounting import current_record
 from gateway.appkeys import RUNTIME
-from gateway.errors import NotFound
+from gateway.errors import NotFound, clip
 from gateway.runtime import Runtime
 from gateway.settings import TenantConfig
 from routers.types import Route
@@ -37,7 +37,7 @@ def tenant_models(runtime: Runtime, tenant: TenantConfig) -> tuple[str, ...]:
 
 
 def model_not_found(model: str, known: tuple[str, ...]) -> NotFound:
-    return NotFound(f"model {model!r} does not exist here; use one of {', '.join(known)}")
+    return NotFound(f"model {clip(model)!r} does not exist here; use one of {', '.join(known)}")
 
 
 def _model(name: str) -> dict[str, object]:

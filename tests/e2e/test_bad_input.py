@@ -291,3 +291,51 @@ def test_a_request_the_http_parser_refuses_is_an_info_line_not_an_error(
         ("info", "malformed HTTP request refused", 400)
     ]
     assert "exc" not in server[0]
+
+
+LONG = "z" * 50_000
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "start"),
+    [
+        (
+            "/v1/chat/completions",
+            {"model": LONG, "messages": [{"role": "user", "content": "hi"}]},
+            404,
+            "model 'zzz",
+        ),
+        (
+            "/v1/chat/completions",
+            {"model": "auto", "messages": [{"role": "user", "content": "hi"}], LONG: 1},
+            400,
+            "zzz",
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                "model": "auto",
+                "messages": [{"role": "user", "content": "hi"}],
+                **{f"p{i}": 1 for i in range(5000)},
+            },
+            400,
+            "p0: ",
+        ),
+        ("/v1/query", {"query": "hi", LONG: 1}, 422, "zzz"),
+        ("/v1/query", {"query": "hi", "history": [{"role": "x"}] * 2000}, 422, "history.0."),
+    ],
+    ids=["model-name", "parameter-name", "5000-parameters", "field-name", "2000-bad-items"],
+)
+def test_an_error_quotes_the_clients_names_briefly(
+    gateway: GatewayProcess, path: str, body: dict[str, object], status: int, start: str
+) -> None:
+    """Quoted whole, a 50 KB name made the response and the request's log line 50 KB (up to
+    the 1 MiB body limit by default), and thousands of bad fields were each listed."""
+    resp = post(gateway, path, json.dumps(body))
+    assert resp.status_code == status, resp.text[:300]
+    message = resp.json()["error"]["message"]
+    assert start in message, message[:300]
+    assert len(message) < 2000, message[:300]
+    request_id = resp.headers["X-Request-Id"]
+    line = next(line for line in gateway.log().splitlines() if request_id in line)
+    assert len(line) < 3000, line[:300]
