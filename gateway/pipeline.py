@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -36,6 +36,7 @@ from backends.llm.base import (
     GenerationOptions,
     Message,
     StreamDelta,
+    Tier,
     Usage,
 )
 from backends.retrieval.base import Hit, Retriever, Vector
@@ -51,7 +52,7 @@ from gateway.cache.keys import (
     options_digest,
 )
 from gateway.cache.single_flight import Lease, Payload, Shared
-from gateway.metered_llm import MeteredLLM
+from gateway.metered_llm import MeteredLLM, estimate_usage
 from gateway.metrics import Metrics
 from gateway.quotas import Quotas
 from gateway.response_cache import ResponseCache, SemanticLookup, StoreFailed
@@ -166,7 +167,11 @@ class Pipeline:
         self._llm = MeteredLLM(services.llm, services.metrics)
         self._registry = build_registry(
             AgentDeps(
-                self._llm, services.retriever, services.embedder, settings.retrieval.candidates
+                self._llm,
+                services.retriever,
+                services.embedder,
+                settings.retrieval.candidates,
+                estimate=self._cut_usage,
             ),
             registry_config(settings),
         )
@@ -466,7 +471,7 @@ class Pipeline:
                         async with asyncio.timeout(outcome.timeout_s):
                             completion = await self._call(outcome)
                     except TimeoutError:
-                        outcome = _fallback(outcome)
+                        outcome = self._fallback(outcome)
                     else:
                         outcome = finish(outcome, completion)
             return await self._conclude(ctx, outcome)
@@ -504,7 +509,7 @@ class Pipeline:
                         if shown := cited.feed(delta.text):
                             yield shown
             if answer is None:  # the generation's deadline came before any text
-                answer = _fallback(outcome)
+                answer = self._fallback(outcome)
                 yield answer.text
         elif ctx.cache != "miss":
             answer = outcome
@@ -538,6 +543,17 @@ class Pipeline:
                 yield delta
         finally:
             await chunks.aclose()  # type: ignore[attr-defined]  # an async generator
+
+    def _cut_usage(self, tier: Tier, messages: Sequence[Message]) -> Usage:
+        """A call cut before any text, as `MeteredLLM` and the budgets charged it."""
+        return estimate_usage(self._s.llm, tier, messages, "")
+
+    def _fallback(self, generation: Generation) -> Answer:
+        """`_fallback`, with the final call the deadline cut counted in its usage."""
+        answer = _fallback(generation)
+        cut = self._cut_usage(generation.tier, generation.messages)
+        usage = with_usage(answer.usage_by_tier, {generation.tier: cut})
+        return replace(answer, usage_by_tier=usage, usage_estimated=True)
 
     async def _call(self, generation: Generation) -> Completion:
         return await self._llm.complete(

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -72,6 +73,9 @@ class AgentDeps:
     retriever: Retriever
     embedder: Embedder
     candidates: int = 50
+    # The usage of a call the deadline cut before it answered (its prompt), as the gateway's
+    # metering and budgets charge it; None: the loop's own projection.
+    estimate: Callable[[Tier, Sequence[Message]], Usage] | None = None
 
 
 class MultihopExecutor:
@@ -150,6 +154,8 @@ class _Run:
     budget: _Budget = field(init=False)
 
     usage_estimated: bool = False
+    # The prompt of the model call in flight, until it answers.
+    calling: list[Message] | None = None
 
     def __post_init__(self) -> None:
         prices = self.deps.llm.prices(self.tier)
@@ -173,19 +179,22 @@ class _Run:
                         return answer
         except TimeoutError:
             cap = "deadline"
+            self._charge_cut()
         return self._at_cap(cap)
 
     async def _step(self) -> Answer | None:
         started = time.perf_counter()
+        self.calling = list(self.messages)
         completion = await self.deps.llm.complete(
             self.tier,
-            list(self.messages),
+            self.calling,
             tools=TOOL_SPECS,
             max_tokens=self.config.step_max_tokens,
             route=Route.MULTIHOP.value,
             # every turn may write the answer, so every turn takes the client's parameters
             options=self.ctx.options,
         )
+        self.calling = None
         self.usage_estimated |= completion.usage_estimated
         model_ms = round((time.perf_counter() - started) * 1000, 3)
         if not completion.tool_calls:
@@ -210,8 +219,25 @@ class _Run:
         return [*ran, *(self.tools.refused(c, "the tool-call cap") for c in calls[allowed:])]
 
     def _charge(self, completion: Completion) -> None:
-        self.budget.charge(completion.usage)
-        self.usage = with_usage(self.usage, {completion.tier: completion.usage})
+        self._charge_usage(completion.usage)
+
+    def _charge_usage(self, usage: Usage) -> None:
+        self.budget.charge(usage)
+        self.usage = with_usage(self.usage, {self.tier: usage})
+
+    def _charge_cut(self) -> None:
+        """The call the deadline cut: its prompt may be billed, and the gateway charged the
+        tenant for it, so the caps after it and the answer's usage count it too."""
+        if self.calling is None:
+            return
+        prompt, self.calling = self.calling, None
+        if self.deps.estimate is not None:
+            usage = self.deps.estimate(self.tier, prompt)
+        else:
+            tokens = self.budget.next_prompt_tokens()
+            usage = Usage(tokens, 0, tokens * self.budget.prices[0])
+        self._charge_usage(usage)
+        self.usage_estimated = True
 
     def _append(self, message: Message) -> None:
         self.messages.append(message)

@@ -423,6 +423,51 @@ async def test_the_deadline_stops_a_slow_turn_and_still_answers_in_time(
     assert elapsed < 3.0 + 1.0  # the loop's deadline, plus process slack
 
 
+async def test_a_turn_the_deadline_cut_is_counted_in_the_answer_and_the_caps(
+    make_pipeline: Any, fake_upstream: str
+) -> None:
+    script = directive(
+        {"tool_calls": [search("warranty")]},
+        {"tool_calls": [search("shipping")], "delay_ms": 5000},
+        final={"answer": "Two years {cite:1}."},
+    )
+    script["usage"] = {"prompt_tokens": 2000, "completion_tokens": 10}
+    pipeline = make_pipeline(agent={"deadline_s": 2.0, "final_share": 0.5})
+    result = await ask(pipeline, "Acme warranty?", script)
+    assert await calls_for(fake_upstream, script["key"]) == 3
+    answer = result.answer
+    assert answer.cap == "deadline"
+    # the cut turn's prompt was metered (and charged to the tenant's budget): the answer
+    # reports it, estimated, on top of the two calls that answered
+    metered = _metered_cost(pipeline)
+    assert metered > 2 * 0.00202
+    assert answer.usage_by_tier["large"].cost_usd == pytest.approx(metered)
+    assert answer.usage_estimated
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["complete", "stream"])
+async def test_a_final_answer_the_deadline_cut_is_counted_in_the_plain_answer(
+    make_pipeline: Any, fake_upstream: str, stream: bool
+) -> None:
+    script = directive(
+        {"tool_calls": [search("warranty")]}, final={"answer": "Late {cite:1}.", "delay_ms": 5000}
+    )
+    script["usage"] = {"prompt_tokens": 2000, "completion_tokens": 10}
+    pipeline = make_pipeline(agent={"deadline_s": 1.5, "max_steps": 1})
+    req = request("Acme warranty?", script)
+    if stream:
+        _, result = await streamed(pipeline, req)
+    else:
+        result = await pipeline.complete(await pipeline.prepare(req))
+    assert await calls_for(fake_upstream, script["key"]) == 2
+    answer = result.answer
+    assert answer.text.startswith("Stopped at the steps cap")
+    metered = _metered_cost(pipeline)
+    assert metered > 0.00202
+    assert answer.usage_by_tier["large"].cost_usd == pytest.approx(metered)
+    assert answer.usage_estimated
+
+
 async def test_nothing_relevant_found_says_the_documents_do_not_contain_it(
     make_pipeline: Any, fake_upstream: str
 ) -> None:
@@ -485,6 +530,21 @@ def _small_limit(upstream: str, max_tokens: int) -> dict[str, Any]:
 def _sample(pipeline: Pipeline, name: str, **labels: str) -> float | None:
     metrics: Metrics = pipeline._s.metrics  # the pipeline's own registry
     return metrics.registry.get_sample_value(name, labels)
+
+
+def _metered_cost(pipeline: Pipeline) -> float:
+    """What `querygate_llm_cost_usd_total` counted for the large tier's multihop calls, over
+    every model label (a call cut before it answered is counted under "-")."""
+    metrics: Metrics = pipeline._s.metrics
+    return sum(
+        sample.value
+        for family in metrics.registry.collect()
+        if family.name == "querygate_llm_cost_usd"
+        for sample in family.samples
+        if sample.name.endswith("_total")
+        and sample.labels.get("tier") == "large"
+        and sample.labels.get("route") == "multihop"
+    )
 
 
 async def test_the_cost_cap_holds_for_the_first_call_too(
