@@ -241,8 +241,12 @@ class _Run:
 
     def _append(self, message: Message) -> None:
         self.messages.append(message)
+        # The arguments as the next prompt carries them: verbatim when the model wrote
+        # something that is not JSON (then `arguments` is empty).
         self.budget.pending_chars += len(message.content) + sum(
-            len(str(c.arguments)) for c in message.tool_calls
+            len(c.name)
+            + len(c.raw_arguments if c.raw_arguments is not None else json.dumps(c.arguments))
+            for c in message.tool_calls
         )
 
     def _generation(

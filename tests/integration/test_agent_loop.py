@@ -468,6 +468,27 @@ async def test_a_final_answer_the_deadline_cut_is_counted_in_the_plain_answer(
     assert answer.usage_estimated
 
 
+async def test_tool_arguments_that_are_not_json_count_toward_the_token_cap(
+    make_pipeline: Any, fake_upstream: str
+) -> None:
+    # 6,000 characters of arguments (1,500 tokens) that are not JSON: the next prompt carries
+    # them verbatim, so the next turn (2,520 prompt tokens) would pass the 5,000-token cap
+    garbage = "{" + "x" * 6000
+    script = directive(
+        {
+            "tool_calls": [{"name": "search", "arguments": garbage, "id": "g"}],
+            "usage": {"prompt_tokens": 1000, "completion_tokens": 1500},
+        },
+        {"answer": "No.", "usage": {"prompt_tokens": 2520, "completion_tokens": 10}},
+    )
+    result = await ask(make_pipeline(agent={"max_tokens": 5000}), "Acme facts?", script)
+    assert await calls_for(fake_upstream, script["key"]) == 1
+    assert result.answer.cap == "tokens"
+    assert [r.status for r in tool_runs(result)] == ["invalid_arguments"]
+    used = result.answer.usage_by_tier["large"]
+    assert used.prompt_tokens + used.completion_tokens <= 5000
+
+
 async def test_nothing_relevant_found_says_the_documents_do_not_contain_it(
     make_pipeline: Any, fake_upstream: str
 ) -> None:
