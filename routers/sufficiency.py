@@ -54,17 +54,17 @@ SUFFICIENCY_FEATURES: tuple[str, ...] = (
 # recall 0.95, scripts/train_sufficiency.py's folds): dropping dense_gap, bm25_lead, agreement,
 # tops_agree, clf_confidence and wh_words (each alone changed nothing) and adding names in the
 # best passage and back_references took 29 of 445 to 22 (over 11 other fold assignments too,
-# mean 29.7 -> 23.0), padded twins escalated as often (6.2%). Then (2026-12-01, same criterion)
-# names read without a possessive ("Obama's" is Obama) and from the better of the two best
-# passages: 22 -> 20 (nested over 5 fold assignments, threshold chosen without the scored fold:
-# 22.0 -> 19.4).
+# mean 29.7 -> 23.0), padded twins escalated as often (6.2%). Then (2026-12-01, same criterion;
+# `python bench/sufficiency_ablation.py`) names read without a possessive ("Obama's" is Obama)
+# and from the better of the two best passages: 22 -> 20 (nested over 5 fold assignments,
+# threshold chosen without the scored fold: 22.0 -> 19.4).
 # Tried and not kept: a top-3 hit's title words in the question and the share of the question's
 # words in the best passage (5.2%, but 2 of tests/data/acme's 10 single-hop questions escalated:
 # a tenant's titles are file names); numerals, superlatives, the classifier's log-odds, rank
 # agreement and score spreads of the arms; set sizes ("top 5") and plural targets ("the teams
-# that"), which raised the AUC to 0.98 but not the answerable lookups kept at recall 0.95; letting
-# the grade overrule a moderately confident router (nested, 19.4 with or without). Lighter twins
-# (half weight) flag fewer but escalate more padded questions (8.5%).
+# that"), which raised the AUC (0.972 -> 0.982, 0.979) but not the operating point (nested 21.6,
+# 21.2); letting the grade overrule a moderately confident router (nested 19.4 either way).
+# Lighter twins (half weight) flag fewer but escalate more padded questions (8.5%).
 # FanOutQA's parents are long and its sub-questions short (length alone separates them, AUC
 # 0.995), so past a short question's length, more words must not read as "multi-hop".
 CONTENT_WORDS_CAP = 6
