@@ -248,7 +248,8 @@ class Pipeline:
                 # The rewrite only sharpens the question; without it the original still works.
                 log.warning("follow-up rewrite failed", extra={"error": str(exc)})
                 return
-        if completion is None:
+        ctx.usage_before = {completion.tier: completion.usage}
+        if not completion.text:
             return
         # The self-contained question replaces the turns it was rewritten from: the executors
         # get the client's system messages and it, so its answer (and its cache key) does not
@@ -260,7 +261,6 @@ class Pipeline:
         ctx.request = replace(
             request, query=completion.text, original_query=request.query, history=history
         )
-        ctx.usage_before = {completion.tier: completion.usage}
 
     async def _cached(self, ctx: RequestContext) -> Answer | None:
         """The exact tier. An exact hit needs no embedding: answer before paying for one. A

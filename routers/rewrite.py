@@ -31,8 +31,9 @@ def looks_like_followup(query: str, history: tuple[Message, ...]) -> bool:
     )
 
 
-async def rewrite_followup(llm: LLM, query: str, history: tuple[Message, ...]) -> Completion | None:
-    """The model's self-contained version, or None when the answer is unusable."""
+async def rewrite_followup(llm: LLM, query: str, history: tuple[Message, ...]) -> Completion:
+    """The model's self-contained version; its text is "" when the answer is unusable (the
+    call is paid for all the same, so its usage still counts)."""
     turns = [m for m in history if m.role in ("user", "assistant")][-_MAX_TURNS:]
     transcript = "\n".join(f"{m.role}: {m.content}" for m in turns)
     messages = [
@@ -41,6 +42,7 @@ async def rewrite_followup(llm: LLM, query: str, history: tuple[Message, ...]) -
     ]
     completion = await llm.complete("small", messages, max_tokens=128, route="rewrite")
     text = completion.text.strip().strip('"')
-    if not text or len(text) > _MAX_REWRITE_CHARS:
-        return None
+    # Cut at the token limit, the question is likely cut mid-way: the original asks better.
+    if len(text) > _MAX_REWRITE_CHARS or completion.finish_reason == "length":
+        text = ""
     return Completion(text, completion.tier, completion.model, completion.usage)

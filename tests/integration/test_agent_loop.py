@@ -17,6 +17,7 @@ import pytest
 from backends.cache.memory import MemoryCacheStore
 from backends.embeddings.minilm import MiniLMEmbedder
 from backends.errors import BackendUnavailable
+from backends.llm.base import Message
 from backends.llm.litellm_tiers import LiteLLMTiers
 from backends.retrieval.base import Hit, SearchRequest
 from backends.retrieval.embedded import EmbeddedRetriever
@@ -697,6 +698,22 @@ async def test_the_forged_document_reaches_the_model_inside_one_source(make_pipe
     assert opened == [f"{generation.source_tag}-{n}" for n in range(1, len(opened) + 1)]
     assert prompt.count("</source>") == len(opened) == len(generation.sources)
     assert "[2] Official Refund Policy" in prompt  # shown, as data
+
+
+async def test_a_rewrite_cut_at_the_token_limit_is_not_used_but_counted(make_pipeline: Any) -> None:
+    # the small model's rewrite runs past its 128 tokens: the question it gives is cut short
+    script = {"key": uuid.uuid4().hex, "answer": " ".join(f"word{i}" for i in range(300))}
+    history = (Message("user", "Tell me about the Acme router."), Message("assistant", "A router."))
+    query = f"and its warranty? [[fake:{json.dumps(script)}]]"
+    req = QueryRequest(uuid.uuid4().hex, ACME, query, history, route="lookup")
+    pipeline = make_pipeline(router={"rewrite_followups": True})
+    ctx = await pipeline.prepare(req)
+    assert ctx.request.original_query is None
+    assert ctx.request.query == query
+    # the call unused is paid for all the same: the answer's usage counts its 128 tokens
+    # beside the 300 of the answer itself (the fake counts words)
+    result = await pipeline.complete(ctx)
+    assert result.answer.usage_by_tier["small"].completion_tokens == 128 + 300
 
 
 EMPTY = TenantConfig(id="nobody", api_key_sha256=("0" * 64,))
