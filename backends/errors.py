@@ -23,3 +23,9 @@ class UpstreamError(BackendError):
     def __init__(self, backend: str, detail: str) -> None:
         super().__init__(f"{backend} error: {detail}")
         self.backend = backend
+
+
+class UpstreamRefused(UpstreamError):
+    """Every model tried refused the request itself as invalid (HTTP 400, 413 or 422): its
+    content (parameters, tools, messages), not the upstream, is at fault, and a retry of the
+    same request fails the same way."""

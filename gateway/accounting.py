@@ -21,7 +21,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.web_urldispatcher import SystemRoute
 
-from backends.errors import BackendUnavailable, UpstreamError
+from backends.errors import BackendUnavailable, UpstreamError, UpstreamRefused
 from backends.retrieval.base import EmptyDocument
 from gateway.errors import ClientGone, GatewayError
 from gateway.metrics import Metrics
@@ -33,6 +33,10 @@ log = logging.getLogger(__name__)
 ANSWERING = frozenset({"POST /v1/query", "POST /v1/chat/completions"})
 _WARNED = frozenset({"deadline", "unavailable", "upstream_error", "shed_process"})
 NO_PASSAGE = "text: no passage to index (headings only?); add body text"
+REFUSED_AS_INVALID = (
+    "the model refused this request as invalid: check its parameters, tools and messages "
+    "(the model's reason is in the gateway's log under this request id)"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +68,9 @@ class RequestRecord:
     failure: Failure | None = None
     # Fields for the request's one log line (route, cache, cost, tokens, ...).
     fields: dict[str, Any] = field(default_factory=dict)
+    # The client shaped the model calls (generation parameters, tools, tool results): a model's
+    # refusal of them as invalid is the client's to fix (400), not an upstream failure (503).
+    client_shaped: bool = False
 
     def elapsed_s(self) -> float:
         return time.perf_counter() - self.started
@@ -112,6 +119,9 @@ def failure_of(exc: Exception, client_gone: bool) -> Failure:
         # The detail (a client library's text) goes to the log line, never to the client.
         message = f"{exc.backend} is unavailable; try again"
         return Failure("unavailable", 503, "unavailable", message, str(exc), exc.retry_after_s)
+    record = current_record.get()
+    if isinstance(exc, UpstreamRefused) and record is not None and record.client_shaped:
+        return Failure("client_error", 400, "bad_request", REFUSED_AS_INVALID, str(exc))
     if isinstance(exc, UpstreamError):
         message = f"{exc.backend} answered with an error; try again"
         return Failure("upstream_error", 503, "upstream_error", message, str(exc), 5)

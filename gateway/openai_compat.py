@@ -193,11 +193,14 @@ async def handle_chat_completions(request: web.Request) -> web.StreamResponse:
     query_text, history, trailing = split_messages(body.messages)
     check_limits(runtime, query_text, len(history) + len(trailing))
     lookup, store = cache_control(request)
+    record = current_record.get()
     if options is not NO_OPTIONS or trailing:
         # an answer to the client's own parameters or tool results: not the cache's to give,
         # nor to keep
         lookup = store = False
-    if (record := current_record.get()) is not None and (body.user or body.safety_identifier):
+        if record is not None:
+            record.client_shaped = True
+    if record is not None and (body.user or body.safety_identifier):
         record.fields["user"] = body.user or body.safety_identifier
     query = QueryRequest(
         id=request["request_id"],

@@ -180,7 +180,9 @@ async def _end_with_error(response: web.StreamResponse, fmt: StreamFormat, exc: 
     failure = failure_of(exc, client_gone=False)
     if (record := current_record.get()) is not None:
         record.failure = failure
-    if isinstance(exc, BackendError):
+    if failure.outcome == "client_error":
+        kind, message = failure.kind, failure.message  # written for the client
+    elif isinstance(exc, BackendError):
         kind, message = next(
             (v for cls, v in STREAM_ERRORS.items() if isinstance(exc, cls)), _BACKEND_ERROR
         )

@@ -54,7 +54,7 @@ import openai
 from litellm import CustomStreamWrapper, ModelResponse
 from litellm.llms.custom_httpx.async_client_cleanup import close_litellm_async_clients
 
-from backends.errors import BackendUnavailable, UpstreamError
+from backends.errors import BackendUnavailable, UpstreamError, UpstreamRefused
 from backends.llm import openai_http
 from backends.llm.base import (
     NO_OPTIONS,
@@ -254,6 +254,16 @@ def _classify(exc: BaseException) -> _Failure:
     if isinstance(status, int) and (status == 429 or status >= 500):
         return _Failure.TRANSIENT
     return _Failure.REJECTED
+
+
+# Statuses that fault the request's content; 401, 403 and 404 fault the deployment's key or
+# model name instead (the operator's to fix).
+_INVALID_REQUEST = frozenset({400, 413, 422})
+
+
+def _refused_as_invalid(exc: BaseException) -> bool:
+    status = getattr(exc, "status_code", None)
+    return _classify(exc) is _Failure.REJECTED and status in _INVALID_REQUEST
 
 
 def _is_transient(exc: BaseException) -> bool:
@@ -615,6 +625,8 @@ class LiteLLMTiers:
             return BackendUnavailable("llm", detail, retry_after_s=_retry_after(cooling))
         if any(_is_transient(exc) for _, exc in failures):
             return BackendUnavailable("llm", detail)
+        if all(_refused_as_invalid(exc) for _, exc in failures):
+            return UpstreamRefused("llm", detail)
         return UpstreamError("llm", detail)
 
     @staticmethod

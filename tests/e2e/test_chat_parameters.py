@@ -394,3 +394,52 @@ def test_a_models_malformed_tool_arguments_reach_the_client_verbatim(
     assert resp.status_code == 200, resp.text
     call = resp.json()["choices"][0]["message"]["tool_calls"][0]
     assert call["function"]["arguments"] == arguments
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_model_refusing_the_clients_parameters_as_invalid_is_a_400_not_a_503(
+    gateway: GatewayProcess, fake_upstream: str, stream: bool
+) -> None:
+    """An upstream's 400 to a request the client shaped (a seed out of its range, a tool schema
+    it rejects) was a 503 upstream_error with Retry-After: the client retried a request that
+    can never pass, and its refusals counted against the gateway's error-rate alert."""
+    k = key()
+    resp = chat(
+        gateway,
+        model="direct",
+        messages=ask("Hello", {"key": k, "status": 400}),
+        temperature=0.3,
+        stream=stream,
+    )
+    if stream:
+        assert resp.status_code == 200, resp.text
+        events = [json.loads(line[6:]) for line in resp.text.splitlines() if line[6:8] == '{"']
+        error = events[-1]["error"]
+    else:
+        assert resp.status_code == 400, resp.text
+        error = resp.json()["error"]
+    assert error["type"] == "bad_request"
+    assert error["message"].startswith("the model refused this request as invalid")
+    assert calls(fake_upstream, k) == 1  # not retried
+    request_id = resp.headers["X-Request-Id"]
+    lines = [json.loads(line) for line in gateway.log().splitlines() if request_id in line]
+    [line] = [line for line in lines if line.get("msg") == "request"]
+    assert line["outcome"] == "client_error"
+    assert any("HTTP 400" in line["msg"] for line in lines)  # the model's reason, logged
+
+
+@pytest.mark.parametrize(
+    ("status", "params"),
+    [(400, {}), (401, {"temperature": 0.3}), (404, {"temperature": 0.3})],
+    ids=["no-client-parameters", "401-key", "404-model"],
+)
+def test_a_refusal_the_client_did_not_cause_stays_a_503(
+    gateway: GatewayProcess, status: int, params: dict[str, Any]
+) -> None:
+    """Without the client's parameters the request is the gateway's own making, and 401/404
+    fault the deployment's key or model name: the operator's to fix, so still 503."""
+    resp = chat(
+        gateway, model="direct", messages=ask("Hello", {"key": key(), "status": status}), **params
+    )
+    assert resp.status_code == 503, resp.text
+    assert resp.json()["error"]["type"] == "upstream_error"
