@@ -83,6 +83,12 @@ def decide(
             raise RouteNotAllowed(f"this tenant may not force the route {requested!r}")
         draft.route, draft.reason = Route(requested), "forced"
         draft.notes.append(f"the request forced {requested}")
+    if draft.route is Route.FULL_CONTEXT and Route.FULL_CONTEXT in config.executable:
+        # Full context is the corpus's property, not the question's: the pipeline reads the
+        # corpus for a candidate and takes it only when it fits and the tenant allows it.
+        # Chosen here (a rule), it ran on no corpus at all: a model answering from no source.
+        draft.route = Route.LOOKUP
+        draft.notes.append("full context is taken only where the whole corpus fits, else lookup")
     lexical = draft.lexical if draft.lexical is not None else config.lexical_weight
     why = lexical_reason(query, identifiers)
     if why and draft.lexical is None and draft.route is not Route.DIRECT:

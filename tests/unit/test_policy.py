@@ -186,3 +186,17 @@ def test_with_full_context_names_itself_and_keeps_the_evidence() -> None:
     assert promoted.reason == "full_context"
     assert "feature:entities" in promoted.explanation
     assert "fits the context budget" in promoted.explanation
+
+
+def test_a_rule_naming_full_context_makes_a_candidate_never_a_route_without_a_corpus() -> None:
+    router = rules({"name": "whole", "then": {"route": "full_context"}})
+    decision = decide(classified(), "auto", "q", policy(router, executable=ALL_ROUTES))
+    assert decision.route is Route.LOOKUP  # until the corpus is read and fits
+    assert decision.full_context_candidate
+    assert decision.reason == "rule:whole"
+    refused = policy(router, executable=ALL_ROUTES, whole_corpus_allowed=False)
+    decision = decide(classified(), "auto", "q", refused)
+    assert decision.route is Route.LOOKUP and not decision.full_context_candidate
+    unavailable = decide(classified(), "auto", "q", policy(router))
+    assert unavailable.route is Route.LOOKUP
+    assert unavailable.reason == "full_context_unavailable"
