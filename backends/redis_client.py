@@ -12,7 +12,13 @@ Built once per process from `RedisOptions` (services.py fills them from `cache.r
   one retry layer is the next request, and retries under a down Redis only multiply the load
   and the latency of every miss;
 - every call goes through `call()`, which bounds it as a whole (`op_timeout_s`) and turns any
-  client failure into `BackendUnavailable`, so no caller ever catches a redis-py exception.
+  client failure into `BackendUnavailable`, so no caller ever catches a redis-py exception;
+- a request's calls together are bounded too (`request_budget_s`, the `RequestSpend` the
+  request's middleware puts in `request_spend`): each call is cut at what is left of it, and
+  once it is spent every call fails at once, so a slow-but-alive Redis costs a request at most
+  that budget, not one socket timeout per round trip, and degrades like a down one (the cache
+  fails open, the quotas decide per process). Work that no answer waits for (spend records,
+  cache writes, lease renewals and releases) runs in tasks of its own with `unbudgeted()`.
 
 Cluster mode is chosen by the URL's scheme, never guessed: `redis+cluster://host:port` (or
 `rediss+cluster://` for TLS) names one or more seed nodes of a Redis Cluster and builds a
@@ -33,8 +39,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable
-from dataclasses import dataclass
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit, urlunsplit
 
@@ -67,6 +75,8 @@ class RedisOptions:
     socket_timeout_s: float = 0.25
     connect_timeout_s: float = 0.5
     max_connections: int = 64
+    # What one request's calls may take together (None: each call bounded alone).
+    request_budget_s: float | None = 0.25
 
     @property
     def cluster(self) -> bool:
@@ -85,6 +95,25 @@ class RedisOptions:
         event loop. A cluster call that follows one MOVED or re-reads the slot map can take
         two round trips; past this bound it is a miss anyway."""
         return self.connect_timeout_s + 2 * self.socket_timeout_s + 0.05
+
+
+@dataclass(slots=True)
+class RequestSpend:
+    """Seconds one request has spent waiting on Redis (calls in parallel each count)."""
+
+    spent_s: float = field(default=0.0)
+
+
+# The current request's spend, set by the request's middleware; None outside a request and in
+# the tasks that `unbudgeted()` runs.
+request_spend: ContextVar[RequestSpend | None] = ContextVar("redis_request_spend", default=None)
+
+
+def unbudgeted() -> None:
+    """Called first in a task that no answer waits for (a task copies its creator's context):
+    its calls are bounded one by one, not by the request's budget, which it would otherwise
+    eat into, or find spent and fail (a cache write or spend record lost for nothing)."""
+    request_spend.set(None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,7 +207,22 @@ class RedisConnection:
         if self._closed:
             _close_unawaited(pending)
             raise BackendUnavailable("redis", "the Redis connection is closed")
-        return await guarded(self._in_slot(pending), self.options.op_timeout_s)
+        timeout_s = self.options.op_timeout_s
+        budget_s = self.options.request_budget_s
+        spend = request_spend.get() if budget_s is not None else None
+        if spend is None or budget_s is None:
+            return await guarded(self._in_slot(pending), timeout_s)
+        left = budget_s - spend.spent_s
+        if left <= 0:
+            _close_unawaited(pending)
+            raise BackendUnavailable(
+                "redis", f"the request's Redis time budget ({budget_s:g}s) is spent"
+            )
+        started = time.monotonic()
+        try:
+            return await guarded(self._in_slot(pending), min(timeout_s, left))
+        finally:
+            spend.spent_s += time.monotonic() - started
 
     async def _in_slot(self, pending: Awaitable[T]) -> T:
         try:

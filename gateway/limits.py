@@ -19,6 +19,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Middleware
 from aiohttp.web_protocol import RequestPayloadError
 
+from backends.redis_client import RequestSpend, request_spend
 from gateway.accounting import ANSWERING, current_record, endpoint_of
 from gateway.admission import Admission
 from gateway.appkeys import RUNTIME, SERVICES
@@ -71,6 +72,8 @@ def limits_middleware(admission: Admission) -> Middleware:
         timeout_s = _timeout_s(server, kind)
         deadline = asyncio.get_running_loop().time() + timeout_s
         deadline_token = request_deadline.set(deadline)
+        # The request's Redis calls share one time budget (backends.redis_client).
+        spend_token = request_spend.set(RequestSpend())
         tenant_token = None
         try:
             authorization = request.headers.get("Authorization")
@@ -96,6 +99,7 @@ def limits_middleware(admission: Admission) -> Middleware:
             if tenant_token is not None:
                 current_tenant.reset(tenant_token)
             request_deadline.reset(deadline_token)
+            request_spend.reset(spend_token)
 
     return middleware
 

@@ -58,6 +58,7 @@ from backends.llm.base import (
 )
 from backends.quotas.base import QuotaStore
 from backends.quotas.memory import MemoryQuotaStore
+from backends.redis_client import unbudgeted
 from gateway.errors import TooManyRequests
 from gateway.metered_llm import estimate_usage, settled
 from gateway.metrics import MULTIPROC_ENV, Metrics
@@ -72,7 +73,7 @@ T = TypeVar("T")
 current_tenant: ContextVar[TenantConfig | None] = ContextVar("quota_tenant", default=None)
 # The tenant whose budget a stream's handler has just checked, before its headers (so that a
 # refusal is a plain 429): the stream's model call, next, does not read it again.
-budget_checked: ContextVar[tuple[str, float] | None] = ContextVar(
+budget_checked: ContextVar[tuple[str, float, int] | None] = ContextVar(
     "quota_budget_checked", default=None
 )
 
@@ -130,6 +131,8 @@ class Quotas:
         self._unconfirmed: dict[tuple[str, str], list[tuple[str, float]]] = {}
         self._in_flight: dict[tuple[str, str], float] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        # Spends kept per tenant (a count): a budget check stands only while it is unchanged.
+        self._spends: dict[str, int] = {}
         metrics.quota_store_degraded.set(0)
 
     @property
@@ -145,30 +148,58 @@ class Quotas:
 
     async def admit(self, tenant: TenantConfig, *, answering: bool) -> None:
         """A request has arrived: its tenant's rate limit, then (for an endpoint that answers
-        with a model) its budget. Raises RateLimited or BudgetExceeded."""
+        with a model) its budget. Raises RateLimited or BudgetExceeded. Both in one round trip
+        to the shared store; the budget check then stands in for the request's first model
+        call's own (`budget_checked`), as a stream's does."""
         limit = tenant.rate_limit
-        if limit is not None:
-            wait = await self._take(tenant.id, limit.requests_per_s, limit.burst)
-            if wait > 0:
-                self._metrics.quota_refusals.labels("rate_limit").inc()
-                seconds = retry_after(wait)
-                raise RateLimited(
-                    f"tenant {tenant.id} is over its rate limit of {limit.requests_per_s:g} "
-                    f"requests/s (burst {limit.burst}); retry in {seconds} s",
-                    retry_after_s=seconds,
-                )
-        if answering:
-            await self.check_budget(tenant)
+        budget = tenant.daily_budget_usd if answering else None
+        if limit is None:
+            if answering:
+                await self.check_budget(tenant, before_stream=True)
+            return
+        now = self._clock()
+        day = utc_day(now)
+        if budget is None:
+            wait, spent = await self._take(tenant.id, limit.requests_per_s, limit.burst), 0.0
+        else:
+            wait, spent = await self._take_and_spent(
+                tenant.id, limit.requests_per_s, limit.burst, day
+            )
+        if wait > 0:
+            self._metrics.quota_refusals.labels("rate_limit").inc()
+            seconds = retry_after(wait)
+            raise RateLimited(
+                f"tenant {tenant.id} is over its rate limit of {limit.requests_per_s:g} "
+                f"requests/s (burst {limit.burst}); retry in {seconds} s",
+                retry_after_s=seconds,
+            )
+        if budget is not None:
+            self._judge_budget(tenant, budget, spent, now, day, before_stream=True)
 
     async def check_budget(self, tenant: TenantConfig, *, before_stream: bool = False) -> None:
         """Raises BudgetExceeded when the tenant's day is spent. `before_stream`: the check
-        that precedes a stream's one model call, which then does not check again."""
+        that precedes a stream's one model call, which then does not check again (nor does
+        this one when the request's arrival has just checked it)."""
         budget = tenant.daily_budget_usd
         if budget is None:
+            return
+        if before_stream and self._stands(tenant, consume=False):
             return
         now = self._clock()
         day = utc_day(now)
         spent = await self._spent(tenant.id, day)
+        self._judge_budget(tenant, budget, spent, now, day, before_stream=before_stream)
+
+    def _judge_budget(
+        self,
+        tenant: TenantConfig,
+        budget: float,
+        spent: float,
+        now: float,
+        day: str,
+        *,
+        before_stream: bool,
+    ) -> None:
         if spent >= budget:
             self._metrics.quota_refusals.labels("budget").inc()
             raise BudgetExceeded(
@@ -177,7 +208,21 @@ class Quotas:
                 retry_after_s=seconds_to_midnight(now),
             )
         if before_stream:
-            budget_checked.set((tenant.id, time.monotonic()))
+            budget_checked.set((tenant.id, time.monotonic(), self._spends.get(tenant.id, 0)))
+
+    def _stands(self, tenant: TenantConfig, *, consume: bool = True) -> bool:
+        """Whether this request's last budget check stands for the model call about to start:
+        made moments ago, and no spend of the tenant's kept by this process since (its own
+        rewrite's, say, which may run in another task). Consumed: a second call checks."""
+        checked = budget_checked.get()
+        if consume:
+            budget_checked.set(None)
+        return (
+            checked is not None
+            and checked[0] == tenant.id
+            and time.monotonic() - checked[1] < _CHECK_STANDS_S
+            and checked[2] == self._spends.get(tenant.id, 0)
+        )
 
     async def record_spend(self, tenant: TenantConfig, usd: float) -> None:
         """Add one model call's cost to the tenant's day. Never raises: a store that fails
@@ -237,6 +282,7 @@ class Quotas:
         """The amount kept in this process, without an await; the key to send, if any."""
         if not usd > 0:
             return None
+        self._spends[tenant.id] = self._spends.get(tenant.id, 0) + 1
         day = utc_day(self._clock())
         if self._shared is None:
             self._local.add_spend_now(tenant.id, day, usd)
@@ -252,6 +298,7 @@ class Quotas:
         return task
 
     async def _send(self, key: tuple[str, str]) -> None:
+        unbudgeted()  # after the answer: not on the request's Redis budget
         await self._flush_key(key, counted=True)
 
     async def _take(self, tenant: str, rate: float, burst: int) -> float:
@@ -262,6 +309,24 @@ class Quotas:
                 return wait
             self._metrics.quota_local_decisions.labels("rate_limit").inc()
         return await self._local.take(tenant, rate, burst)
+
+    async def _take_and_spent(
+        self, tenant: str, rate: float, burst: int, day: str
+    ) -> tuple[float, float]:
+        """`_take` and `_spent` in one call to the shared store; each falls back as they do."""
+        if self._shared is not None:
+            shared, key = self._shared, (tenant, day)
+            both = await self._ask(lambda: shared.take_and_spent(tenant, rate, burst, day), tenant)
+            if both is not None:
+                wait, total = both
+                self._seen(key, total)
+                return wait, total + self._outstanding().get(key, 0.0)
+            # Both decided here, as `_take` and `_spent` would (without asking again).
+            self._metrics.quota_local_decisions.labels("rate_limit").inc()
+            self._metrics.quota_local_decisions.labels("budget").inc()
+            wait = await self._local.take(tenant, rate, burst)
+            return wait, self._last_seen.get(key, 0.0) + self._outstanding().get(key, 0.0)
+        return await self._take(tenant, rate, burst), await self._spent(tenant, day)
 
     async def _spent(self, tenant: str, day: str) -> float:
         """The shared total plus what this process has not yet added to it. Never a round
@@ -429,7 +494,7 @@ class BudgetedLLM(WrappedLLM):
         options: GenerationOptions = NO_OPTIONS,
     ) -> Completion:
         tenant = current_tenant.get()
-        if tenant is not None:
+        if tenant is not None and not self._quotas._stands(tenant):
             await self._quotas.check_budget(tenant)
         try:
             completion = await self._inner.complete(
@@ -454,7 +519,7 @@ class BudgetedLLM(WrappedLLM):
         options: GenerationOptions = NO_OPTIONS,
     ) -> AsyncIterator[StreamDelta]:
         tenant = current_tenant.get()
-        if tenant is not None and not _just_checked(tenant):
+        if tenant is not None and not self._quotas._stands(tenant):
             await self._quotas.check_budget(tenant)
         stream = self._inner.stream(
             tier, messages, max_tokens=max_tokens, route=route, options=options
@@ -478,25 +543,14 @@ class BudgetedLLM(WrappedLLM):
                 yield delta
 
     async def _record(self, tenant: TenantConfig, usd: float) -> None:
-        # Kept at once, sent by a task of its own: a client that hangs up while it is being
-        # sent does not erase a call that was paid for.
-        task = self._quotas.record_spend_nowait(tenant, usd)
-        if task is not None:
-            await asyncio.shield(task)
+        # Kept at once, sent by a task of its own that nothing waits for: no answer depends
+        # on it (this process's next checks count it while it is unconfirmed), and a client
+        # that hangs up while it is being sent does not erase a call that was paid for.
+        self._quotas.record_spend_nowait(tenant, usd)
 
 
 # How long a stream handler's budget check stands in for its model call's own.
 _CHECK_STANDS_S = 5.0
-
-
-def _just_checked(tenant: TenantConfig) -> bool:
-    """Whether this request's stream handler has just checked the tenant's budget (consumed
-    once: a second model call checks again)."""
-    checked = budget_checked.get()
-    if checked is None:
-        return False
-    budget_checked.set(None)
-    return checked[0] == tenant.id and time.monotonic() - checked[1] < _CHECK_STANDS_S
 
 
 def warn_if_per_worker(tenants: Sequence[TenantConfig], quotas: Quotas) -> None:

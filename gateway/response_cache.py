@@ -141,6 +141,11 @@ class ResponseCache:
             break
         return found
 
+    async def drain(self) -> None:
+        """Wait for the cache writes and claim releases sent so far (tests, shutdown)."""
+        if self.flights is not None:
+            await self.flights.drain()
+
     async def put(
         self,
         tenant: str,
@@ -155,16 +160,31 @@ class ResponseCache:
         entry = CachedEntry(
             key, question, json.dumps(payload).encode(), vector if searchable else None
         )
-        try:
-            await self._store.put(
-                tenant,
-                scope,
-                entry,
-                ttl_s=self._config.ttl_s,
-                max_entries=self._config.max_entries,
-            )
-        except BackendError as exc:
-            log.warning("cache store failed", extra={"error": str(exc)})
+        store = self._store
+        if self.flights is None:  # no store: nothing to write
+            return
+
+        async def write() -> None:
+            try:
+                await store.put(
+                    tenant,
+                    scope,
+                    entry,
+                    ttl_s=self._config.ttl_s,
+                    max_entries=self._config.max_entries,
+                )
+            except BackendError as exc:
+                log.warning("cache store failed", extra={"error": str(exc)})
+            finally:
+                if flights.writes.get((tenant, key)) is task:
+                    del flights.writes[(tenant, key)]
+
+        # Sent by a task of its own: the answer does not wait for its own storing. The key's
+        # claim is released after it (SingleFlight.finish), and this process's followers get
+        # the answer from the leader, not from the store.
+        flights = self.flights
+        task = flights.spawn(write())
+        flights.writes[(tenant, key)] = task
 
     async def _decoded(self, tenant: str, entry: CachedEntry) -> Payload | None:
         """The entry's answer; one that does not decode is deleted and never served."""

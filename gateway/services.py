@@ -74,6 +74,7 @@ def redis_options(settings: Settings) -> RedisOptions:
         socket_timeout_s=c.redis_socket_timeout_s,
         connect_timeout_s=c.redis_connect_timeout_s,
         max_connections=c.redis_max_connections,
+        request_budget_s=c.redis_request_budget_s,
     )
 
 

@@ -270,6 +270,10 @@ class CacheConfig(BaseModel):
     redis_socket_timeout_s: float = Field(default=0.25, gt=0)
     redis_connect_timeout_s: float = Field(default=0.5, gt=0)
     redis_max_connections: int = Field(default=64, gt=0)
+    # What one request's Redis calls (cache and quotas) may take together; once spent, the
+    # request's next calls fail at once, as if Redis were down. A healthy Redis answers a
+    # request's 3-6 round trips in a few ms; a slow one would cost a socket timeout each.
+    redis_request_budget_s: float = Field(default=0.25, gt=0)
     # Fixed at write: a hit never extends it.
     ttl_s: int = Field(default=3600, gt=0)
     # Per tenant: writing past it evicts that tenant's oldest entries only.

@@ -21,6 +21,13 @@ class QuotaStore(Protocol):
         `burst`). Returns 0.0 when taken, else the seconds until one will be there."""
         ...
 
+    async def take_and_spent(
+        self, tenant: str, rate_per_s: float, burst: float, day: str
+    ) -> tuple[float, float]:
+        """`take`, then `spent` on `day`, in one step (one round trip to a remote store): a
+        request's rate limit and budget, checked as it arrives."""
+        ...
+
     async def spent(self, tenant: str, day: str) -> float:
         """USD the tenant has spent on `day` (UTC, YYYY-MM-DD)."""
         ...

@@ -46,6 +46,11 @@ class MemoryQuotaStore:
         self._buckets[tenant] = (tokens, max(now, last))
         return wait
 
+    async def take_and_spent(
+        self, tenant: str, rate_per_s: float, burst: float, day: str
+    ) -> tuple[float, float]:
+        return await self.take(tenant, rate_per_s, burst), await self.spent(tenant, day)
+
     async def spent(self, tenant: str, day: str) -> float:
         self._check_open()
         return self._spend.get((tenant, day), 0.0)

@@ -72,6 +72,13 @@ redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil(burst / rate * 1000
 return string.format('%.17g', wait)
 """
 
+# TAKE and, in the same script, the day's spend: a request's two checks in one round trip.
+# KEYS: the bucket, the day's spend (one tenant: one hash tag, one slot on a cluster). The
+# spend is read first: a WRONGTYPE there fails the script before the bucket is written.
+TAKE_AND_SPENT = "\nlocal spend = redis.call('GET', KEYS[2]) or '0'" + TAKE.replace(
+    "return string.format('%.17g', wait)", "return {string.format('%.17g', wait), spend}"
+)
+
 # KEYS: the day's spend, its applied ids. ARGV: USD, expiry (unix s), the amount's id.
 # Everything that can fail is checked before the first write (a script is not rolled back:
 # an id marked applied whose amount then failed to add would be lost).
@@ -148,6 +155,7 @@ class RedisQuotaStore:
     def __init__(self, connection: RedisConnection) -> None:
         self._connection = connection
         self._take = connection.register_script(TAKE)
+        self._take_and_spent = connection.register_script(TAKE_AND_SPENT)
         self._add = connection.register_script(ADD_SPEND)
         self._repair = connection.register_script(REPAIR)
         self._closed = False
@@ -155,6 +163,15 @@ class RedisQuotaStore:
     async def take(self, tenant: str, rate_per_s: float, burst: float) -> float:
         reply = await self._call(self._take([bucket_key(tenant)], [repr(rate_per_s), burst]))
         return _number(reply, "bucket")
+
+    async def take_and_spent(
+        self, tenant: str, rate_per_s: float, burst: float, day: str
+    ) -> tuple[float, float]:
+        keys = [bucket_key(tenant), spend_key(tenant, day)]
+        reply = await self._call(self._take_and_spent(keys, [repr(rate_per_s), burst]))
+        if not isinstance(reply, list) or len(reply) != 2:
+            raise UpstreamError("redis", f"the bucket script answered {reply!r:.40}")
+        return _number(reply[0], "bucket"), _number(reply[1], "spend")
 
     async def spent(self, tenant: str, day: str) -> float:
         reply = await self._call(self._connection.client.get(spend_key(tenant, day)))

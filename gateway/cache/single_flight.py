@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
 from backends.cache.base import CacheStore
 from backends.errors import BackendError
+from backends.redis_client import unbudgeted
 from gateway.guard import request_deadline
 
 # How often a waiter in another process looks for the leader's answer.
@@ -67,6 +68,27 @@ class SingleFlight:
         # An in-process lead this old is dropped (default: ten leases).
         self._stale_s = stale_s if stale_s is not None else 10 * lease_s
         self._flights: dict[tuple[str, str], Lease] = {}
+        # Work no answer waits for: cache writes (by key, so a claim is released only once
+        # its answer is stored) and claim releases.
+        self.writes: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Run `work` in a task of its own, off the request's Redis budget."""
+
+        async def unbudgeted_work() -> None:
+            unbudgeted()
+            await work
+
+        task = asyncio.get_running_loop().create_task(unbudgeted_work())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def drain(self) -> None:
+        """Wait for the writes and releases sent so far (tests, shutdown)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     def leader_of(self, tenant: str, key: str) -> Lease | None:
         lease = self._flights.get((tenant, key))
@@ -140,9 +162,16 @@ class SingleFlight:
         if not lease.future.done():
             lease.future.set_result(shared)
         if lease.claimed:
-            # Shielded: a request cancelled meanwhile still gives the claim back.
-            with contextlib.suppress(BackendError):
-                await asyncio.shield(self._store.release(lease.tenant, lease.key))
+            # In a task of its own, after the key's answer is stored (a follower in another
+            # process that found the claim free before the answer would compute it again):
+            # nobody waits for it, and a request cancelled meanwhile still gives it back.
+            self.spawn(self._release(lease.tenant, lease.key))
+
+    async def _release(self, tenant: str, key: str) -> None:
+        if (write := self.writes.get((tenant, key))) is not None:
+            await asyncio.gather(write, return_exceptions=True)
+        with contextlib.suppress(BackendError):
+            await self._store.release(tenant, key)
 
     def _register(self, tenant: str, key: str) -> Lease:
         loop = asyncio.get_running_loop()
@@ -156,6 +185,7 @@ class SingleFlight:
         lease.renewing = asyncio.get_running_loop().create_task(self._renew(lease))
 
     async def _renew(self, lease: Lease) -> None:
+        unbudgeted()  # renewals outlast the request's Redis budget
         while not lease.done:
             await asyncio.sleep(self._lease_s / 3)
             try:

@@ -9,7 +9,13 @@ import time
 import pytest
 
 from backends.errors import BackendUnavailable
-from backends.redis_client import RedisConnection, RedisModeMismatch, RedisOptions
+from backends.redis_client import (
+    RedisConnection,
+    RedisModeMismatch,
+    RedisOptions,
+    RequestSpend,
+    request_spend,
+)
 from tests.redis_server import RedisCluster, RedisServer, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
@@ -141,4 +147,32 @@ async def test_more_calls_than_connections_wait_for_one_rather_than_fail(
         ]
         assert sum(totals) == 40
     finally:
+        await connection.aclose()
+
+
+async def test_a_requests_calls_share_one_time_budget_on_a_slow_redis(
+    redis_server: RedisServer,
+) -> None:
+    """A paused Redis (connections accepted, nothing answered) costs a request at most its
+    Redis time budget in all, not one socket timeout per call."""
+    options = RedisOptions(redis_server.url, socket_timeout_s=0.25, request_budget_s=0.3)
+    connection = RedisConnection(options)
+    await connection.start()
+    try:
+        await connection.ping()
+        redis_server.pause()
+        token = request_spend.set(RequestSpend())
+        started = time.monotonic()
+        failures = 0
+        for _ in range(5):
+            try:
+                await connection.call(connection.client.get("qg:absent"))
+            except BackendUnavailable:
+                failures += 1
+        elapsed = time.monotonic() - started
+        request_spend.reset(token)
+        assert failures == 5
+        assert elapsed < 0.5, elapsed  # was 5 socket timeouts, ~1.3 s
+    finally:
+        redis_server.resume()
         await connection.aclose()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import socket
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -397,3 +398,50 @@ async def test_an_unusable_spend_refuses_the_add_before_marking_its_id(
             await s.add_spend(acme, TODAY, 0.25, amount)
         await s.repair(acme, TODAY, 0.5)  # the last total this process read
         assert await s.add_spend(acme, TODAY, 0.25, amount) == pytest.approx(0.75)  # not lost
+
+
+def _monitor(server: RedisServer) -> socket.socket:
+    """A MONITOR connection: it then receives every command the server runs, one line each,
+    a script's own calls marked `lua`."""
+    port = int(server.url.rsplit(":", 1)[1].split("/")[0])
+    sock = socket.create_connection(("127.0.0.1", port), timeout=2)
+    sock.sendall(b"*1\r\n$7\r\nMONITOR\r\n")
+    assert sock.recv(5) == b"+OK\r\n"
+    return sock
+
+
+def _client_commands(sock: socket.socket) -> list[str]:
+    time.sleep(0.2)
+    sock.settimeout(0.2)
+    raw = b""
+    with contextlib.suppress(TimeoutError):
+        while chunk := sock.recv(65536):
+            raw += chunk
+    lines = raw.decode(errors="replace").splitlines()
+    return [line.split("] ", 1)[1] for line in lines if "] " in line and "lua]" not in line]
+
+
+async def test_a_limited_budgeted_request_is_admitted_in_one_round_trip(
+    redis_server: RedisServer,
+) -> None:
+    """The rate-limit take and the budget read are one script (one tenant's hash tag): a
+    request to a tenant with both costs one round trip as it arrives, not two."""
+    tenant = TenantConfig.model_validate(
+        {
+            "id": tenant_id("admit"),
+            "api_key_sha256": "0" * 64,
+            "rate_limit": {"requests_per_s": 100, "burst": 100},
+            "daily_budget_usd": 10.0,
+        }
+    )
+    async with store(redis_server.url) as shared:
+        quotas = Quotas(shared, Metrics())
+        await quotas.admit(tenant, answering=True)  # loads the script
+        monitor = _monitor(redis_server)
+        try:
+            await quotas.admit(tenant, answering=True)
+            commands = _client_commands(monitor)
+        finally:
+            monitor.close()
+    assert len(commands) == 1, commands  # was 2: the take, then a GET of the day's spend
+    assert commands[0].startswith('"EVALSHA"')

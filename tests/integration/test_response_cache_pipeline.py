@@ -110,7 +110,10 @@ def scripted(text: str, **directive: Any) -> str:
 
 
 async def ask(pipeline: Pipeline, request: QueryRequest) -> QueryResult:
-    return await pipeline.complete(await pipeline.prepare(request))
+    result = await pipeline.complete(await pipeline.prepare(request))
+    # The answer is stored (and its claim released) by a task the answer does not wait for.
+    await pipeline._cache.drain()
+    return result
 
 
 async def streamed(pipeline: Pipeline, request: QueryRequest) -> tuple[list[str], QueryResult]:
