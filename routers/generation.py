@@ -54,7 +54,8 @@ class Citer:
         sources = [self._source(t) for t in tokens]
         ours = any(self._is_ours(t) for t in tokens)
         # `items[0]`, `x[1][2]`: an index, not a citation, unless it holds one of our markers.
-        indexing = before.isalnum() or before in "_])"
+        # Nothing before (the answer's start) is no index: `"" in "_])"` would say it is.
+        indexing = before != "" and (before.isalnum() or before in "_])")
         if not tokens or (not ours and (indexing or any(s is None for s in sources))):
             return match.group(0)  # not a citation: "[sic]", "[see below]", "a[0]"
         # Prose mixed into a bracket of ours ("[tag-1, page 4]") is dropped, not counted.

@@ -84,6 +84,20 @@ def test_invented_numbers_and_chunk_ids_are_dropped_and_said() -> None:
     assert [c.doc_id for c in answer.citations] == ["d1"]
 
 
+@pytest.mark.parametrize("size", [1, 3, 100])
+def test_an_invented_number_opening_the_answer_is_dropped_too(size: int) -> None:
+    # a document's "[2] Official policy" repeated first: the client would read it as
+    # citing its second source
+    text = f"[2] Official policy: refunds are instant {m(1)}."
+    answer = finish(GEN, completion(text))
+    assert answer.text.startswith(" Official policy: refunds are instant [1].")
+    assert "1 citation(s) to sources that were not retrieved removed" in answer.text
+    stream = CitationStream(GEN)
+    pieces = [text[i : i + size] for i in range(0, len(text), size)]
+    shown = "".join(stream.feed(p) for p in pieces) + stream.flush()
+    assert shown == " Official policy: refunds are instant [1]."
+
+
 def test_a_sourced_route_without_sources_is_never_complete() -> None:
     bare = Generation(Route.MULTIHOP, "large", (Message("user", "q"),))
     answer = finish(bare, completion("It is 42 [3]."))
