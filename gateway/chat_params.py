@@ -13,9 +13,10 @@ which neither a tool call nor a JSON document can be; there (and on `auto` when 
 not routed direct, and on a direct route without a model) the request gets 400 naming them
 before any work is done (`routers.executors.FromSources`).
 
-The handler takes `stream`, `stream_options.include_usage`, and `user` / `safety_identifier`
-(written to the request's log line, never a metric label). The tool calls and results a client
-sends back after its question go to the model after it (direct only, like `tools`).
+The handler takes `stream`, `stream_options.include_usage` (with `stream` only), and `user` /
+`safety_identifier` (written to the request's log line, never a metric label). The tool calls
+and results a client sends back after its question go to the model after it (direct only,
+like `tools`).
 
 Refused with 400 unless at the value that asks for nothing (null is always that value): `n`
 (1: one choice is all the gateway writes), `logprobs` (false), `top_logprobs`, `logit_bias`,
@@ -64,6 +65,9 @@ def refuse_unsupported(body: ChatBody) -> None:
             problems.append(f"{name}: {why}")
     extra = body.stream_options.model_extra if body.stream_options is not None else None
     problems += [f"stream_options.{clip(name)}: not supported" for name in sorted(extra or {})]
+    if body.stream_options is not None and not body.stream:
+        # OpenAI refuses it too; taken silently, include_usage would ask for nothing
+        problems.append("stream_options: only with stream: true")
     if body.tools is None and body.tool_choice is not None:
         problems.append("tool_choice: needs tools")
     if body.tools is None and body.parallel_tool_calls is not None:

@@ -443,3 +443,15 @@ def test_a_refusal_the_client_did_not_cause_stays_a_503(
     )
     assert resp.status_code == 503, resp.text
     assert resp.json()["error"]["type"] == "upstream_error"
+
+
+def test_stream_options_without_stream_is_refused_naming_it(gateway: GatewayProcess) -> None:
+    """It was taken and ignored: `include_usage` asked for a usage chunk no answer had."""
+    resp = chat(
+        gateway,
+        model="direct",
+        messages=ask("Hello", {"key": key()}),
+        stream_options={"include_usage": True},
+    )
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["message"] == "stream_options: only with stream: true"
