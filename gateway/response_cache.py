@@ -142,7 +142,7 @@ class ResponseCache:
         return found
 
     async def drain(self) -> None:
-        """Wait for the cache writes and claim releases sent so far (tests, shutdown)."""
+        """Wait for the cache writes and claim releases sent so far (tests)."""
         if self.flights is not None:
             await self.flights.drain()
 

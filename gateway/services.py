@@ -18,6 +18,7 @@ from backends.redis_client import RedisConnection, RedisModeMismatch, RedisOptio
 from backends.retrieval.base import Retriever
 from backends.retrieval.embedded import EmbeddedRetriever
 from backends.retrieval.opensearch import OpenSearchRetriever, SharedChunksNotMigrated
+from gateway.cache.background import DRAIN_S, PROCESS_WRITES
 from gateway.metrics import Metrics
 from gateway.pipeline import Services
 from gateway.quotas import BudgetedLLM, Quotas, warn_if_per_worker
@@ -133,4 +134,6 @@ async def open_services(settings: Settings, metrics: Metrics) -> AsyncIterator[S
         cache_store = build_cache_store(settings, redis)
         if cache_store is not None:
             stack.push_async_callback(cache_store.aclose)
+        # Before the store closes (callbacks run last first): the answers' last writes.
+        stack.push_async_callback(PROCESS_WRITES.drain, DRAIN_S)
         yield Services(embedder, retriever, llm, cache_store, metrics, quotas)

@@ -27,6 +27,7 @@ from typing import Any
 from backends.cache.base import CacheStore
 from backends.errors import BackendError
 from backends.redis_client import unbudgeted
+from gateway.cache.background import PROCESS_WRITES
 from gateway.guard import request_deadline
 
 # How often a waiter in another process looks for the leader's answer.
@@ -69,26 +70,15 @@ class SingleFlight:
         self._stale_s = stale_s if stale_s is not None else 10 * lease_s
         self._flights: dict[tuple[str, str], Lease] = {}
         # Work no answer waits for: cache writes (by key, so a claim is released only once
-        # its answer is stored) and claim releases.
+        # its answer is stored) and claim releases; the process's, so shutdown waits for it.
         self.writes: dict[tuple[str, str], asyncio.Task[None]] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        """Run `work` in a task of its own, off the request's Redis budget."""
-
-        async def unbudgeted_work() -> None:
-            unbudgeted()
-            await work
-
-        task = asyncio.get_running_loop().create_task(unbudgeted_work())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
+        return PROCESS_WRITES.spawn(work)
 
     async def drain(self) -> None:
-        """Wait for the writes and releases sent so far (tests, shutdown)."""
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        """Wait for the process's writes and releases sent so far (tests)."""
+        await PROCESS_WRITES.drain()
 
     def leader_of(self, tenant: str, key: str) -> Lease | None:
         lease = self._flights.get((tenant, key))
