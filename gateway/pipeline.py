@@ -493,6 +493,7 @@ class Pipeline:
         if isinstance(outcome, Generation):
             answer: Answer | None = None
             parts: list[str] = []
+            shown: list[str] = []
             cited = CitationStream(outcome)  # the deltas' citations rewritten as finish's are
             with ctx.timer.stage("generate"):
                 async for delta in self._timed_stream(outcome):
@@ -503,11 +504,17 @@ class Pipeline:
                             # Served as it came, never stored as a whole answer.
                             answer = replace(answer, complete=False)
                         if rest := cited.flush():
+                            shown.append(rest)
                             yield rest
+                        # What finish added (a note on dropped citations, "the documents do
+                        # not say" for no text): the client reads what a complete answer says.
+                        if tail := _beyond(answer.text, "".join(shown)):
+                            yield tail
                     elif delta.text:
                         parts.append(delta.text)
-                        if shown := cited.feed(delta.text):
-                            yield shown
+                        if piece := cited.feed(delta.text):
+                            shown.append(piece)
+                            yield piece
             if answer is None:  # the generation's deadline came before any text
                 answer = self._fallback(outcome)
                 yield answer.text
@@ -743,6 +750,12 @@ def _streamed_completion(
         usage_estimated=bool(final.extra.get("usage_estimated")),
         tool_calls=tuple(final.extra.get("tool_calls") or ()),
     )
+
+
+def _beyond(text: str, streamed: str) -> str:
+    """What an answer's text says past the text streamed (`finish` strips, then may add)."""
+    sent, text = streamed.strip(), text.lstrip()
+    return text[len(sent) :] if text.startswith(sent) else ""
 
 
 def _fallback(generation: Generation) -> Answer:

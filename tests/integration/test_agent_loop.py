@@ -517,6 +517,25 @@ async def test_streamed_and_complete_answers_cost_the_same(make_pipeline: Any, r
     assert streamed_result.answer.citations == whole.answer.citations
 
 
+@pytest.mark.parametrize(
+    "text",
+    ["Two years {cite:1}, says [7].", "[9] Two years {cite:1}.", ""],
+    ids=["dropped-citation", "leading-dropped", "no-text"],
+)
+async def test_a_streamed_answer_says_what_the_complete_answer_says(
+    make_pipeline: Any, text: str
+) -> None:
+    script = {"key": uuid.uuid4().hex, "answer": text}
+    pipeline = make_pipeline()
+    whole = await ask(pipeline, "Acme warranty length?", script, route="lookup")
+    streamed_text, result = await streamed(
+        pipeline, request("Acme warranty length?", script, "lookup")
+    )
+    assert whole.answer.text != text.replace("{cite:1}", "")  # finish rewrote or added
+    assert streamed_text.strip() == whole.answer.text.strip()
+    assert result.answer.text == whole.answer.text
+
+
 async def test_a_streamed_answer_cut_at_the_token_limit_is_not_cached(
     make_pipeline: Any, fake_upstream: str
 ) -> None:
