@@ -1,4 +1,4 @@
-"""Shutdown waits for the answers' cache writes, which no answer waits for, before the store's
+"""An answer's cache write is off its path, and shutdown waits for it before the store's
 connection closes: a real redis-server behind a slow forwarder, the real services."""
 
 from __future__ import annotations
@@ -20,6 +20,15 @@ from tests.redis_server import RedisServer
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
 TENANT = TenantConfig(id="acme", api_key_sha256=("0" * 64,))
+
+
+async def stored_answers(server: RedisServer) -> int:
+    """Straight to the server, not through the slow forwarder."""
+    direct = aioredis.Redis.from_url(server.url)
+    try:
+        return int(await direct.hlen("qg:cache:{acme}:keys"))
+    finally:
+        await direct.aclose()
 
 
 async def test_shutdown_waits_for_the_last_answers_cache_write(
@@ -52,14 +61,15 @@ async def test_shutdown_waits_for_the_last_answers_cache_write(
             )
             result = await pipeline.complete(await pipeline.prepare(request))
             assert result.answer
-        # Closed at once, the answer's write still on its way.
+            # The answer did not wait for its own storing: that write is still on its way.
+            assert await stored_answers(redis_server) == 0
+        # Closed at once: shutdown waited for the write, then for the claim's release.
+        assert await stored_answers(redis_server) == 1
         direct = aioredis.Redis.from_url(redis_server.url)
         try:
-            stored = await direct.hlen("qg:cache:{acme}:keys")
             leases = [k async for k in direct.scan_iter("qg:cache:{acme}:lease:*")]
         finally:
             await direct.aclose()
-        assert stored == 1
-        assert leases == []  # its claim was released after it, not left to expire
+        assert leases == []  # released after it, not left to expire
     finally:
         proxy.stop()
