@@ -44,9 +44,9 @@ from aiohttp.test_utils import TestClient, TestServer  # noqa: E402
 
 from backends.cache import redis as cache_redis  # noqa: E402
 from backends.quotas import redis as quota_redis  # noqa: E402
+from bench.gateway_overhead import fake_upstream  # noqa: E402
 from gateway.app import create_app  # noqa: E402
 from gateway.settings import Settings, hash_api_key  # noqa: E402
-from tests.fixtures.upstream import _await_ready_line  # noqa: E402
 from tests.redis_server import free_port, running_redis  # noqa: E402
 
 
@@ -116,22 +116,6 @@ def process(args: list[str], ready: bytes) -> Iterator[subprocess.Popen[bytes]]:
         while time.monotonic() < deadline and ready not in proc.stdout.readline():
             pass
         yield proc
-    finally:
-        proc.kill()
-        proc.wait()
-
-
-@contextmanager
-def fake_upstream() -> Iterator[str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.fake_upstream", "--host", "127.0.0.1", "--port", "0"],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        root = _await_ready_line(proc, time.monotonic() + 15)
-        yield root.rstrip("/") + "/v1"
     finally:
         proc.kill()
         proc.wait()
