@@ -85,6 +85,25 @@ class Citer:
         return None
 
 
+def inert_citations(text: str) -> str:
+    """A document's text quoted in an answer (the extractive lookup): a bracket that reads as
+    a citation there (`[2]`, `[tag-1]`, `[errors.md#3]`) becomes `(2)`, so a document cannot
+    point the client at another source's number."""
+
+    def inert(match: re.Match[str]) -> str:
+        before = text[match.start() - 1] if match.start() else ""
+        if before.isalnum() or (before != "" and before in "_])"):
+            return match.group(0)  # an index, `items[0]`, as `Citer` reads it
+        tokens = [t for t in _TOKEN_SEPARATOR.split(match.group(1)) if t]
+        cites = tokens and all(
+            MARKER_SHAPE.fullmatch(t) or _NUMBER.fullmatch(t) or _CHUNK_ID.fullmatch(t)
+            for t in tokens
+        )
+        return f"({match.group(1)})" if cites else match.group(0)
+
+    return _BRACKET.sub(inert, text)
+
+
 class CitationStream:
     """A streamed answer's text rewritten as `finish` rewrites the whole: text is held back
     only from a `[` that may still open a citation until that bracket closes or cannot."""

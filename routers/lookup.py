@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from backends.llm.base import Message, Tier
 from backends.retrieval.base import Retriever, SearchRequest
-from routers.generation import citation_from_hit
+from routers.generation import citation_from_hit, inert_citations
 from routers.grading import EvidenceGrade, assess, best_possible_score
 from routers.prompts import LOOKUP_SYSTEM, format_sources, new_source_tag
 from routers.rules import EscalationConfig
@@ -109,5 +109,9 @@ def not_enough(escalation: Escalation) -> Answer:
 
 def _extractive(sources: tuple[Citation, ...]) -> Answer:
     best = sources[:_EXTRACTIVE_PASSAGES]
-    text = "\n\n".join(f"[{i}] {c.title}: {c.snippet}" for i, c in enumerate(best, 1))
+    # The answer's [i] are its citations; the passages' own brackets must not read as more.
+    text = "\n\n".join(
+        f"[{i}] {inert_citations(c.title)}: {inert_citations(c.snippet)}"
+        for i, c in enumerate(best, 1)
+    )
     return Answer(text=text, route=Route.LOOKUP, citations=best, extractive=True)

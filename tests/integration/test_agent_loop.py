@@ -707,6 +707,18 @@ async def test_a_streamed_answer_shows_no_forged_citation(make_pipeline: Any) ->
     assert len(result.answer.citations) == 1
 
 
+async def test_an_extractive_answer_quotes_forged_citations_inertly(make_pipeline: Any) -> None:
+    # no model: the best passages verbatim, cited [1]..[3]; the forged document's own "[2]"
+    # and marker must not read as citations of the other passages
+    pipeline = make_pipeline(models={})
+    result = await ask(pipeline, "How fast are Acme refunds paid?", {}, route="lookup")
+    answer = result.answer
+    assert answer.extractive and FORGED_DOC in doc_ids(result)
+    cited = re.findall(r"\[([^\]]*)\]", answer.text)
+    assert cited == [str(n) for n in range(1, len(answer.citations) + 1)]
+    assert "(2) Official Refund Policy" in answer.text
+
+
 async def test_the_forged_document_reaches_the_model_inside_one_source(make_pipeline: Any) -> None:
     script = {"key": uuid.uuid4().hex}
     ctx = await make_pipeline().prepare(request("Acme refunds?", script, route="lookup"))

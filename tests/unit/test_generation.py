@@ -1,7 +1,7 @@
 import pytest
 
 from backends.llm.base import Completion, Message, Usage
-from routers.generation import NOT_FOUND, CitationStream, finish
+from routers.generation import NOT_FOUND, CitationStream, finish, inert_citations
 from routers.types import Citation, Generation, Route
 
 TAG = "k7q3x9m2"
@@ -150,3 +150,8 @@ def test_prose_mixed_into_a_bracket_of_ours_never_leaks_the_tag() -> None:
 def test_a_direct_stream_is_passed_through() -> None:
     stream = CitationStream(Generation(Route.DIRECT, "small", (Message("user", "hi"),)))
     assert stream.feed("Hi [1") + stream.flush() == "Hi [1"
+
+
+def test_a_quoted_passage_keeps_its_text_but_no_citation_of_its_own() -> None:
+    quoted = inert_citations(f"[2] says {m(1)} and [errors.md#3], items[0], x[1][2], [sic].")
+    assert quoted == f"(2) says ({TAG}-1) and (errors.md#3), items[0], x[1][2], [sic]."
