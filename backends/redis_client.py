@@ -104,6 +104,15 @@ class RequestSpend:
     spent_s: float = field(default=0.0)
 
 
+class RequestBudgetSpent(BackendUnavailable):
+    """This request has used its Redis time; the call was not sent. What it was for is decided
+    without Redis, as if Redis were down, but it says nothing of Redis's health (a caller that
+    tracks that, like the quotas' degraded state, leaves it as it is)."""
+
+    def __init__(self, budget_s: float) -> None:
+        super().__init__("redis", f"the request's Redis time budget ({budget_s:g}s) is spent")
+
+
 # The current request's spend, set by the request's middleware; None outside a request and in
 # the tasks that `unbudgeted()` runs.
 request_spend: ContextVar[RequestSpend | None] = ContextVar("redis_request_spend", default=None)
@@ -215,9 +224,7 @@ class RedisConnection:
         left = budget_s - spend.spent_s
         if left <= 0:
             _close_unawaited(pending)
-            raise BackendUnavailable(
-                "redis", f"the request's Redis time budget ({budget_s:g}s) is spent"
-            )
+            raise RequestBudgetSpent(budget_s)
         started = time.monotonic()
         try:
             return await guarded(self._in_slot(pending), min(timeout_s, left))

@@ -58,7 +58,7 @@ from backends.llm.base import (
 )
 from backends.quotas.base import QuotaStore
 from backends.quotas.memory import MemoryQuotaStore
-from backends.redis_client import unbudgeted
+from backends.redis_client import RequestBudgetSpent, unbudgeted
 from gateway.errors import TooManyRequests
 from gateway.metered_llm import estimate_usage, settled
 from gateway.metrics import MULTIPROC_ENV, Metrics
@@ -427,6 +427,8 @@ class Quotas:
             self._retry_at = now + self._retry_s
         try:
             result = await call()
+        except RequestBudgetSpent:
+            return None  # this request's own doing: the store's state stands for the others
         except BackendUnavailable as exc:
             self._down(exc)
             return None

@@ -18,7 +18,7 @@ import pytest
 
 from backends.errors import BackendError, BackendUnavailable, UpstreamError
 from backends.quotas.redis import RedisQuotaStore, applied_key, bucket_key, spend_key
-from backends.redis_client import RedisConnection, RedisOptions
+from backends.redis_client import RedisConnection, RedisOptions, RequestSpend, request_spend
 from gateway.metrics import Metrics
 from gateway.quotas import BudgetExceeded, Quotas, RateLimited, utc_day
 from gateway.settings import TenantConfig
@@ -445,3 +445,29 @@ async def test_a_limited_budgeted_request_is_admitted_in_one_round_trip(
             monitor.close()
     assert len(commands) == 1, commands  # was 2: the take, then a GET of the day's spend
     assert commands[0].startswith('"EVALSHA"')
+
+
+async def test_a_request_past_its_redis_budget_decides_alone_and_degrades_no_other(
+    redis_server: RedisServer,
+) -> None:
+    """A request that has used its Redis time is decided here, as if Redis were down, but
+    Redis answering everyone else is not down: the process stays shared, not degraded."""
+    acme = limited(tenant_id("acme"), budget=1.0)
+    metrics = Metrics()
+    async with store(redis_server.url) as shared:
+        quotas = Quotas(shared, metrics)
+        token = request_spend.set(RequestSpend(spent_s=10.0))
+        try:
+            await quotas.admit(acme, answering=True)  # a full bucket: admitted, decided here
+        finally:
+            request_spend.reset(token)
+        assert not quotas.degraded
+        assert metrics.registry.get_sample_value("querygate_quota_store_degraded") == 0.0
+        local = metrics.registry.get_sample_value(
+            "querygate_quota_local_decisions_total", {"check": "rate_limit"}
+        )
+        assert local == 1.0
+        await quotas.admit(acme, answering=True)  # the next request asks Redis
+        # Of Redis's burst of 2, that one took a token and the first none: one is left.
+        assert await shared.take(acme.id, 0.1, 2) == 0.0
+        assert await shared.take(acme.id, 0.1, 2) > 0
