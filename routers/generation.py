@@ -144,14 +144,19 @@ def finish(generation: Generation, completion: Completion) -> Answer:
             text += f"\n\n({citer.dropped} citation(s) to sources that were not retrieved removed.)"
             notes = (*notes, f"{citer.dropped} invented citation(s) dropped")
         citations = tuple(generation.sources[n - 1] for n in citer.order)
-    if not text and not completion.tool_calls:
+    # Client tools are offered on the direct route only: a call elsewhere names a tool the
+    # client never defined (the agent's own search, say) and is not the client's to run.
+    tool_calls = () if from_sources else completion.tool_calls
+    if from_sources and completion.tool_calls:
+        notes = (*notes, "a tool call the model made with no tools offered was dropped")
+    if not text and not tool_calls:
         text, notes = NOT_FOUND, (*notes, "the model returned no text")
     # An answer from sources that cites none, or admits they lack it, is not a confident
     # answer: it is returned, but never cached. Nor is one the token limit cut short, nor a
     # call of the client's tools (the conversation goes on with their results).
     grounded = not from_sources or bool(citations)
     complete = grounded and NOT_FOUND not in text and completion.finish_reason != "length"
-    complete = complete and not completion.tool_calls
+    complete = complete and not tool_calls
     if completion.finish_reason == "length":
         notes = (*notes, "the answer was cut at the token limit")
     finish_reason = "length" if completion.finish_reason == "length" else "stop"
@@ -168,8 +173,8 @@ def finish(generation: Generation, completion: Completion) -> Answer:
         usage_estimated=completion.usage_estimated or generation.usage_estimated,
         steps=generation.steps,
         cap=generation.cap,
-        tool_calls=completion.tool_calls,
-        finish_reason="tool_calls" if completion.tool_calls else finish_reason,
+        tool_calls=tool_calls,
+        finish_reason="tool_calls" if tool_calls else finish_reason,
     )
 
 

@@ -628,6 +628,27 @@ async def test_an_answer_citing_sources_it_never_searched_is_not_trusted(
     assert not result.answer.complete
 
 
+@pytest.mark.parametrize("route", ["lookup", "multihop"])
+@pytest.mark.parametrize("stream", [False, True], ids=["complete", "stream"])
+async def test_a_tool_call_on_a_route_that_offered_none_never_reaches_the_client(
+    make_pipeline: Any, route: str, stream: bool
+) -> None:
+    # the final call offers no tools; a model that calls the agent's search anyway
+    called = {"tool_calls": [search("Acme warranty, again")], "answer": ""}
+    script = directive({"tool_calls": [search("Acme warranty")]}, final=called, **called)
+    pipeline = make_pipeline(agent={"max_steps": 1})
+    req = request("How long is the Acme warranty?", script, route)
+    if stream:
+        _, result = await streamed(pipeline, req)
+    else:
+        result = await pipeline.complete(await pipeline.prepare(req))
+    answer = result.answer
+    assert answer.tool_calls == ()
+    assert answer.finish_reason == "stop"
+    assert answer.text == "The documents do not say."
+    assert "no tools offered was dropped" in result.route_reason
+
+
 async def test_an_empty_final_answer_says_the_documents_do_not_say(make_pipeline: Any) -> None:
     script = directive({"tool_calls": [search("warranty")]}, final={"answer": ""})
     result = await ask(make_pipeline(agent={"max_steps": 1}), "Acme warranty?", script)
