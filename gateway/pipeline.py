@@ -57,6 +57,7 @@ from gateway.metrics import Metrics
 from gateway.quotas import Quotas
 from gateway.response_cache import ResponseCache, SemanticLookup, StoreFailed
 from gateway.settings import Settings, TenantConfig
+from gateway.text import InvalidText, clean_text
 from gateway.timing import StageTimer
 from gateway.wire import QueryResult, answer_from_cache, answer_to_cache, rewrite_fields
 from routers.agent import AgentDeps
@@ -249,7 +250,13 @@ class Pipeline:
                 log.warning("follow-up rewrite failed", extra={"error": str(exc)})
                 return
         ctx.usage_before = {completion.tier: completion.usage}
-        if not completion.text:
+        try:
+            # The model's text stands for the client's from here on: cleaned as the edge
+            # cleans the client's, or not used (a lone surrogate broke the tokenizer: a 500).
+            question = clean_text(completion.text).strip()
+        except InvalidText:
+            question = ""
+        if not question:
             return
         # The self-contained question replaces the turns it was rewritten from: the executors
         # get the client's system messages and it, so its answer (and its cache key) does not
@@ -259,7 +266,7 @@ class Pipeline:
         if not any(m.role == "tool" or m.tool_calls for m in history):
             history = tuple(m for m in history if m.role == "system")
         ctx.request = replace(
-            request, query=completion.text, original_query=request.query, history=history
+            request, query=question, original_query=request.query, history=history
         )
 
     async def _cached(self, ctx: RequestContext) -> Answer | None:

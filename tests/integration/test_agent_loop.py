@@ -768,6 +768,27 @@ async def test_a_rewrite_cut_at_the_token_limit_is_not_used_but_counted(make_pip
     assert result.answer.usage_by_tier["small"].completion_tokens == 128 + 300
 
 
+@pytest.mark.parametrize(
+    ("rewrite", "used"),
+    [
+        ("What is the Acme\u0000 warranty?\r\n", "What is the Acme warranty?"),
+        ("What is the \ud800 Acme warranty?", None),
+    ],
+    ids=["control-characters", "lone-surrogate"],
+)
+async def test_a_rewrite_is_cleaned_as_client_text_is(
+    make_pipeline: Any, rewrite: str, used: str | None
+) -> None:
+    script = {"key": uuid.uuid4().hex, "answer": rewrite}
+    history = (Message("user", "Tell me about the Acme router."), Message("assistant", "A router."))
+    query = f"and its warranty? [[fake:{json.dumps(script)}]]"
+    req = QueryRequest(uuid.uuid4().hex, ACME, query, history, route="lookup")
+    pipeline = make_pipeline(router={"rewrite_followups": True})
+    result = await pipeline.complete(await pipeline.prepare(req))
+    assert result.query == (used or query)
+    assert result.answer.usage_by_tier["small"].prompt_tokens > 0
+
+
 EMPTY = TenantConfig(id="nobody", api_key_sha256=("0" * 64,))
 
 
