@@ -214,6 +214,11 @@ class AgentTools:
             raise InvalidArguments("search needs a non-empty string 'query'")
         if len(query) > MAX_QUERY_CHARS:
             raise InvalidArguments(f"'query' is longer than {MAX_QUERY_CHARS} characters")
+        if not query.isascii():
+            try:  # a lone surrogate is no text: the tokenizer raised on it, logged as a bug
+                query.encode("utf-8")
+            except UnicodeEncodeError:
+                raise InvalidArguments("'query' is not valid Unicode text") from None
         k = args.get("k", self._limits.search_k)
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_SEARCH_K:
             raise InvalidArguments(f"'k' must be an integer from 1 to {MAX_SEARCH_K}")

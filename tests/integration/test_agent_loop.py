@@ -260,11 +260,21 @@ async def test_a_failing_or_slow_tool_is_reported_to_the_model_not_to_the_client
         {"name": "search", "arguments": "[1, 2]"},
         {"name": "search", "arguments": {"query": 5}},
         {"name": "search", "arguments": {"query": "x", "k": 500}},
+        {"name": "search", "arguments": {"query": "Acme \ud800 warranty"}},
         {"name": "search", "arguments": {"query": "x", "tenant": "globex"}},
         {"name": "read", "arguments": {"doc_id": "globex-launch"}},
         {"name": "delete_everything", "arguments": {}},
     ],
-    ids=["bad-json", "not-object", "wrong-type", "k-range", "extra-arg", "unseen-doc", "unknown"],
+    ids=[
+        "bad-json",
+        "not-object",
+        "wrong-type",
+        "k-range",
+        "lone-surrogate",
+        "extra-arg",
+        "unseen-doc",
+        "unknown",
+    ],
 )
 async def test_unusable_tool_calls_become_messages_to_the_model(
     make_pipeline: Any, call: dict[str, Any], fake_upstream: str
