@@ -19,6 +19,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Middleware
 from aiohttp.web_protocol import RequestPayloadError
 
+from backends.llm.base import calling_tenant
 from backends.redis_client import RequestSpend, request_spend
 from gateway.accounting import ANSWERING, current_record, endpoint_of
 from gateway.admission import Admission
@@ -74,7 +75,7 @@ def limits_middleware(admission: Admission) -> Middleware:
         deadline_token = request_deadline.set(deadline)
         # The request's Redis calls share one time budget (backends.redis_client).
         spend_token = request_spend.set(RequestSpend())
-        tenant_token = None
+        tenant_token = llm_tenant_token = None
         try:
             authorization = request.headers.get("Authorization")
             if kind is None:
@@ -87,6 +88,8 @@ def limits_middleware(admission: Admission) -> Middleware:
             if (quotas := request.app[SERVICES].quotas) is not None:
                 await quotas.admit(tenant, answering=endpoint in ANSWERING)
             tenant_token = current_tenant.set(tenant)
+            # the model breakers count failures per tenant (backends.llm.litellm_tiers)
+            llm_tenant_token = calling_tenant.set(tenant.id)
             await read_body(request, min(server.body_read_timeout_s, timeout_s))
             config = server.admission
             limits = config.writes if kind == "writes" else config.queries
@@ -98,6 +101,8 @@ def limits_middleware(admission: Admission) -> Middleware:
         finally:
             if tenant_token is not None:
                 current_tenant.reset(tenant_token)
+            if llm_tenant_token is not None:
+                calling_tenant.reset(llm_tenant_token)
             request_deadline.reset(deadline_token)
             request_spend.reset(spend_token)
 

@@ -102,7 +102,16 @@ class Metrics:
         )
         self.llm_cooldown_open = Gauge(
             "querygate_llm_cooldown_open",
-            "1 while a model is cooled down after repeated failures (skipped, then probed).",
+            "1 while a model is cooled down for every tenant after repeated failures of more "
+            "than one tenant's calls, or of the only tenant's (skipped, then probed).",
+            ["tier", "model"],
+            multiprocess_mode="livemax",
+            registry=r,
+        )
+        self.llm_tenant_cooldowns = Gauge(
+            "querygate_llm_tenant_cooldowns",
+            "Tenants a model is cooled down for by their own repeated failures (the tenant is "
+            "named in the log, not here).",
             ["tier", "model"],
             multiprocess_mode="livemax",
             registry=r,

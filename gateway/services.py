@@ -126,6 +126,9 @@ async def open_services(settings: Settings, metrics: Metrics) -> AsyncIterator[S
             on_cooldown=lambda tier, model, is_open: metrics.llm_cooldown_open.labels(
                 tier, model
             ).set(1 if is_open else 0),
+            on_tenant_cooldowns=lambda tier, model, n: metrics.llm_tenant_cooldowns.labels(
+                tier, model
+            ).set(n),
         )
         # Every model call of every stage checks and records the request's tenant's budget.
         llm = BudgetedLLM(tiers, quotas)

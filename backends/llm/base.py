@@ -8,12 +8,18 @@ fallbacks between a tier's models, timeouts and price accounting; it raises
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
 Tier = Literal["small", "large"]
+
+# The tenant a model call is made for: an implementation keeps its failure accounting per tenant
+# (a tenant's own failures must not cool a model down for the others). The gateway sets it for
+# each request; "" outside a request (the CLI, benchmarks): one anonymous tenant.
+calling_tenant: ContextVar[str] = ContextVar("llm_calling_tenant", default="")
 
 
 class TierConfig(BaseModel):
@@ -36,7 +42,8 @@ class TierConfig(BaseModel):
         default=3,
         ge=0,
         description="consecutive failed calls (each after its retries) that make this model be "
-        "skipped for cooldown_s; 0 never skips it",
+        "skipped for cooldown_s: a tenant's own calls for that tenant alone, any tenants' calls "
+        "(from two tenants at least, or the only one seen) for every tenant; 0 never skips it",
     )
     cooldown_s: float = Field(
         default=30.0,

@@ -8,14 +8,17 @@ fallback, which may be another provider or deployment. When every model failed,
 `BackendUnavailable` is raised if any of them failed transiently (trying later may help), else
 `UpstreamError`.
 
-Each model of a chain has a circuit breaker: after `cooldown_after` consecutive failed calls
-(transient or malformed, each counted once its retries are spent) the model is skipped for
-`cooldown_s`, so a dead primary stops costing every request its retries and backoff. Then one
-request probes it, without retries: success puts it back, failure skips it for another
-`cooldown_s`. A refused request (4xx other than 429) is the request's fault and tells the breaker
-nothing. When every model of a tier is skipped, `BackendUnavailable` is raised without calling
-anyone, `retry_after_s` being the time until the first may be probed. Breakers live in this
-object, so each worker process keeps its own.
+Each model of a chain has circuit breakers (`ModelBreaker`): after `cooldown_after` consecutive
+failed calls (transient or malformed, each counted once its retries are spent) the model is
+skipped for `cooldown_s`, so a dead primary stops costing every request its retries and backoff.
+Then one request probes it, without retries: success puts it back, failure skips it for another
+`cooldown_s`. Failures are counted per tenant (`calling_tenant`): a tenant's own failures cool
+the model down for that tenant alone, and it is cooled down for everyone only once the failures
+come from at least two tenants (or from the only tenant seen): one tenant's requests never take
+a model from the others. A refused request (4xx other than 429) is the request's fault and tells
+the breakers nothing. When every model of a tier is skipped, `BackendUnavailable` is raised
+without calling anyone, `retry_after_s` being the time until the first may be probed. Breakers
+live in this object, so each worker process keeps its own.
 
 Cost is ours, not litellm's: `response_cost` is None for unregistered models, so cost is the
 tier's per-token prices times the usage the upstream reported. On streams a usage chunk is
@@ -36,6 +39,7 @@ from backends.llm import offline  # noqa: F401  (must run before litellm is impo
 
 # isort: on
 import asyncio
+import functools
 import json
 import logging
 import math
@@ -66,6 +70,7 @@ from backends.llm.base import (
     TierConfig,
     ToolCall,
     Usage,
+    calling_tenant,
 )
 
 log = logging.getLogger(__name__)
@@ -96,12 +101,13 @@ class Admission(Enum):
 
 
 class CircuitBreaker:
-    """One model's cooldown: closed, open (skipped), half-open (one probe at a time).
+    """One cooldown: closed, open (skipped), half-open (one probe at a time).
 
     `threshold` consecutive failures open it (0: never). After `cooldown_s` it admits one probe;
     the probe's success closes it, its failure opens it again. A verdict of None (a refused or
     cancelled call) changes nothing but frees the probe slot. Any call's success closes it, and
     any call's failure while it is open restarts the cooldown: late answers are evidence too.
+    `may_open=False` counts a failure without letting it open a closed breaker.
     """
 
     def __init__(self, threshold: int, cooldown_s: float, clock: Callable[[], float]) -> None:
@@ -117,11 +123,28 @@ class CircuitBreaker:
         """Not closed: open or half-open."""
         return self._open_until is not None
 
+    @property
+    def is_idle(self) -> bool:
+        """Closed with no failure counted: no different from a new breaker."""
+        return self._open_until is None and self._failures == 0
+
+    @property
+    def failures(self) -> int:
+        return self._failures
+
     def seconds_left(self) -> float:
         """Until a probe may go: 0 when closed or half-open."""
         if self._open_until is None:
             return 0.0
         return max(0.0, self._open_until - self._clock())
+
+    def stale(self) -> bool:
+        """Open, with no probe for a whole cooldown past its due time: nobody is asking."""
+        return (
+            self._open_until is not None
+            and not self._probing
+            and self._clock() >= self._open_until + self._cooldown_s
+        )
 
     def admit(self) -> Admission | None:
         """Whether a call may go now (None: skip this model), and whether it is the probe."""
@@ -132,7 +155,7 @@ class CircuitBreaker:
         self._probing = True
         return Admission.PROBE
 
-    def record(self, admitted: Admission, verdict: bool | None) -> bool:
+    def record(self, admitted: Admission, verdict: bool | None, *, may_open: bool = True) -> bool:
         """Take a call's outcome (True ok, False failed, None no verdict); True if it flipped."""
         was_open = self.is_open
         if admitted is Admission.PROBE:
@@ -142,9 +165,146 @@ class CircuitBreaker:
             self._open_until = None
         elif verdict is False:
             self._failures += 1
-            if was_open or 0 < self._threshold <= self._failures:
+            if was_open or (may_open and 0 < self._threshold <= self._failures):
                 self._open_until = self._clock() + self._cooldown_s
         return self.is_open is not was_open
+
+    def close(self) -> bool:
+        """Close it, the failures still counted (the evidence was judged too weak to open it);
+        True if it was open. A probe still out records its verdict as a late call's."""
+        was_open = self.is_open
+        self._open_until, self._probing = None, False
+        return was_open
+
+
+@dataclass(frozen=True, slots=True)
+class Pass:
+    """How a tenant's call was let through: by the model's shared breaker and by its own."""
+
+    tenant: str
+    shared: Admission
+    own: Admission
+
+    @property
+    def is_probe(self) -> bool:
+        return Admission.PROBE in (self.shared, self.own)
+
+
+class ModelBreaker:
+    """One model's breakers: one per tenant, and the shared one every tenant obeys.
+
+    A tenant's own `threshold` consecutive failed calls cool the model down for that tenant
+    alone (skipped, then probed by that tenant's requests, as `CircuitBreaker`): it stops paying
+    retries on a pattern of its own (prompts the upstream times out on or 5xx's) and nobody
+    else notices. The shared breaker counts every tenant's failed calls since the model last
+    answered anyone, and opens once they are `threshold` or more *and come from at least two
+    tenants*: the model failing for more than one tenant is the model failing. One tenant's
+    failures, however many, never open it, so a tenant cannot take a model away from the others.
+
+    The exceptions, each so that one tenant's failures cannot keep the model away:
+    - a tenant whose own breaker is open is no news about the model: its probes do not count in
+      the shared run, and while the shared breaker is open its failed probe leaves the shared
+      breaker half-open for another tenant to probe, rather than opening it again;
+    - while only one tenant has ever asked for the model (a single-tenant deployment, or a
+      process that has seen one tenant so far), that tenant's failures are all the evidence
+      there is and open the shared breaker at `threshold`, as if tenants did not exist. The
+      first call of a second tenant ends that: a shared cooldown opened on one tenant's
+      evidence is withdrawn and the newcomer's call goes through.
+
+    Tenant breakers live only while they hold a failure; one left open with nobody probing
+    it for a whole cooldown past its due time is forgotten, so their number is bounded by the
+    tenants that are failing now. `on_change(tenant, is_open)` hears every flip: tenant None is
+    the shared breaker.
+    """
+
+    def __init__(
+        self,
+        threshold: int,
+        cooldown_s: float,
+        clock: Callable[[], float],
+        on_change: Callable[[str | None, bool], None] | None = None,
+    ) -> None:
+        self._threshold = threshold
+        self._cooldown_s = cooldown_s
+        self._clock = clock
+        self._on_change = on_change
+        self.shared = CircuitBreaker(threshold, cooldown_s, clock)
+        self._own: dict[str, CircuitBreaker] = {}
+        # The tenants whose failures are in the shared run (two are enough to know).
+        self._run: set[str] = set()
+        self._first_tenant: str | None = None
+        self._several_tenants = False
+
+    def tenants_cooling(self) -> int:
+        """Tenants this model is cooled down for alone (by their own breaker)."""
+        return sum(1 for b in self._own.values() if b.is_open)
+
+    def seconds_left(self, tenant: str) -> float:
+        """Until `tenant` may call this model again (0: half-open, a probe may go)."""
+        own = self._own.get(tenant)
+        return max(self.shared.seconds_left(), own.seconds_left() if own is not None else 0.0)
+
+    def admit(self, tenant: str) -> Pass | None:
+        """Whether `tenant`'s call may go now (None: skip this model for it)."""
+        self._meet(tenant)
+        own = self._own.get(tenant)
+        if own is not None and own.seconds_left() > 0:
+            return None  # cooled alone: not even a shared probe before its own cooldown ends
+        shared = self.shared.admit()
+        if shared is None:
+            return None
+        own_admitted = own.admit() if own is not None else Admission.CALL
+        if own_admitted is None:  # its own probe is out already
+            self.shared.record(shared, None)
+            return None
+        return Pass(tenant, shared, own_admitted)
+
+    def record(self, admitted: Pass, verdict: bool | None) -> None:
+        """Take the outcome of a call `admit` let through."""
+        tenant = admitted.tenant
+        own = self._own.get(tenant)
+        if own is None and verdict is False:
+            own = self._own[tenant] = CircuitBreaker(self._threshold, self._cooldown_s, self._clock)
+        if own is not None:
+            if own.record(admitted.own, verdict) and self._on_change is not None:
+                self._on_change(tenant, own.is_open)
+            if own.is_idle:
+                del self._own[tenant]
+        self._record_shared(admitted, verdict)
+
+    def _record_shared(self, admitted: Pass, verdict: bool | None) -> None:
+        known_pattern = admitted.own is Admission.PROBE and self._several_tenants
+        if verdict is False and known_pattern:
+            # A cooled tenant's probe failing is about that tenant, not the model: it counts for
+            # its own breaker only, and a shared probe it carried is handed back, unspent.
+            self.shared.record(admitted.shared, None)
+            return
+        if verdict is True:
+            self._run.clear()
+        elif verdict is False:
+            self._run.add(admitted.tenant)
+        spread = len(self._run) >= 2 or not self._several_tenants
+        if self.shared.record(admitted.shared, verdict, may_open=spread):
+            self._changed(None, self.shared.is_open)
+
+    def _meet(self, tenant: str) -> None:
+        """Note who asks; forget tenant breakers nobody probes any more."""
+        if self._first_tenant is None:
+            self._first_tenant = tenant
+        elif not self._several_tenants and tenant != self._first_tenant:
+            self._several_tenants = True
+            # The shared cooldown stood on one tenant's evidence: withdraw it (the failures
+            # stay counted: one of another tenant's will open it again).
+            if len(self._run) < 2 and self.shared.close():
+                self._changed(None, False)
+        if self._own:
+            for name in [t for t, b in self._own.items() if b.stale()]:
+                del self._own[name]
+                self._changed(name, False)
+
+    def _changed(self, tenant: str | None, is_open: bool) -> None:
+        if self._on_change is not None:
+            self._on_change(tenant, is_open)
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +314,7 @@ class _Deployment:
     config: TierConfig
     api_key: str
     name: str  # the model, plus "#position" if the chain lists it twice (two api_bases)
-    breaker: CircuitBreaker
+    breaker: ModelBreaker
     # Served by the lean wire (an OpenAI-compatible upstream), not litellm.acompletion.
     lean: bool = False
 
@@ -174,18 +334,15 @@ class _Deployment:
 class _Lease:
     """An admitted call to one deployment: its verdict reaches the breaker exactly once."""
 
-    tier: Tier
     deployment: _Deployment
-    admitted: Admission
-    on_flip: Callable[[Tier, _Deployment], None]
+    admitted: Pass
     settled: bool = False
 
     def settle(self, verdict: bool | None) -> None:
         if self.settled:
             return
         self.settled = True
-        if self.deployment.breaker.record(self.admitted, verdict):
-            self.on_flip(self.tier, self.deployment)
+        self.deployment.breaker.record(self.admitted, verdict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,22 +365,30 @@ def _resolve_key(config: TierConfig) -> str:
 
 
 def _chain(
-    config: TierConfig | None, clock: Callable[[], float], lean_http: bool
+    config: TierConfig | None,
+    clock: Callable[[], float],
+    lean_http: bool,
+    on_change: Callable[[str, float, str | None, bool], None],
 ) -> tuple[_Deployment, ...]:
+    """The tier's deployments; `on_change(name, cooldown_s, tenant, is_open)` hears their
+    breakers flip (tenant None: the shared breaker)."""
     if config is None:
         return ()
     configs = (config, *config.fallbacks)
     listed = Counter(c.model for c in configs)
-    return tuple(
-        _Deployment(
-            c,
-            _resolve_key(c),
-            c.model if listed[c.model] == 1 else f"{c.model}#{i}",
-            CircuitBreaker(c.cooldown_after, c.cooldown_s, clock),
-            lean=lean_http and openai_http.serves(c.model),
-        )
-        for i, c in enumerate(configs)
-    )
+    deployments = []
+    for i, c in enumerate(configs):
+        name = c.model if listed[c.model] == 1 else f"{c.model}#{i}"
+
+        def changed(
+            tenant: str | None, is_open: bool, name: str = name, cooldown_s: float = c.cooldown_s
+        ) -> None:
+            on_change(name, cooldown_s, tenant, is_open)
+
+        breaker = ModelBreaker(c.cooldown_after, c.cooldown_s, clock, changed)
+        lean = lean_http and openai_http.serves(c.model)
+        deployments.append(_Deployment(c, _resolve_key(c), name, breaker, lean=lean))
+    return tuple(deployments)
 
 
 def _exception_chain(exc: BaseException) -> list[BaseException]:
@@ -275,9 +440,9 @@ def _verdict(exc: BaseException) -> bool | None:
     return None if _classify(exc) is _Failure.REJECTED else False
 
 
-def _retry_after(cooling: list[_Deployment]) -> int:
+def _retry_after(cooling: list[_Deployment], tenant: str) -> int:
     # Retry-After is whole seconds; a half-open model (0 s left) is busy with its probe
-    return max(1, math.ceil(min(d.breaker.seconds_left() for d in cooling)))
+    return max(1, math.ceil(min(d.breaker.seconds_left(tenant) for d in cooling)))
 
 
 # What a failed attempt may raise; anything else is a bug and propagates untouched.
@@ -347,18 +512,23 @@ class LiteLLMTiers:
         backoff_max_s: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
         on_cooldown: Callable[[str, str, bool], None] | None = None,
+        on_tenant_cooldowns: Callable[[str, str, int], None] | None = None,
         lean_http: bool = True,
     ) -> None:
-        """`on_cooldown(tier, model, is_open)` hears every breaker opening and closing;
-        `lean_http` sends OpenAI-compatible deployments over `openai_http`, not litellm."""
+        """`on_cooldown(tier, model, is_open)` hears every shared breaker opening and closing,
+        `on_tenant_cooldowns(tier, model, tenants)` how many tenants a model is cooled down for
+        by their own breakers, whenever that changes (no tenant id: metrics labels stay
+        bounded); `lean_http` sends OpenAI-compatible deployments over `openai_http`, not
+        litellm. The tenant a call is for is `calling_tenant`'s."""
+        self._on_cooldown = on_cooldown
+        self._on_tenant_cooldowns = on_tenant_cooldowns
         self._chains: dict[Tier, tuple[_Deployment, ...]] = {
-            "small": _chain(small, clock, lean_http),
-            "large": _chain(large, clock, lean_http),
+            "small": _chain(small, clock, lean_http, functools.partial(self._flipped, "small")),
+            "large": _chain(large, clock, lean_http, functools.partial(self._flipped, "large")),
         }
         self._http = openai_http.OpenAIHttp()
         self._backoff_initial_s = backoff_initial_s
         self._backoff_max_s = backoff_max_s
-        self._on_cooldown = on_cooldown
 
     def has_tier(self, tier: Tier) -> bool:
         return bool(self._chains[tier])
@@ -371,12 +541,22 @@ class LiteLLMTiers:
         )
 
     def cooldowns(self) -> dict[tuple[str, str], float]:
-        """Models being skipped or probed, by (tier, model): seconds until a probe may go."""
+        """Models being skipped or probed for every tenant, by (tier, model): seconds until a
+        probe may go."""
         return {
-            (tier, d.name): d.breaker.seconds_left()
+            (tier, d.name): d.breaker.shared.seconds_left()
             for tier, chain in self._chains.items()
             for d in chain
-            if d.breaker.is_open
+            if d.breaker.shared.is_open
+        }
+
+    def tenant_cooldowns(self) -> dict[tuple[str, str], int]:
+        """Models cooled down for some tenants alone, by (tier, model): how many tenants."""
+        return {
+            (tier, d.name): n
+            for tier, chain in self._chains.items()
+            for d in chain
+            if (n := d.breaker.tenants_cooling())
         }
 
     async def warm_up(self) -> None:
@@ -553,18 +733,19 @@ class LiteLLMTiers:
         chain = self._chains[tier]
         if not chain:
             raise BackendUnavailable("llm", f"no model configured for tier {tier!r}")
+        tenant = calling_tenant.get()
         failures: list[tuple[str, BaseException]] = []
         cooling: list[_Deployment] = []
         for deployment in chain:
-            admitted = deployment.breaker.admit()
+            admitted = deployment.breaker.admit(tenant)
             if admitted is None:
                 cooling.append(deployment)
                 continue
-            lease = _Lease(tier, deployment, admitted, self._flipped)
+            lease = _Lease(deployment, admitted)
             try:
                 # a probe is not retried: it only has to tell whether the model is back, and the
                 # request it rides on should reach a fallback without the backoff
-                attempts = 1 if admitted is Admission.PROBE else deployment.config.retries + 1
+                attempts = 1 if admitted.is_probe else deployment.config.retries + 1
                 return lease, await self._retrying(deployment, attempt, attempts)
             except _CALL_ERRORS as exc:
                 log.warning("llm %s failed (%s): %s", deployment.name, _classify(exc).value, exc)
@@ -573,18 +754,32 @@ class LiteLLMTiers:
             except BaseException:
                 lease.settle(None)  # cancelled: no verdict, but free a probe slot
                 raise
-        raise self._exhausted(tier, failures, cooling)
+        raise self._exhausted(tier, failures, cooling, tenant)
 
-    def _flipped(self, tier: Tier, deployment: _Deployment) -> None:
-        is_open = deployment.breaker.is_open
+    def _flipped(
+        self, tier: Tier, name: str, cooldown_s: float, tenant: str | None, is_open: bool
+    ) -> None:
+        if tenant is not None:
+            # the tenant is named in the log only, never in a metric label
+            if is_open:
+                log.warning(
+                    "llm %s cooling down for tenant %r alone for %.1f s (its own failed calls)",
+                    name,
+                    tenant,
+                    cooldown_s,
+                )
+            else:
+                log.info("llm %s no longer cooling down for tenant %r", name, tenant)
+            if self._on_tenant_cooldowns is not None:
+                breaker = next(d.breaker for d in self._chains[tier] if d.name == name)
+                self._on_tenant_cooldowns(tier, name, breaker.tenants_cooling())
+            return
         if is_open:
-            log.warning(
-                "llm %s cooling down for %.1f s", deployment.name, deployment.config.cooldown_s
-            )
+            log.warning("llm %s cooling down for every tenant for %.1f s", name, cooldown_s)
         else:
-            log.info("llm %s answers again", deployment.name)
+            log.info("llm %s answers again", name)
         if self._on_cooldown is not None:
-            self._on_cooldown(tier, deployment.name, is_open)
+            self._on_cooldown(tier, name, is_open)
 
     async def _retrying(
         self,
@@ -609,20 +804,23 @@ class LiteLLMTiers:
 
     @staticmethod
     def _exhausted(
-        tier: Tier, failures: list[tuple[str, BaseException]], cooling: list[_Deployment]
+        tier: Tier,
+        failures: list[tuple[str, BaseException]],
+        cooling: list[_Deployment],
+        tenant: str,
     ) -> Exception:
         if not failures:
             return BackendUnavailable(
                 "llm",
                 f"tier {tier!r} is cooling down: all its models failed recently",
-                retry_after_s=_retry_after(cooling),
+                retry_after_s=_retry_after(cooling, tenant),
             )
         detail = f"tier {tier!r}: " + "; ".join(
             [f"{name}: {_classify(exc).value}" for name, exc in failures]
             + [f"{d.name}: cooling down" for d in cooling]
         )
         if cooling:
-            return BackendUnavailable("llm", detail, retry_after_s=_retry_after(cooling))
+            return BackendUnavailable("llm", detail, retry_after_s=_retry_after(cooling, tenant))
         if any(_is_transient(exc) for _, exc in failures):
             return BackendUnavailable("llm", detail)
         if all(_refused_as_invalid(exc) for _, exc in failures):

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from backends.errors import BackendUnavailable, UpstreamError
-from backends.llm.base import Message, StreamDelta, TierConfig, ToolCall
+from backends.llm.base import Message, StreamDelta, TierConfig, ToolCall, calling_tenant
 from backends.llm.litellm_tiers import LiteLLMTiers
 from tests.fixtures.upstream import calls_for, upstream_stats
 
@@ -358,10 +358,16 @@ class Cooling:
             on_cooldown=lambda *event: self.events.append(event),
         )
 
-    async def ask(self, base_url: str, directive: dict[str, Any]) -> tuple[str, int]:
-        """The model that answered and how many upstream requests it took."""
+    async def ask(
+        self, base_url: str, directive: dict[str, Any], tenant: str = ""
+    ) -> tuple[str, int]:
+        """The model that answered `tenant` and how many upstream requests it took."""
         key, messages = _ask("q", directive)
-        completion = await self.llm.complete("small", messages)
+        token = calling_tenant.set(tenant)
+        try:
+            completion = await self.llm.complete("small", messages)
+        finally:
+            calling_tenant.reset(token)
         return completion.model, await calls_for(base_url, key)
 
     async def open_primary(self, base_url: str) -> None:
@@ -474,4 +480,53 @@ async def test_a_stream_that_completes_closes_the_breaker(fake_upstream: str) ->
     cooling.clock.now += COOLDOWN_S
     deltas = await _drain(cooling.llm.stream("small", _ask("q", {})[1]))
     assert deltas[-1].done and deltas[-1].model == PRIMARY
+    assert cooling.llm.cooldowns() == {}
+
+
+# --- cooldown per tenant: one tenant's failures never take a model from another -----------------
+
+
+async def test_one_tenants_failing_requests_do_not_cool_the_model_down_for_another(
+    fake_upstream: str,
+) -> None:
+    cooling = Cooling(fake_upstream)
+    assert await cooling.ask(fake_upstream, {}, "quiet") == (PRIMARY, 1)
+    # "noisy"'s own requests make the primary fail (its content), more than cooldown_after
+    noisy = [await cooling.ask(fake_upstream, PRIMARY_DOWN, "noisy") for _ in range(4)]
+    # it pays retries until its own breaker opens, then skips the primary at once
+    assert noisy == [(FALLBACK, 4), (FALLBACK, 4), (FALLBACK, 1), (FALLBACK, 1)]
+    assert await cooling.ask(fake_upstream, {}, "quiet") == (PRIMARY, 1)
+    assert cooling.llm.cooldowns() == {}
+    assert cooling.llm.tenant_cooldowns() == {("small", PRIMARY): 1}
+    assert cooling.events == []  # the shared breaker (the metric) never opened
+
+
+async def test_a_dead_primary_failing_for_two_tenants_cools_it_down_for_everyone(
+    fake_upstream: str,
+) -> None:
+    cooling = Cooling(fake_upstream)
+    assert await cooling.ask(fake_upstream, PRIMARY_DOWN, "a") == (FALLBACK, 4)
+    assert await cooling.ask(fake_upstream, PRIMARY_DOWN, "b") == (FALLBACK, 4)
+    # two failed calls, as many as cooldown_after, from two tenants: a third is not asked
+    assert await cooling.ask(fake_upstream, PRIMARY_DOWN, "c") == (FALLBACK, 1)
+    assert cooling.llm.cooldowns() == {("small", PRIMARY): COOLDOWN_S}
+    assert cooling.events == [("small", PRIMARY, True)]
+
+
+async def test_a_single_tenant_still_cools_a_failing_model_down(fake_upstream: str) -> None:
+    cooling = Cooling(fake_upstream, fallback=False)
+    for _ in range(2):
+        with pytest.raises(BackendUnavailable):
+            await cooling.ask(fake_upstream, PRIMARY_DOWN, "solo")
+    assert cooling.events == [("small", PRIMARY, True)]
+    key, messages = _ask("q", {})
+    token = calling_tenant.set("solo")
+    try:
+        with pytest.raises(BackendUnavailable, match="cooling down"):
+            await cooling.llm.complete("small", messages)
+    finally:
+        calling_tenant.reset(token)
+    assert await calls_for(fake_upstream, key) == 0
+    # a second tenant: the cooldown stood on one tenant's failures, and is withdrawn
+    assert await cooling.ask(fake_upstream, {}, "newcomer") == (PRIMARY, 1)
     assert cooling.llm.cooldowns() == {}
