@@ -200,10 +200,16 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 [
                     (
                         f"max by (tier, model) (querygate_llm_cooldown_open{{{SEL}}})",
-                        "{{tier}} {{model}}",
-                    )
+                        "{{tier}} {{model}}: everyone",
+                    ),
+                    (
+                        f"sum by (tier, model) (querygate_llm_tenant_cooldowns{{{SEL}}})",
+                        "{{tier}} {{model}}: tenants alone",
+                    ),
                 ],
-                description="1 while a model is skipped after repeated failures.",
+                description="Everyone: 1 while a model is skipped for every tenant after repeated "
+                "failures of several tenants' calls. Tenants alone: how many tenants the model is "
+                "skipped for because of their own calls' failures (the others still use it).",
             ),
         ],
     ),
