@@ -39,6 +39,7 @@ from backends.llm import offline  # noqa: F401  (must run before litellm is impo
 
 # isort: on
 import asyncio
+import contextlib
 import functools
 import json
 import logging
@@ -47,7 +48,7 @@ import os
 import random
 import time
 from collections import Counter
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from enum import Enum
 from types import SimpleNamespace
@@ -947,17 +948,43 @@ def _completion_from_json(
     if not choices or not isinstance(choices, list) or not isinstance(choices[0], dict):
         raise UpstreamError("llm", f"{deployment.model}: response without choices")
     choice = choices[0]
-    message = choice.get("message") or {}
-    usage = answer.get("usage") or {}
-    return _completion(
-        tier,
-        deployment,
-        wire,
-        message.get("content") or "",
-        (int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)),
-        tuple(_parse_tool_call(_json_call(c)) for c in message.get("tool_calls") or ()),
-        choice.get("finish_reason"),
-    )
+    with _openai_shaped(deployment, "response"):
+        message = choice.get("message") or {}
+        text = _text(message)
+        tokens = _usage_tokens(answer.get("usage") or {})
+        calls = tuple(_parse_tool_call(_json_call(c)) for c in _listed(message, "tool_calls"))
+    return _completion(tier, deployment, wire, text, tokens, calls, choice.get("finish_reason"))
+
+
+@contextlib.contextmanager
+def _openai_shaped(deployment: _Deployment, what: str) -> Iterator[None]:
+    """Valid JSON in a shape an OpenAI answer never has (a message that is a string, tokens that
+    are words) is the model's failure, like a body that is not JSON: an UpstreamError."""
+    try:
+        yield
+    except (AttributeError, TypeError, ValueError, KeyError) as exc:
+        raise UpstreamError("llm", f"{deployment.model}: {what} of an odd shape: {exc}") from exc
+
+
+def _usage_tokens(usage: dict[str, Any]) -> tuple[int, int]:
+    counts = (usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0)
+    if not all(isinstance(n, int | float) and n >= 0 for n in counts):
+        raise ValueError(f"usage {counts!r:.60}")
+    return int(counts[0]), int(counts[1])
+
+
+def _text(message: dict[str, Any]) -> str:
+    text = message.get("content") or ""
+    if not isinstance(text, str):
+        raise TypeError(f"content is {type(text).__name__}")
+    return text
+
+
+def _listed(parent: dict[str, Any], key: str) -> list[Any]:
+    value = parent.get(key) or []
+    if not isinstance(value, list):
+        raise TypeError(f"{key} is {type(value).__name__}")
+    return value
 
 
 def _completion(
@@ -996,7 +1023,7 @@ def _json_call(raw: dict[str, Any]) -> SimpleNamespace:
 
 def _gather_lean_tool_calls(calls: dict[int, dict[str, str]], delta: dict[str, Any]) -> None:
     """A decoded delta's tool-call pieces joined into `calls` (by index)."""
-    for piece in delta.get("tool_calls") or ():
+    for piece in _listed(delta, "tool_calls"):
         call = calls.setdefault(
             int(piece.get("index") or 0), {"id": "", "name": "", "arguments": ""}
         )
@@ -1019,17 +1046,15 @@ async def _relay_lean(
         async for batch in _prepend(opened.first, opened.chunks):
             texts: list[str] = []
             for chunk in batch:
-                if choices := chunk.get("choices"):
-                    finish_reason = choices[0].get("finish_reason") or finish_reason
-                    delta = choices[0].get("delta") or {}
-                    _gather_lean_tool_calls(calls, delta)
-                    if text := delta.get("content"):
-                        texts.append(text)
-                if (usage := chunk.get("usage")) is not None:
-                    reported = (
-                        int(usage.get("prompt_tokens") or 0),
-                        int(usage.get("completion_tokens") or 0),
-                    )
+                with _openai_shaped(deployment, "stream chunk"):
+                    if choices := _listed(chunk, "choices"):
+                        finish_reason = choices[0].get("finish_reason") or finish_reason
+                        delta = choices[0].get("delta") or {}
+                        _gather_lean_tool_calls(calls, delta)
+                        if text := _text(delta):
+                            texts.append(text)
+                    if (usage := chunk.get("usage")) is not None:
+                        reported = _usage_tokens(usage)
             if texts:
                 # the chunks that arrived together go on as one delta: one event to the client
                 text = "".join(texts)

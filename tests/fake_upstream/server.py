@@ -32,6 +32,8 @@ stripped from the text before the default answer echoes it. Keys, all optional:
 ``delay_ms``       int   sleep before the first byte (before the response headers).
 ``chunk_delay_ms`` int   sleep before each streamed chunk.
 ``malformed``      bool  HTTP 200 with a body (or SSE data line) that is not valid JSON.
+``raw``            obj   HTTP 200 with exactly this JSON body; streamed, each element of it (a
+                         list) as one SSE data line, then ``[DONE]`` (odd shapes, valid JSON).
 ``truncate_after`` int   stream: after N content chunks drop the connection mid-body.
 ``eof_after``      int   stream: after N content chunks end the body cleanly, with neither a
                          finish_reason nor ``data: [DONE]`` (a stream cut at a clean boundary).
@@ -326,6 +328,12 @@ async def _stream(
         await response.write(b"data: {this is not json\n\n")
         await response.write_eof()
         return response
+    if "raw" in directive:
+        for line in directive["raw"]:
+            await response.write(f"data: {json.dumps(line)}\n\n".encode())
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
     chunk_delay = directive.get("chunk_delay_ms", 0) / 1000
     truncate_after = directive.get("truncate_after")
     eof_after = directive.get("eof_after")
@@ -384,6 +392,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         return await _stream(request, reply, directive, include_usage)
     if directive.get("malformed"):
         return web.Response(text='{"id": "chatcmpl-broken", "choi', content_type="application/json")
+    if "raw" in directive:
+        return web.json_response(directive["raw"])
     payload = _completion_body(reply)
     if directive.get("no_usage"):
         del payload["usage"]

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from backends.errors import BackendUnavailable, UpstreamError
+from backends.errors import BackendError, BackendUnavailable, UpstreamError
 from backends.llm.base import Message, StreamDelta, TierConfig, ToolCall, calling_tenant
 from backends.llm.litellm_tiers import LiteLLMTiers
 from tests.fixtures.upstream import calls_for, upstream_stats
@@ -259,6 +259,55 @@ async def test_malformed_body_falls_back(fake_upstream: str) -> None:
     _, messages = _ask("q", {"malformed": True, "models": ["fake-small"]})
     completion = await _llm(_tier(fake_upstream, fallbacks=(fallback,))).complete("small", messages)
     assert completion.model == "openai/fake-fallback"
+
+
+# Valid JSON an OpenAI client cannot read: the model's failure (an UpstreamError on the lean
+# wire; litellm's own parser calls it a transient error: BackendUnavailable after the retries),
+# never an exception the gateway does not translate (a 500).
+ODD_BODIES = {
+    "message-a-string": {"choices": [{"message": "hello", "finish_reason": "stop"}]},
+    "tool-calls-an-object": {
+        "choices": [{"message": {"content": "", "tool_calls": {"id": "x"}}}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 1},
+    },
+    "tool-call-a-number": {"choices": [{"message": {"content": "", "tool_calls": [7]}}]},
+    "usage-not-a-number": {
+        "choices": [{"message": {"content": "hi"}}],
+        "usage": {"prompt_tokens": "many", "completion_tokens": 1},
+    },
+    "content-a-list": {"choices": [{"message": {"content": ["hi"]}}]},
+}
+ODD_CHUNKS = {
+    "delta-a-string": [{"choices": [{"delta": "hi"}]}],
+    "usage-not-a-number": [
+        {"choices": [{"delta": {"content": "hi"}}]},
+        {"choices": [], "usage": {"prompt_tokens": [1], "completion_tokens": 1}},
+    ],
+    "tool-call-index-a-word": [
+        {"choices": [{"delta": {"tool_calls": [{"index": "first", "function": {"name": "f"}}]}}]}
+    ],
+    "choices-an-object": [{"choices": {"delta": {"content": "hi"}}}],
+}
+
+
+@pytest.mark.parametrize("body", ODD_BODIES.values(), ids=ODD_BODIES.keys())
+async def test_a_body_of_an_odd_shape_is_an_upstream_error(
+    fake_upstream: str, body: dict[str, Any]
+) -> None:
+    _, messages = _ask("q", {"raw": body})
+    async with asyncio.timeout(GUARD_S):
+        with pytest.raises(BackendError):
+            await _llm(_tier(fake_upstream, retries=0)).complete("small", messages)
+
+
+@pytest.mark.parametrize("chunks", ODD_CHUNKS.values(), ids=ODD_CHUNKS.keys())
+async def test_a_stream_chunk_of_an_odd_shape_is_an_upstream_error(
+    fake_upstream: str, chunks: list[dict[str, Any]]
+) -> None:
+    _, messages = _ask("q", {"raw": chunks})
+    async with asyncio.timeout(GUARD_S):
+        with pytest.raises(BackendError):
+            await _drain(_llm(_tier(fake_upstream, retries=0)).stream("small", messages))
 
 
 async def test_truncated_stream_raises_after_the_deltas_already_sent(fake_upstream: str) -> None:
