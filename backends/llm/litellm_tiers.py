@@ -39,7 +39,6 @@ from backends.llm import offline  # noqa: F401  (must run before litellm is impo
 
 # isort: on
 import asyncio
-import contextlib
 import functools
 import json
 import logging
@@ -48,7 +47,7 @@ import os
 import random
 import time
 from collections import Counter
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from enum import Enum
 from types import SimpleNamespace
@@ -948,22 +947,23 @@ def _completion_from_json(
     if not choices or not isinstance(choices, list) or not isinstance(choices[0], dict):
         raise UpstreamError("llm", f"{deployment.model}: response without choices")
     choice = choices[0]
-    with _openai_shaped(deployment, "response"):
+    try:
         message = choice.get("message") or {}
         text = _text(message)
         tokens = _usage_tokens(answer.get("usage") or {})
         calls = tuple(_parse_tool_call(_json_call(c)) for c in _listed(message, "tool_calls"))
+    except _ODD_SHAPE as exc:
+        raise _odd_shape(deployment, "response", exc) from exc
     return _completion(tier, deployment, wire, text, tokens, calls, choice.get("finish_reason"))
 
 
-@contextlib.contextmanager
-def _openai_shaped(deployment: _Deployment, what: str) -> Iterator[None]:
-    """Valid JSON in a shape an OpenAI answer never has (a message that is a string, tokens that
-    are words) is the model's failure, like a body that is not JSON: an UpstreamError."""
-    try:
-        yield
-    except (AttributeError, TypeError, ValueError, KeyError) as exc:
-        raise UpstreamError("llm", f"{deployment.model}: {what} of an odd shape: {exc}") from exc
+# What reading valid JSON of a shape no OpenAI answer has raises (a message that is a string,
+# tokens that are words): the model's failure, like a body that is not JSON.
+_ODD_SHAPE = (AttributeError, TypeError, ValueError, KeyError)
+
+
+def _odd_shape(deployment: _Deployment, what: str, exc: Exception) -> UpstreamError:
+    return UpstreamError("llm", f"{deployment.model}: {what} of an odd shape: {exc}")
 
 
 def _usage_tokens(usage: dict[str, Any]) -> tuple[int, int]:
@@ -1045,8 +1045,8 @@ async def _relay_lean(
     try:
         async for batch in _prepend(opened.first, opened.chunks):
             texts: list[str] = []
-            for chunk in batch:
-                with _openai_shaped(deployment, "stream chunk"):
+            try:  # one try a batch: free on the hot path, unlike a context manager a chunk
+                for chunk in batch:
                     if choices := _listed(chunk, "choices"):
                         finish_reason = choices[0].get("finish_reason") or finish_reason
                         delta = choices[0].get("delta") or {}
@@ -1055,6 +1055,8 @@ async def _relay_lean(
                             texts.append(text)
                     if (usage := chunk.get("usage")) is not None:
                         reported = _usage_tokens(usage)
+            except _ODD_SHAPE as exc:
+                raise _odd_shape(deployment, "stream chunk", exc) from exc
             if texts:
                 # the chunks that arrived together go on as one delta: one event to the client
                 text = "".join(texts)
