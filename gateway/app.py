@@ -21,7 +21,7 @@ from gateway.handlers import (
     handle_readyz,
     handle_route,
 )
-from gateway.health import watch_dependencies
+from gateway.health import READINESS, Readiness, watch_dependencies
 from gateway.ingest.background import INGEST, BackgroundIngest
 from gateway.limits import limits_middleware
 from gateway.metrics import Metrics
@@ -83,6 +83,7 @@ def create_app(
     async def backends(app: web.Application) -> AsyncIterator[None]:
         async with open_services(settings, metrics) as services:
             app[SERVICES] = services
+            app[READINESS] = Readiness(services)
             runtime = build_runtime(settings, services)
             app[RUNTIME] = AdmittingHolder(runtime, admission)
             metrics.config_info.labels(settings.version).set(1)

@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-from collections.abc import Awaitable
 from typing import TypeVar
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 
-from backends.errors import BackendError
 from backends.llm.base import Message
-from gateway.appkeys import METRICS, RUNTIME, SERVICES
+from gateway.appkeys import METRICS, RUNTIME
 from gateway.errors import BadRequest, Unprocessable, clip, listed
 from gateway.guard import request_guard
+from gateway.health import READINESS
 from gateway.ingest.background import INGEST
 from gateway.limits import read_body
 from gateway.pipeline import QueryRequest
@@ -153,19 +151,15 @@ async def handle_readyz(request: web.Request) -> web.Response:
     cache fails open). So a cache that is down leaves readiness at 200 and says
     `"status": "degraded"` with the cache's check `unavailable`: a Redis outage is shared by
     every replica, and a 503 would pull them all out of the load balancer at once for a
-    dependency they can serve without. Each probe pings afresh (the pool reconnects by
-    itself), so the status clears when Redis is back. Checks run concurrently, so a slow
-    cache does not delay the retrieval verdict.
+    dependency they can serve without. The checks come from `gateway.health.Readiness`: this
+    endpoint is unauthenticated, so however often it is called each backend is pinged at most
+    once per `READYZ_MAX_AGE_S` (1 s), and a change is seen within about that; each probe
+    pings afresh (the pool reconnects by itself), so the status clears when Redis is back.
 
     A background ingest (`serve --sample-corpus`) adds `"ingest"`: its state, documents done
     and total, rate and ETA, and `partial_index` while answers come from the documents indexed
     so far. It does not change readiness: the gateway answers meanwhile."""
-    services = request.app[SERVICES]
-    pings = {"retrieval": services.retriever.ping()}
-    if services.cache_store is not None:
-        pings["cache"] = services.cache_store.ping()
-    results = await asyncio.gather(*(_check(ping) for ping in pings.values()))
-    checks = dict(zip(pings, results, strict=True))
+    checks = await request.app[READINESS].checks()
     ready = checks["retrieval"] == "ok"
     degraded = [name for name, state in checks.items() if state != "ok" and name != "retrieval"]
     status = "unavailable" if not ready else "degraded" if degraded else "ok"
@@ -173,23 +167,13 @@ async def handle_readyz(request: web.Request) -> web.Response:
     body = {
         "ready": ready,
         "status": status,
-        "checks": checks,
+        "checks": dict(checks),
         "config_version": runtime.settings.version,
     }
     if (ingest := request.app.get(INGEST)) is not None:
         body["ingest"] = ingest.progress.snapshot()
     headers = None if ready else {"Retry-After": "5"}
     return web.json_response(body, status=200 if ready else 503, headers=headers)
-
-
-async def _check(ping: Awaitable[None]) -> str:
-    try:
-        await asyncio.wait_for(ping, timeout=2.0)
-    except (BackendError, TimeoutError) as exc:
-        # /readyz is unauthenticated: the detail (a library's text) goes to the log only
-        log.warning("readiness check failed", extra={"error": str(exc) or type(exc).__name__})
-        return "unavailable"
-    return "ok"
 
 
 async def handle_metrics(request: web.Request) -> web.Response:

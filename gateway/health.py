@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+
+from aiohttp import web
 
 from backends.errors import BackendError
 from gateway.metrics import Metrics
@@ -15,6 +19,10 @@ from gateway.pipeline import Services
 log = logging.getLogger(__name__)
 
 PROBE_TIMEOUT_S = 2.0
+# /readyz reuses a verdict whose probe started less than this ago: a burst of calls (it is
+# unauthenticated) costs each backend at most one ping per interval, and a backend that went
+# down is reported within about this (plus the probe's own time, at most PROBE_TIMEOUT_S).
+READYZ_MAX_AGE_S = 1.0
 
 
 def probes(services: Services) -> dict[str, Callable[[], Awaitable[None]]]:
@@ -86,3 +94,55 @@ async def watch_dependencies(services: Services, metrics: Metrics, every_s: floa
                     exc_info=down.bug,
                 )
         await asyncio.sleep(every_s)
+
+
+class Readiness:
+    """/readyz's checks, probed at most once per `max_age_s` however often it is called.
+
+    Callers within `max_age_s` of the last probe's start get its verdict; callers while a probe
+    is in flight wait for that one (never a second): so the backends see one ping each per
+    interval, and the verdict is never older than the interval plus one probe. The probe runs
+    in its own task, so a caller that hangs up does not cancel it for the others."""
+
+    def __init__(self, services: Services, max_age_s: float = READYZ_MAX_AGE_S) -> None:
+        self._pings: dict[str, Callable[[], Awaitable[None]]] = {
+            "retrieval": services.retriever.ping
+        }
+        if services.cache_store is not None:
+            self._pings["cache"] = services.cache_store.ping
+        self._max_age_s = max_age_s
+        self._checks: dict[str, str] = {}
+        self._started = -math.inf  # when the probe that found `_checks` started
+        self._inflight: asyncio.Task[dict[str, str]] | None = None
+
+    async def checks(self) -> dict[str, str]:
+        """`ok` or `unavailable` per dependency (retrieval, and the cache when there is one)."""
+        if time.monotonic() - self._started < self._max_age_s:
+            return self._checks
+        if self._inflight is None:
+            self._inflight = asyncio.create_task(self._probe())
+        return await asyncio.shield(self._inflight)
+
+    async def _probe(self) -> dict[str, str]:
+        started = time.monotonic()
+        try:
+            # Concurrently: a slow cache does not delay the retrieval verdict.
+            downs = await asyncio.gather(*(probe(ping) for ping in self._pings.values()))
+            checks: dict[str, str] = {}
+            for name, down in zip(self._pings, downs, strict=True):
+                checks[name] = "ok" if down is None else "unavailable"
+                if down is not None:
+                    # /readyz is unauthenticated: the detail (a library's text) goes to the
+                    # log only
+                    log.warning(
+                        "readiness check failed",
+                        extra={"dependency": name, "error": down.reason},
+                        exc_info=down.bug,
+                    )
+            self._checks, self._started = checks, started
+            return checks
+        finally:
+            self._inflight = None
+
+
+READINESS = web.AppKey("readiness", Readiness)

@@ -4,9 +4,11 @@ clear by themselves once Redis is back."""
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +68,44 @@ def readyz(gw: GatewayProcess) -> requests.Response:
     return requests.get(f"{gw.url}/readyz", timeout=10)
 
 
+def redis_pings(redis: RedisServer) -> int:
+    """PING commands the server has answered (INFO commandstats), from every client."""
+    found = re.search(rb"cmdstat_ping:calls=(\d+)", redis.command("INFO", "commandstats"))
+    return int(found.group(1)) if found else 0
+
+
+def readyz_until(gw: GatewayProcess, status: str, within_s: float) -> requests.Response:
+    """/readyz once its status is `status`: a verdict is reused for up to 1 s (plus a probe,
+    at most 2 s), so a change shows within about 3 s."""
+    deadline = time.monotonic() + within_s
+    while (response := readyz(gw)).json()["status"] != status:
+        assert time.monotonic() < deadline, f"readyz still says {response.text}"
+        time.sleep(0.1)
+    return response
+
+
+def test_a_burst_of_readyz_pings_redis_at_most_once_a_second(
+    cached_gateway: GatewayProcess, module_redis: RedisServer
+) -> None:
+    """/readyz is unauthenticated: 64 concurrent calls, then calls back to back for 3 s, must
+    not multiply the pings Redis (shared by every replica) answers."""
+    gw = cached_gateway
+    before, started = redis_pings(module_redis), time.monotonic()
+    with ThreadPoolExecutor(max_workers=64) as pool:
+        burst = list(pool.map(lambda _: readyz(gw), range(64)))
+    calls = len(burst)
+    while time.monotonic() - started < 3.0:
+        burst.append(readyz(gw))
+        calls += 1
+    elapsed, pings = time.monotonic() - started, redis_pings(module_redis) - before
+    assert [r.status_code for r in burst] == [200] * calls
+    assert {r.json()["status"] for r in burst} == {"ok"}
+    # One probe per started second of readyz, plus the 10 s health watch's (cache and quotas
+    # each ping once per round, and a round may fall in the window).
+    assert calls > 100
+    assert pings <= int(elapsed) + 1 + 2, f"{pings} pings for {calls} calls in {elapsed:.1f} s"
+
+
 def test_answers_are_cached_in_redis(
     cached_gateway: GatewayProcess, module_redis: RedisServer
 ) -> None:
@@ -84,7 +124,7 @@ def test_redis_down_is_degraded_not_unready_and_recovers(
     assert before.json()["status"] == "ok" and before.json()["checks"]["cache"] == "ok"
     module_redis.kill()
     try:
-        down = readyz(gw)
+        down = readyz_until(gw, "degraded", within_s=4)  # seen within a verdict's reuse
         assert down.status_code == 200, down.text  # still in the load balancer
         assert down.json()["status"] == "degraded"
         assert down.json()["checks"] == {"retrieval": "ok", "cache": "unavailable"}
