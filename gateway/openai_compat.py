@@ -26,6 +26,7 @@ from gateway.models_endpoint import deployment_models, model_not_found
 from gateway.pipeline import QueryRequest
 from gateway.schemas import ChatBody, ChatMessage
 from gateway.streaming import sse, stream_answer
+from gateway.text import is_blank
 from gateway.wire import QueryResult, rewrite_fields
 from routers.generation import usage_total
 
@@ -44,11 +45,7 @@ def split_messages(
     """(query, history, trailing): the question is the last user message; after it may come
     only the model's calls of the client's tools and their results, ending with a result."""
     asked = max((i for i, m in enumerate(messages) if m.role == "user"), default=None)
-    if (
-        asked is None
-        or not messages[asked].text().strip()
-        or not _tool_turns(messages[asked + 1 :])
-    ):
+    if asked is None or is_blank(messages[asked].text()) or not _tool_turns(messages[asked + 1 :]):
         raise Unprocessable(
             "messages: the last message must be a non-empty user message, or the results of "
             "the tools the model called after it"

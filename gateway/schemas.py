@@ -14,7 +14,7 @@ from pydantic import (
     model_validator,
 )
 
-from gateway.text import clean_text
+from gateway.text import clean_text, is_blank
 
 RequestedRoute = Literal["auto", "direct", "lookup", "multihop"]
 
@@ -26,7 +26,7 @@ def _clean(value: object) -> object:
 
 
 def _not_blank(value: str) -> str:
-    if not value.strip():
+    if is_blank(value):  # invisible characters alone are blank too
         raise ValueError("must not be empty")
     return value
 

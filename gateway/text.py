@@ -11,7 +11,8 @@ so the cache key, the tokenizer, the classifier and the backends only ever see c
   meaning in a question or a document and break tokenizers, logs and terminals;
 - the result is in Unicode NFC, so one text has one spelling (a decomposed "é" matches "é").
 
-A text that is blank after this is refused where blank text is (the query, a document's text).
+A text that is blank after this is refused where blank text is (the query, a document's text):
+`is_blank` counts as blank what shows nothing and means nothing on its own, see there.
 
 Document ids have one canonical form wherever they come from (the HTTP path, a file ingested
 by the CLI, a jsonl record's `id`), so one id is one document: `doc_id` checks a decoded id
@@ -39,6 +40,15 @@ _BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 _REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
 
 
+# Blank for `is_blank`: format characters (Cf: zero-width space and joiners, bidi marks, the
+# BOM, soft hyphen, word joiner, tags) and combining marks (Mn, Mc, Me), which in a text with
+# no other character have no base to attach to. White space is `str.isspace`.
+_INVISIBLE_CATEGORIES = frozenset({"Cf", "Mn", "Mc", "Me"})
+# Letters by category (Lo) but Default_Ignorable in Unicode: the Hangul fillers render as
+# nothing.
+_INVISIBLE_LETTERS = frozenset("\u115f\u1160\u3164\uffa0")
+
+
 class InvalidText(ValueError):
     """Text that cannot be normalised (lone surrogates) or an id breaking a rule; the message
     is safe to show."""
@@ -57,6 +67,20 @@ def clean_text(value: str) -> str:
     if value.isascii():
         return value  # ASCII is already NFC, and most traffic is ASCII
     return unicodedata.normalize("NFC", value)
+
+
+def is_blank(value: str) -> bool:
+    """True when `value` has nothing a reader or a model could take as content: only white
+    space, format characters (Cf) and combining marks, so every mark has no base (a mark after
+    a letter is content, and so is the letter), and the Hangul fillers.
+
+    `str.strip()` alone let "\u200b" or "\u200f\u0301" through as a question. Unassigned (Cn)
+    and private-use (Co) characters count as content: a newer Unicode or a font may give them
+    a glyph, and refusing text we cannot read is not ours to decide."""
+    return all(
+        c.isspace() or c in _INVISIBLE_LETTERS or unicodedata.category(c) in _INVISIBLE_CATEGORIES
+        for c in value
+    )
 
 
 def canonical_doc_id(raw: str) -> str:

@@ -159,6 +159,54 @@ def test_control_characters_are_removed_and_the_question_answered(
     assert_error(resp, 422, "validation_error")  # nothing left once cleaned
 
 
+# Only format characters (Cf), combining marks with no base and white space: nothing to read.
+INVISIBLE = [
+    r"\u200b",  # zero-width space
+    r"\u200f\u0301",  # right-to-left mark, combining acute accent (no base)
+    r"\u200d\u200c \u2060",  # zero-width joiner, non-joiner, space, word joiner
+    r"\ufeff",  # byte order mark
+    r"\u00ad\u20dd\u3164",  # soft hyphen, enclosing circle (Me), Hangul filler
+]
+
+
+@pytest.mark.parametrize("text", INVISIBLE)
+@pytest.mark.parametrize(
+    ("path", "template", "field"),
+    [
+        ("/v1/query", '{"query": "%s"}', "query"),
+        ("/v1/route", '{"query": "%s"}', "query"),
+        (
+            "/v1/chat/completions",
+            '{"model": "auto", "messages": [{"role": "user", "content": "%s"}]}',
+            "messages",
+        ),
+        ("/v1/documents/invisible-doc", '{"title": "T", "text": "%s"}', "text"),
+    ],
+    ids=["query", "route", "chat", "document"],
+)
+def test_invisible_characters_alone_are_blank(
+    gateway: GatewayProcess, path: str, template: str, field: str, text: str
+) -> None:
+    hdrs = {"Content-Type": "application/json", **gateway.headers()}
+    method = "PUT" if path.startswith("/v1/documents/") else "POST"
+    body = template % text
+    resp = requests.request(method, f"{gateway.url}{path}", data=body, headers=hdrs, timeout=30)
+    assert_error(resp, 422, "validation_error")
+    assert resp.json()["error"]["message"].startswith(f"{field}")
+
+
+@pytest.mark.parametrize(
+    "query",
+    [r"caf\u0065\u0301?", r"\u200bERR-4471\u200d", r"\u0301a", r"\ue000"],
+    ids=["mark-on-a-base", "zero-width-around-a-word", "leading-mark", "private-use"],
+)
+def test_a_question_with_a_visible_character_is_answered(
+    gateway: GatewayProcess, query: str
+) -> None:
+    resp = post(gateway, "/v1/route", f'{{"query": "{query}"}}')
+    assert resp.status_code == 200, resp.text
+
+
 @pytest.mark.parametrize(
     "body",
     [
