@@ -283,13 +283,21 @@ def _ingest(settings: Settings, args: argparse.Namespace) -> int:
     except UnreadableInput as exc:
         print(f"cannot ingest: {exc}", file=sys.stderr)
         return 2
+    refused = report.pop("too_large_ids")
     print(json.dumps(report))
+    if refused:
+        print(
+            f"not ingested, more than server.max_document_chunks "
+            f"({settings.server.max_document_chunks}) chunks each: {', '.join(refused)}",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 
 async def _ingest_async(
     settings: Settings, tenant: str, paths: list[Path], sample: bool, rechunk: bool = False
-) -> dict[str, int]:
+) -> dict[str, Any]:
     from backends.embeddings.bulk import bulk_embedder
     from backends.embeddings.config import build_embedder
     from gateway.ingest.background import IngestProgress, ProgressDisplay, ingest_shown
@@ -309,7 +317,14 @@ async def _ingest_async(
         progress.workers = getattr(bulk, "workers", 1)
         display = ProgressDisplay(progress)
         report = await ingest_shown(
-            progress, display, docs, bulk, retriever, parallel, rechunk=rechunk
+            progress,
+            display,
+            docs,
+            bulk,
+            retriever,
+            parallel,
+            rechunk=rechunk,
+            max_chunks=settings.server.max_document_chunks,
         )
         progress.state, progress.chunks = "done", report.chunks
         display.update(final=True)
@@ -318,7 +333,7 @@ async def _ingest_async(
             await bulk.aclose()
         await retriever.aclose()
         await embedder.aclose()
-    return report.as_dict()
+    return {**report.as_dict(), "too_large_ids": report.too_large_ids}
 
 
 def _route(settings: Settings, args: argparse.Namespace) -> int:

@@ -7,7 +7,8 @@ One id, one document: the id is the path after `/v1/documents/`, percent-decoded
 and canonical (`gateway.text.canonical_doc_id`, the rules the CLI's ingest applies too), so
 every spelling of it reaches the same document and the answer names it canonically; an id
 breaking a rule is refused with 422 naming it. A document with no passage (headings only) is
-refused with 422 before anything is written.
+refused with 422 before anything is written, and one making more than
+`server.max_document_chunks` chunks with 413 before any embedding (the stored version stays).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from backends.retrieval.base import EmptyDocument
 from gateway.appkeys import RUNTIME, SERVICES
-from gateway.errors import NotFound, Unprocessable
+from gateway.errors import NotFound, PayloadTooLarge, Unprocessable
 from gateway.handlers import parse_body
 from gateway.ingest.pipeline import ingest_documents
 from gateway.ingest.readers import RawDocument
@@ -51,12 +52,21 @@ async def handle_put_document(request: web.Request) -> web.Response:
     doc_id = _doc_id(request)
     body = await parse_body(request, DocumentBody)
     services = request.app[SERVICES]
+    max_chunks = runtime.settings.server.max_document_chunks
     report = await ingest_documents(
         tenant.id,
         [RawDocument(doc_id, body.title or doc_id, body.text)],
         services.embedder,
         services.retriever,
+        max_chunks=max_chunks,
     )
+    if report.too_large:
+        # Each chunk costs the shared embedder about the same, and dense text (punctuation,
+        # symbols, code) makes several times the chunks of prose per byte.
+        raise PayloadTooLarge(
+            f"text: makes more than {max_chunks} chunks to index (server.max_document_chunks); "
+            "split the document, or send less punctuation-dense text"
+        )
     if report.empty:
         # Skipped by the ingest before any embedding or write (the stored version, if any,
         # stays); the outcome middleware answers it as the backend's refusal: 422.

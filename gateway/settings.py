@@ -95,6 +95,12 @@ class ServerConfig(BaseModel):
     request_timeout_s: float = Field(default=60.0, gt=0)
     # PUT/DELETE /v1/documents: a 500k-character document embeds in ~25 s alone on 2 cores.
     write_timeout_s: float = Field(default=120.0, gt=0)
+    # A document making more chunks than this is refused (PUT: 413; `querygate ingest`: named,
+    # exit 1) before any embedding: each chunk costs about the same to embed (~70 ms of CPU),
+    # and punctuation-dense text makes ~4x the chunks of prose per byte, so one write could
+    # hold the shared embedder for minutes. 1 MiB of English prose (the Wikipedia sample's
+    # text) makes 1,253 chunks; 500k characters of "a-a-..." 1,985.
+    max_document_chunks: int = Field(default=1_500, gt=0)
     # A request body that has not fully arrived by then gets 408 (slow clients hold no slot).
     body_read_timeout_s: float = Field(default=10.0, gt=0)
     admission: AdmissionConfig = AdmissionConfig()

@@ -136,6 +136,7 @@ async def ingest_shown(
     parallel: int,
     *,
     rechunk: bool = False,
+    max_chunks: int | None = None,
 ) -> IngestReport:
     """`ingest_documents` of `docs` for `progress.tenant` in bulk batches, keeping `progress`
     and its display up to date."""
@@ -153,6 +154,7 @@ async def ingest_shown(
         embed_batch=BULK_BATCH,
         parallel=parallel,
         rechunk=rechunk,
+        max_chunks=max_chunks,
     )
 
 

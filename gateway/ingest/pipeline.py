@@ -18,7 +18,7 @@ import hashlib
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, fields
 from functools import partial
 
 from backends.embeddings.base import Embedder, TokenWindow, token_window
@@ -43,9 +43,13 @@ class IngestReport:
     # Documents that yield no passage (headings only): never stored, a backend refuses them.
     empty: int = 0
     chunks: int = 0  # chunks written (of added and updated documents)
+    # Documents refused for making more than `max_chunks` chunks: never embedded nor stored
+    # (a stored version stays as it was).
+    too_large: int = 0
+    too_large_ids: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, int]:
-        return asdict(self)
+        return {f.name: v for f in fields(self) if isinstance(v := getattr(self, f.name), int)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +79,7 @@ async def ingest_documents(
     embed_batch: int = EMBED_BATCH,
     parallel: int = 1,
     rechunk: bool = False,
+    max_chunks: int | None = None,
 ) -> IngestReport:
     """Add, update or delete each document; a document with blank text is deleted.
 
@@ -82,6 +87,8 @@ async def ingest_documents(
     documents only and re-running it resumes where it stopped. `parallel`: batches embedded
     at once (written one at a time, in order). `rechunk`: rewrite unchanged documents too, so
     an index chunked by an older chunker gets today's chunks (they count as updated).
+    `max_chunks`: a document that would make more chunks is refused before any embedding
+    (counted in `too_large`, named in `too_large_ids`); its stored version, if any, stays.
     """
     docs = list({d.doc_id: d for d in raw_docs}.values())  # the last version of an id wins
     window = token_window(embedder) if chunking.fit_window else None
@@ -102,7 +109,15 @@ async def ingest_documents(
                 ids = [d.doc_id for d in docs[i : i + LOOKUP_BATCH]]
                 stored = await retriever.content_hashes(tenant, ids)
             item = await _prepare(
-                tenant, raw, stored.get(raw.doc_id), retriever, report, chunking, window, rechunk
+                tenant,
+                raw,
+                stored.get(raw.doc_id),
+                retriever,
+                report,
+                chunking,
+                window,
+                rechunk,
+                max_chunks,
             )
             if item is None:
                 done += 1
@@ -135,6 +150,7 @@ async def _prepare(
     chunking: ChunkingConfig,
     window: TokenWindow | None,
     rechunk: bool,
+    max_chunks: int | None = None,
 ) -> _Pending | None:
     """What to write for this document, given its stored hash; None when it needs nothing."""
     if not raw.text.strip():
@@ -145,15 +161,42 @@ async def _prepare(
     if digest == stored and not rechunk:
         report.unchanged += 1
         return None
-    # Pure-Python work that grows with the text (a 500k-char document: ~150 ms): off the loop,
-    # so a large PUT does not stall every other request.
+    if max_chunks is not None and await _surely_too_large(raw.text, window, max_chunks):
+        _refuse(raw.doc_id, report, max_chunks)
+        return None
+    # Pure-Python work that grows with the text (a 500k-char document: ~1 s of CPU): off the
+    # loop, so a large PUT does not stall every other request.
     chunk = partial(chunk_document, window=window)
     chunks = await asyncio.to_thread(chunk, raw.doc_id, raw.title, raw.text, chunking)
+    if max_chunks is not None and len(chunks) > max_chunks:
+        _refuse(raw.doc_id, report, max_chunks)
+        return None
     if not chunks:
         log.warning("document has no passage to index, skipped", extra={"doc_id": raw.doc_id})
         report.empty += 1
         return None
     return _Pending(raw, digest, stored is None, chunks, same_content=digest == stored)
+
+
+async def _surely_too_large(text: str, window: TokenWindow | None, max_chunks: int) -> bool:
+    """True when `text` has more tokens than `max_chunks` whole windows could hold, so it
+    would make more chunks: found with one pass of the tokenizer (500k characters: ~0.5 s of
+    CPU) instead of chunking it (5 s for "a-a-..."). Every token but a heading's lands in a
+    chunk (headings go to the context line of their section's chunks; a text of huge headings
+    alone is refused here rather than as empty). A token covers at least one character, so a
+    text shorter than that many tokens is chunked, then counted, without this pass."""
+    if window is None or len(text) <= max_chunks * window.max_tokens:
+        return False
+    return await asyncio.to_thread(window.count, text) > max_chunks * window.max_tokens
+
+
+def _refuse(doc_id: str, report: IngestReport, max_chunks: int) -> None:
+    log.warning(
+        "document makes too many chunks, refused",
+        extra={"doc_id": doc_id, "max_chunks": max_chunks},
+    )
+    report.too_large += 1
+    report.too_large_ids.append(doc_id)
 
 
 async def _embed(pending: list[_Pending], embedder: Embedder) -> tuple[list[_Pending], Vector]:

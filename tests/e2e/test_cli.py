@@ -100,6 +100,26 @@ def test_ingest_skips_unchanged_documents_unless_told_to_rechunk(tmp_path: Path)
     ]
 
 
+def test_ingest_refuses_a_document_over_the_chunk_cap_and_keeps_the_rest(tmp_path: Path) -> None:
+    """A batch ingest embeds nothing of a document making more than
+    server.max_document_chunks chunks: it is named and the exit status says so (1); the other
+    documents are ingested."""
+    config = tmp_path / "config.yaml"
+    config.write_text(f"data_dir: {tmp_path / 'data'}\nserver: {{max_document_chunks: 20}}\n")
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "warranty.md").write_text("# Warranty\n\nAcme's warranty lasts two years.\n")
+    (docs / "dense.txt").write_text("a-" * 20_000)  # ~160 chunks: tokens past 20 windows
+    (docs / "parts.md").write_text("\n".join(f"# Part {i}\nPart {i}." for i in range(30)))
+    done = run_cli(config, "ingest", "--tenant", "t", str(docs))
+    assert done.returncode == 1, done.stderr[-2000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (report["added"], report["too_large"]) == (1, 2)
+    assert "max_document_chunks (20)" in done.stderr
+    assert "dense.txt" in done.stderr and "parts.md" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_a_config_refused_while_starting_the_backends_exits_2_naming_it(tmp_path: Path) -> None:
     # the learned models were trained on MiniLM's vectors: another embedding model cannot use them
     config = tmp_path / "config.yaml"

@@ -11,6 +11,7 @@ from backends.embeddings.base import TokenWindow
 from backends.embeddings.minilm import MiniLMEmbedder, default_model_path, load_tokenizer
 from gateway.ingest.chunker import ChunkingConfig, approx_tokens, chunk_document
 from gateway.ingest.wiki_sample import load_wiki_sample
+from gateway.settings import ServerConfig
 
 
 @pytest.fixture
@@ -108,3 +109,33 @@ def test_sample_corpus_chunks_fit_the_window(embedder: MiniLMEmbedder, whole: To
 
 def test_window_is_the_embedders_truncation(embedder: MiniLMEmbedder) -> None:
     assert len(embedder.encode(["word " * 1000])[0]) == embedder.token_window.max_tokens
+
+
+def test_a_long_word_is_cut_in_linear_time(embedder: MiniLMEmbedder) -> None:
+    """A word no separator splits ("a-a-a-...", 2 tokens per 2 characters) is cut piece by piece
+    from a prefix found by doubling: tokenizing the whole rest for each piece was quadratic
+    (60,000 characters: 6.7 CPU-seconds and ~240 times the text through the tokenizer)."""
+    window = embedder.token_window
+    tokenized = 0
+
+    def counting(text: str) -> int:
+        nonlocal tokenized
+        tokenized += len(text)
+        return window.count(text)
+
+    text = "a-" * 30_000
+    counted = TokenWindow(window.max_tokens, window.special_tokens, counting)
+    chunks = chunk_document("dense", "Dense", text, window=counted)
+    assert len(chunks) > 200
+    assert all(window.count(c.embedding_text) <= window.text_tokens for c in chunks)
+    assert tokenized < 30 * len(text), f"{tokenized / len(text):.0f} times the text tokenized"
+
+
+def test_the_default_chunk_cap_admits_a_mebibyte_of_prose(embedder: MiniLMEmbedder) -> None:
+    """server.max_document_chunks's default: 1 MiB of the sample's English prose makes 1,253
+    chunks (under 1,500); 500,000 characters of "a-a-..." would make 1,985."""
+    prose = "\n\n".join(doc.text for doc in load_wiki_sample()).encode()[: 1 << 20]
+    text = prose.decode(errors="ignore")
+    chunks = chunk_document("prose", "Prose", text, window=embedder.token_window)
+    assert len(chunks) <= ServerConfig().max_document_chunks
+    assert len(chunks) > 0.8 * ServerConfig().max_document_chunks  # not far above it either

@@ -103,7 +103,15 @@ def test_wiki_sample_has_every_article_keyed_by_title() -> None:
 
 async def test_first_ingest_adds_every_document(index: EmbeddedRetriever) -> None:
     report = await ingest_documents("t", docs(5), FakeEmbedder(), index)
-    expected = {"added": 5, "updated": 0, "unchanged": 0, "deleted": 0, "empty": 0, "chunks": 5}
+    expected = {
+        "added": 5,
+        "updated": 0,
+        "unchanged": 0,
+        "deleted": 0,
+        "empty": 0,
+        "chunks": 5,
+        "too_large": 0,
+    }
     assert report.as_dict() == expected
     assert await index.stats("t") == (5, 5)
     assert await index.content_hash("t", "d0") == content_hash("Doc 0", "Text of document 0, v1.")
