@@ -360,8 +360,7 @@ def test_user_goes_to_the_request_log_line(gateway: GatewayProcess) -> None:
     user = f"end-user-{uuid.uuid4().hex[:8]}"
     resp = chat(gateway, model="direct", messages=ask("Hello", {"key": key()}), user=user)
     assert resp.status_code == 200, resp.text
-    request_id = resp.headers["X-Request-Id"]
-    lines = [json.loads(line) for line in gateway.log().splitlines() if request_id in line]
+    lines = gateway.request_lines(resp.headers["X-Request-Id"])
     assert [line.get("user") for line in lines if line.get("msg") == "request"] == [user]
 
 
@@ -421,8 +420,7 @@ def test_a_model_refusing_the_clients_parameters_as_invalid_is_a_400_not_a_503(
     assert error["type"] == "bad_request"
     assert error["message"].startswith("the model refused this request as invalid")
     assert calls(fake_upstream, k) == 1  # not retried
-    request_id = resp.headers["X-Request-Id"]
-    lines = [json.loads(line) for line in gateway.log().splitlines() if request_id in line]
+    lines = gateway.request_lines(resp.headers["X-Request-Id"])
     [line] = [line for line in lines if line.get("msg") == "request"]
     assert line["outcome"] == "client_error"
     assert any("HTTP 400" in line["msg"] for line in lines)  # the model's reason, logged
