@@ -32,6 +32,7 @@ from tests.fixtures.gateway import (
     TcpProxy,
     opensearch_retrieval,
     proxied,
+    readyz_until,
     start_gateway,
     stop_gateway,
 )
@@ -135,16 +136,6 @@ def recovered(gw: GatewayProcess, route: str = "lookup", within_s: float = 30.0)
         time.sleep(0.3)
 
 
-def readyz_until(gw: GatewayProcess, status: int, within_s: float = 4.0) -> requests.Response:
-    """/readyz once it answers `status`: it reuses a verdict for up to 1 s (plus a probe of
-    at most 2 s), so a change shows within about 3 s."""
-    deadline = time.monotonic() + within_s
-    while (ready := requests.get(f"{gw.url}/readyz", timeout=10)).status_code != status:
-        assert time.monotonic() < deadline, f"readyz still answers {ready.status_code}"
-        time.sleep(0.1)
-    return ready
-
-
 def statuses(outcomes: list[Outcome]) -> set[int]:
     return {o.status for o in outcomes}
 
@@ -191,7 +182,7 @@ def test_opensearch_chaos_mid_load(
 
     try:
         outcomes = under_load(chaotic, chaos, seconds=4.0)
-        ready = readyz_until(chaotic, 503)
+        ready = readyz_until(chaotic, lambda r: r.status_code == 503)
         direct = ask(chaotic, "direct")
     finally:
         search_proxy.switch("pass")
@@ -200,4 +191,4 @@ def test_opensearch_chaos_mid_load(
     assert ready.status_code == 503, ready.text
     assert direct.status == 200, json.dumps(direct.body)
     recovered(chaotic)
-    readyz_until(chaotic, 200)
+    readyz_until(chaotic, lambda r: r.status_code == 200)

@@ -8,7 +8,7 @@ import uuid
 
 import requests
 
-from tests.fixtures.gateway import GatewayProcess, TcpProxy
+from tests.fixtures.gateway import GatewayProcess, TcpProxy, readyz_until
 
 
 def lookup(gw: GatewayProcess) -> requests.Response:
@@ -18,16 +18,6 @@ def lookup(gw: GatewayProcess) -> requests.Response:
         headers=gw.headers(),
         timeout=30,
     )
-
-
-def readyz_until(gw: GatewayProcess, status: int, within_s: float = 4.0) -> requests.Response:
-    """/readyz once it answers `status`: it reuses a verdict for up to 1 s (plus a probe of
-    at most 2 s), so a change shows within about 3 s."""
-    deadline = time.monotonic() + within_s
-    while (ready := requests.get(f"{gw.url}/readyz", timeout=10)).status_code != status:
-        assert time.monotonic() < deadline, f"readyz still answers {ready.status_code}"
-        time.sleep(0.1)
-    return ready
 
 
 def test_node_down_fails_fast_and_recovers(
@@ -44,7 +34,7 @@ def test_node_down_fails_fast_and_recovers(
         assert int(down.headers["Retry-After"]) > 0
         # Bounded by the configured 1 s search timeout (plus the generation read), not a hang.
         assert elapsed < 10
-        ready = readyz_until(gw, 503)
+        ready = readyz_until(gw, lambda r: r.status_code == 503)
         assert ready.json()["checks"]["retrieval"].startswith("unavailable")
         direct = requests.post(
             f"{gw.url}/v1/query",
@@ -59,4 +49,4 @@ def test_node_down_fails_fast_and_recovers(
     while lookup(gw).status_code != 200:
         assert time.monotonic() < deadline, "the gateway did not recover"
         time.sleep(0.5)
-    readyz_until(gw, 200)
+    readyz_until(gw, lambda r: r.status_code == 200)
