@@ -26,7 +26,7 @@ from typing import Any
 
 from backends.cache.base import CacheStore
 from backends.errors import BackendError
-from backends.redis_client import unbudgeted
+from backends.redis_client import request_spend, unbudgeted
 from gateway.cache.background import PROCESS_WRITES
 from gateway.guard import request_deadline
 
@@ -124,16 +124,23 @@ class SingleFlight:
                 return lease, None
             loop = asyncio.get_running_loop()
             until = loop.time() + self.budget_s()
-            while (left := until - loop.time()) > 0:
-                await asyncio.sleep(min(POLL_INTERVAL_S, left))
-                if (payload := await poll()) is not None:
-                    return lease, payload
-                if await self._store.claim(tenant, key, self._lease_s):
-                    lease.claimed = True
-                    self._keep(lease)
-                    # The leader may have stored its answer and released between the two
-                    # reads: look once more before computing it again.
-                    return lease, await poll()
+            # The wait is bounded by `until`, not by the request's Redis time budget: two
+            # calls every 50 ms spend 0.25 s in ~3 s at a 2 ms round trip, and the follower
+            # gave up on the leader (computing the answer again, uncached).
+            spend = request_spend.set(None)
+            try:
+                while (left := until - loop.time()) > 0:
+                    await asyncio.sleep(min(POLL_INTERVAL_S, left))
+                    if (payload := await poll()) is not None:
+                        return lease, payload
+                    if await self._store.claim(tenant, key, self._lease_s):
+                        lease.claimed = True
+                        self._keep(lease)
+                        # The leader may have stored its answer and released between the
+                        # two reads: look once more before computing it again.
+                        return lease, await poll()
+            finally:
+                request_spend.reset(spend)
             return lease, None
         except BaseException:
             await self.finish(lease, None)
