@@ -202,8 +202,9 @@ class ModelBreaker:
     failures, however many, never open it, so a tenant cannot take a model away from the others.
 
     The exceptions, each so that one tenant's failures cannot keep the model away:
-    - a tenant whose own breaker is open is no news about the model: its probes do not count in
-      the shared run, and while the shared breaker is open its failed probe leaves the shared
+    - a tenant whose own breaker is open is no news about the model: its failed calls (probes,
+      late calls admitted before it cooled) do not count in the shared run nor restart an open
+      shared cooldown, and while the shared breaker is open its failed probe leaves the shared
       breaker half-open for another tenant to probe, rather than opening it again;
     - while only one tenant has ever asked for the model (a single-tenant deployment, or a
       process that has seen one tenant so far), that tenant's failures are all the evidence
@@ -263,6 +264,7 @@ class ModelBreaker:
         """Take the outcome of a call `admit` let through."""
         tenant = admitted.tenant
         own = self._own.get(tenant)
+        cooled = own is not None and own.is_open  # before this call's verdict
         if own is None and verdict is False:
             own = self._own[tenant] = CircuitBreaker(self._threshold, self._cooldown_s, self._clock)
         if own is not None:
@@ -270,12 +272,15 @@ class ModelBreaker:
                 self._on_change(tenant, own.is_open)
             if own.is_idle:
                 del self._own[tenant]
-        self._record_shared(admitted, verdict)
+        self._record_shared(admitted, verdict, cooled)
 
-    def _record_shared(self, admitted: Pass, verdict: bool | None) -> None:
-        known_pattern = admitted.own is Admission.PROBE and self._several_tenants
+    def _record_shared(self, admitted: Pass, verdict: bool | None, cooled: bool) -> None:
+        # Its probes, and its late calls too (admitted before it cooled, failing one by one up
+        # to the upstream's timeout): each restarted an open shared cooldown, so one tenant's
+        # pattern kept the model from everyone for as long as its calls kept failing.
+        known_pattern = cooled and self._several_tenants
         if verdict is False and known_pattern:
-            # A cooled tenant's probe failing is about that tenant, not the model: it counts for
+            # A cooled tenant's call failing is about that tenant, not the model: it counts for
             # its own breaker only, and a shared probe it carried is handed back, unspent.
             self.shared.record(admitted.shared, None)
             return

@@ -227,3 +227,23 @@ def test_tenant_breakers_are_forgotten_once_idle_or_stale() -> None:
     _call(breaker, "b", True)
     assert breaker.tenants_cooling() == 0 and events[-1] == ("gone", False)
     assert breaker._own == {}  # bounded: nothing kept for idle tenants
+
+
+def test_a_cooled_tenants_late_failing_calls_do_not_keep_the_model_from_the_others() -> None:
+    breaker, clock, _ = _model()
+    _call(breaker, "b", True)
+    late = [breaker.admit("a") for _ in range(20)]  # "a"'s prompts, all out at once
+    assert all(p is not None for p in late)
+    for admitted in late[:3]:  # they run to the timeout: "a" is cooled alone
+        assert admitted is not None
+        breaker.record(admitted, False)
+    _call(breaker, "b", False)  # one failure of another tenant's: open for everyone
+    assert breaker.shared.is_open
+    for admitted in late[3:]:  # "a"'s other calls time out one by one, 10 s apart
+        clock.now += 10
+        assert admitted is not None
+        breaker.record(admitted, False)
+    # They were "a"'s pattern, not news about the model: the shared cooldown ended 30 s
+    # after it opened (it was restarted by each, holding "b" off for 170 s)
+    assert breaker.shared.seconds_left() == 0
+    assert _call(breaker, "b", True).shared is Admission.PROBE
