@@ -471,3 +471,23 @@ async def test_a_request_past_its_redis_budget_decides_alone_and_degrades_no_oth
         # Of Redis's burst of 2, that one took a token and the first none: one is left.
         assert await shared.take(acme.id, 0.1, 2) == 0.0
         assert await shared.take(acme.id, 0.1, 2) > 0
+
+
+async def test_a_call_cut_at_what_is_left_of_the_requests_budget_degrades_no_other(
+    redis_server: RedisServer,
+) -> None:
+    """A request whose earlier calls left it 20 us of Redis time has its budget read cut at
+    that, on a healthy Redis: decided here, and the process stays shared (it flipped every
+    tenant to per-process limits for redis_retry_s)."""
+    acme = limited(tenant_id("acme"), budget=1.0)
+    metrics = Metrics()
+    async with store(redis_server.url) as shared:
+        quotas = Quotas(shared, metrics)
+        await quotas.check_budget(acme)  # the script and connection are warm
+        token = request_spend.set(RequestSpend(spent_s=0.25 - 2e-5))  # of the default 0.25 s
+        try:
+            await quotas.check_budget(acme)  # under budget: admitted, decided here
+        finally:
+            request_spend.reset(token)
+        assert not quotas.degraded
+        assert metrics.registry.get_sample_value("querygate_quota_store_degraded") == 0.0
