@@ -229,23 +229,29 @@ class RedisConnection:
         # Cut at what the request's earlier calls left of its budget, a timeout is this
         # request's doing, not Redis's: a call given 20 us of a healthy Redis put the quotas
         # in the degraded state for every tenant. A call with the whole budget still tells.
+        # So is a call whose budget ran out while it waited for one of this process's
+        # connections (a burst past max_connections): it was never sent.
         own_cut = spend.spent_s > 0 and left < timeout_s
+        sent: list[bool] = []
         started = time.monotonic()
         try:
-            return await guarded(self._in_slot(pending), min(timeout_s, left))
+            return await guarded(self._in_slot(pending, sent), min(timeout_s, left))
         except BackendUnavailable as exc:
-            if own_cut and isinstance(exc.__cause__, TimeoutError):
+            if (own_cut or not sent) and isinstance(exc.__cause__, TimeoutError):
                 raise RequestBudgetSpent(budget_s) from exc
             raise
         finally:
             spend.spent_s += time.monotonic() - started
 
-    async def _in_slot(self, pending: Awaitable[T]) -> T:
+    async def _in_slot(self, pending: Awaitable[T], sent: list[bool] | None = None) -> T:
+        """`pending` once one of the `max_connections` slots is free; `sent` gets True then."""
         try:
             await self._slots.acquire()
         except BaseException:  # the call's bound ended the wait: it never runs
             _close_unawaited(pending)
             raise
+        if sent is not None:
+            sent.append(True)
         try:
             return await pending
         finally:

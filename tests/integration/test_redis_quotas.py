@@ -491,3 +491,32 @@ async def test_a_call_cut_at_what_is_left_of_the_requests_budget_degrades_no_oth
             request_spend.reset(token)
         assert not quotas.degraded
         assert metrics.registry.get_sample_value("querygate_quota_store_degraded") == 0.0
+
+
+async def test_a_call_that_waited_out_its_budget_for_a_connection_degrades_no_other(
+    redis_server: RedisServer,
+) -> None:
+    """Every connection of the process busy (a burst past max_connections; here the one
+    connection held by a blocking read): a request whose Redis time runs out while it waits
+    for one was never sent, and a healthy Redis is not marked down for every tenant."""
+    acme = limited(tenant_id("acme"), budget=1.0)
+    metrics = Metrics()
+    options = replace(RedisOptions(redis_server.url), max_connections=1, request_budget_s=0.1)
+    connection = RedisConnection(options)
+    await connection.start()
+    try:
+        quotas = Quotas(RedisQuotaStore(connection), metrics)
+        # It holds the only connection for 0.2 s (or to its 0.25 s socket timeout).
+        busy = asyncio.create_task(connection.call(connection.client.blpop(["qg:none"], 0.2)))
+        await asyncio.sleep(0.02)
+        token = request_spend.set(RequestSpend())
+        try:
+            await quotas.check_budget(acme)  # decided here
+        finally:
+            request_spend.reset(token)
+        with contextlib.suppress(BackendUnavailable):
+            await busy
+        assert not quotas.degraded
+        assert metrics.registry.get_sample_value("querygate_quota_store_degraded") == 0.0
+    finally:
+        await connection.aclose()
