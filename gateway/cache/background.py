@@ -36,6 +36,8 @@ class BackgroundWrites:
         task = asyncio.get_running_loop().create_task(unbudgeted_work())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        # A task cut before it ran (shutdown's drain timed out) never awaited `work`.
+        task.add_done_callback(lambda _: work.close())
         return task
 
     async def drain(self, timeout_s: float | None = None) -> None:
