@@ -14,8 +14,8 @@ Per variant of the feature rows:
   artifact records: tuned, so optimistic), and the out-of-fold AUC of multihop against
   lookup-in;
 - "nested": the threshold chosen on the other folds' out-of-fold rows and applied to the scored
-  fold, summed over folds; the mean over the trainer's fold assignment and 4 others (salted
-  SHA-256 by parent, as `scripts/train_router.py`'s `fold_of`). The recall it reaches is printed
+  fold, summed over folds; the mean over the trainer's fold assignment and 4 others
+  (`scripts/train_router.py`'s `fold_of` with other salts). The recall it reaches is printed
   beside it (a threshold chosen elsewhere can fall short of 0.95).
 - "two bands" (shipped rows only): a router-multihop question whose margin is below a second
   margin M2 is graded too and escalates above its own threshold t2; M2, t2 and the lookup
@@ -28,7 +28,6 @@ tallest") or a plural target ("the teams that") indicator.
 
 from __future__ import annotations
 
-import hashlib
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -59,7 +58,7 @@ from scripts.train_sufficiency import (  # noqa: E402
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 Bools = npt.NDArray[np.bool_]
-FOLD_SALTS = ("fold", "alt0", "alt1", "alt2", "alt3")  # "fold" is fold_of's own
+FOLD_SALTS = ("fold", "alt0", "alt1", "alt2", "alt3")  # "fold" is the trainers' own
 SECOND_MARGINS = (1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0)
 SECOND_THRESHOLDS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5)
 _NUMBER_WORD = r"(?:\d{1,2}|two|three|four|five|six|seven|eight|nine|ten|twelve|twenty)"
@@ -90,17 +89,10 @@ class Rows:
         others = logits[:, [k for k in range(len(CLASSES)) if CLASSES[k] is not Route.MULTIHOP]]
         self.lookup = np.argmax(others, axis=1) == CLASSES.index(Route.LOOKUP)
         self.router_margin = margins(logits)
-        self.fold_sets = [self._folds(salt) for salt in FOLD_SALTS]
-
-    def _folds(self, salt: str) -> I64:
-        if salt == "fold":
-            return np.array([fold_of(g.example) for g in self.graded], dtype=np.int64)
-        keys = [
-            g.example.group if g.example.group != "direct" else f"direct:{g.example.text}"
-            for g in self.graded
+        self.fold_sets = [
+            np.array([fold_of(g.example, salt) for g in graded], dtype=np.int64)
+            for salt in FOLD_SALTS
         ]
-        digests = [hashlib.sha256(f"{salt}:{k}".encode()).hexdigest() for k in keys]
-        return np.array([int(d[:8], 16) % FOLDS for d in digests], dtype=np.int64)
 
     def shipped(self) -> F64:
         return feature_rows(self.graded, self.outputs)

@@ -208,10 +208,11 @@ def training_examples() -> list[Example]:
     return load_examples() + generated_examples()
 
 
-def fold_of(example: Example) -> int:
-    """The cross-fitting fold, by parent (a direct line or generated group is its own parent)."""
+def fold_of(example: Example, salt: str = "fold") -> int:
+    """The cross-fitting fold, by parent (a direct line or generated group is its own parent);
+    another `salt` gives another assignment (bench/sufficiency_ablation.py's)."""
     key = example.group if example.group != "direct" else f"direct:{example.text}"
-    return int(hashlib.sha256(f"fold:{key}".encode()).hexdigest()[:8], 16) % FOLDS
+    return int(hashlib.sha256(f"{salt}:{key}".encode()).hexdigest()[:8], 16) % FOLDS
 
 
 def style_shift_examples(path: Path = STYLE_SHIFT_PATH) -> list[Example]:
