@@ -2,6 +2,7 @@
 multihop questions the classifier sends to lookup, without escalating answerable lookups?
 
     python bench/escalation_eval.py [route_eval's price and token options]
+    python bench/escalation_eval.py --final-test   # once, at the end: the FanOutQA test file
 
 Every question of the dev split made by `scripts/train_router.py` (val and test parts) runs the
 lookup path's real retrieval: the embedded index over the 10,033 Wikipedia lead sections built by
@@ -29,7 +30,7 @@ flagged multihop by the classifier or escalation together (lookup-in; and every 
 lookup-out included), with 95% bootstrap intervals resampling parents (seeded), the gain of each
 over (a) paired on the same resamples, the AUC of each score, and route accuracy and cost beside
 `bench/route_eval.py`'s baselines (an escalated question costs a multihop answer; the retrieval
-before the grade is not priced). The FanOutQA test file is never read.
+before the grade is not priced). The FanOutQA test file is read only by `--final-test`.
 
 Style-shifted: the held-out set of `scripts/generate_router_data.py` (other templates, other
 entities of the same Wikipedia sample) through the same lookup path: multihop recall and the
@@ -38,6 +39,10 @@ share of lookup and direct questions flagged, classifier alone and with the lear
 Out of domain: the learned grade, at its threshold, over hand-written single-hop and two-document
 questions on the suite's support corpus (tests/data/acme, ingested into a fresh embedded index):
 a model that reads the corpus's scale, not the evidence, escalates the single-hop ones there.
+
+`--final-test` reports only the FanOutQA test file (questions only, all multi-hop) through the
+shipped classifier and learned escalation: multihop recall, each alone and together. Run it once,
+when nothing is tuned any more; nothing is tuned after reading it.
 """
 
 from __future__ import annotations
@@ -396,17 +401,39 @@ async def acme_grades(
 def print_style_report() -> None:
     """The style-shifted held-out set through the classifier and the lookup path's grade."""
     style = style_shift_examples()
-    vectors, model_id = asyncio.run(embed([e.text for e in style]))
-    items = asyncio.run(grade_all(style, vectors))
+    print_routes_report(
+        f"STYLE-SHIFTED held-out set ({len(style)} questions, other templates and entities; "
+        "each its own bootstrap group)",
+        style,
+    )
+
+
+def print_final_test_report() -> None:
+    """FanOutQA test (questions only, all multi-hop), once, untuned: the shipped classifier and
+    escalation. Its evidence pages were never checked against the corpus, so a question the
+    corpus cannot answer may escalate for that reason alone, as on the dev split's lookup-out."""
+    questions = json.loads(fanoutqa_path("fanout-final-test.json").read_text("utf-8"))
+    examples = [Example(q["question"], Route.MULTIHOP, q["question"], "final") for q in questions]
+    print_routes_report(
+        f"FanOutQA TEST ({len(examples)} questions, reserved split, untuned; each its own "
+        "bootstrap group)",
+        examples,
+    )
+
+
+def print_routes_report(title: str, examples: Sequence[Example]) -> None:
+    """Share of each label ending on the multihop route, classifier alone and with the lookup
+    path's learned escalation."""
+    vectors, model_id = asyncio.run(embed([e.text for e in examples]))
+    items = asyncio.run(grade_all(examples, vectors))
     classifier = LearnedClassifier.load(embedding_model_id=model_id)
-    classifications = [classifier.classify(e.text, v) for e, v in zip(style, vectors, strict=True)]
+    classifications = [
+        classifier.classify(e.text, v) for e, v in zip(examples, vectors, strict=True)
+    ]
     alone = np.array([CLASSES.index(c.route) for c in classifications], dtype=np.int64)
     combined = with_escalation(alone, learned_grades(items, classifications)[1])
-    y = labels_of(style)
-    print(
-        f"\nSTYLE-SHIFTED held-out set ({len(style)} questions, other templates and entities; "
-        "each its own bootstrap group): share ending on the multihop route"
-    )
+    y = labels_of(examples)
+    print(f"\n{title}: share ending on the multihop route")
     print(f"  {'':<26}{'classifier alone':>24}{'+ learned escalation':>24}")
     for label, route in (
         ("multihop (recall)", Route.MULTIHOP),
@@ -414,7 +441,9 @@ def print_style_report() -> None:
         ("direct (flagged)", Route.DIRECT),
     ):
         rows = y == CLASSES.index(route)
-        groups = [e.text for e, r in zip(style, rows, strict=True) if r]
+        if not rows.any():
+            continue
+        groups = [e.text for e, r in zip(examples, rows, strict=True) if r]
         cells = [
             _with_interval(groups, flags[rows], flags[rows], _mean)
             for flags in (
@@ -546,6 +575,9 @@ def compared(tuned: GradeThresholds) -> dict[str, GradeThresholds]:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     print(f"command: python {' '.join(sys.argv)}")
+    if args.final_test:
+        print_final_test_report()
+        return
     examples = [e for e in load_examples() if e.split in ("val", "test")]
     vectors, model_id = asyncio.run(embed([e.text for e in examples]))
     graded = asyncio.run(grade_all(examples, vectors))
