@@ -426,6 +426,7 @@ def print_routes_report(title: str, examples: Sequence[Example]) -> None:
     path's learned escalation."""
     vectors, model_id = asyncio.run(embed([e.text for e in examples]))
     items = asyncio.run(grade_all(examples, vectors))
+    use_model(model_id)  # the learned grade's artifact, for this embedder
     classifier = LearnedClassifier.load(embedding_model_id=model_id)
     classifications = [
         classifier.classify(e.text, v) for e, v in zip(examples, vectors, strict=True)
