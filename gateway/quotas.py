@@ -21,11 +21,12 @@ Redis down or slow (`BackendUnavailable`): every decision falls back to this pro
 counters at once (`querygate_quota_local_decisions_total`, `querygate_quota_store_degraded`,
 one warning per outage), and Redis is asked again every `quotas.redis_retry_s` until it
 answers, and by the health probe (`ping`), which clears the gauge without traffic and sends
-the spend kept here (each amount with its id: never added twice). One tenant's keys holding
-garbage is that tenant's problem only: logged, repaired, and that one decision made here.
-Meanwhile each process enforces the rate limit alone (a fleet of N admits up to N
-times the rate and burst) and the budget from the last total it read plus its own spend since
-(the fleet can pass the budget by up to N-1 times what was left). Spend recorded during the
+the spend kept here (a budgeted tenant's amounts each with its id: not added twice, see
+backends/quotas/redis.py). One tenant's keys holding garbage is that tenant's problem only:
+logged, repaired, and that one decision made here. Meanwhile each process enforces the rate
+limit alone (a fleet of N admits up to N times the rate and burst) and the budget from the
+last total it read plus its own spend since (the fleet can pass the budget by up to N-1
+times what was left). Spend recorded during the
 outage is added to Redis when it is back, so the day's total there stays right. Failing open
 keeps answering through a Redis outage; the overshoot is bounded by the outage's length and
 the fleet's size, which we judge better than refusing every tenant's paid traffic.
@@ -38,8 +39,8 @@ import datetime as dt
 import logging
 import math
 import os
+import secrets
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from contextlib import aclosing
 from contextvars import ContextVar
@@ -133,6 +134,9 @@ class Quotas:
         self._tasks: set[asyncio.Task[None]] = set()
         # Spends kept per tenant (a count): a budget check stands only while it is unchanged.
         self._spends: dict[str, int] = {}
+        # Whether the tenant had a budget at its last spend: only such a tenant's amounts carry
+        # an id in the shared store (one per model call), so a replay is added once.
+        self._budgeted: dict[str, bool] = {}
         metrics.quota_store_degraded.set(0)
 
     @property
@@ -283,6 +287,7 @@ class Quotas:
         if not usd > 0:
             return None
         self._spends[tenant.id] = self._spends.get(tenant.id, 0) + 1
+        self._budgeted[tenant.id] = tenant.daily_budget_usd is not None
         day = utc_day(self._clock())
         if self._shared is None:
             self._local.add_spend_now(tenant.id, day, usd)
@@ -376,7 +381,10 @@ class Quotas:
         batches = self._unconfirmed.pop(key, [])
         usd = self._pending.pop(key, 0.0)
         if usd > 0:
-            batches.append((uuid.uuid4().hex, usd))
+            # No id for a tenant without a budget: the store then keeps its day's total only,
+            # not an id per call that nothing limits (a lost reply's replay is added again).
+            budgeted = self._budgeted.get(tenant, True)
+            batches.append((secrets.token_hex(8) if budgeted else "", usd))
         if not batches:
             return True
         sent = 0

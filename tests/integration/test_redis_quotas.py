@@ -341,7 +341,7 @@ async def test_one_tenants_corrupt_keys_are_repaired_and_no_other_tenant_is_degr
     bad, good = limited(tenant_id("bad"), budget=1.0), limited(tenant_id("good"), budget=1.0)
     redis_server.command("SET", bucket_key(bad.id), "not a hash")  # WRONGTYPE for HMGET
     redis_server.command("SET", spend_key(bad.id, TODAY), "garbage")
-    redis_server.command("SET", applied_key(bad.id, TODAY), "not a hash")
+    redis_server.command("SET", applied_key(bad.id, TODAY), "not a zset")
     metrics = Metrics()
     async with store(redis_server.url) as s:
         quotas = Quotas(s, metrics, retry_s=60.0)  # a breaker tripped would stay tripped
@@ -356,7 +356,7 @@ async def test_one_tenants_corrupt_keys_are_repaired_and_no_other_tenant_is_degr
         assert await s.spent(bad.id, TODAY) == pytest.approx(0.1)
         assert await s.take(bad.id, 0.1, 2) >= 0.0  # the bucket is a hash again
     for key in (bucket_key(bad.id), applied_key(bad.id, TODAY)):
-        assert redis_server.command("TYPE", key).strip() in (b"+hash", b"hash", b"+none")
+        assert redis_server.command("TYPE", key).strip() in (b"+hash", b"+zset", b"+none")
 
 
 @pytest.mark.parametrize(("tokens", "ts"), [("1", "nan"), ("5", "inf"), ("-inf", "1")])
