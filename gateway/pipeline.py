@@ -315,17 +315,8 @@ class Pipeline:
         self, ctx: RequestContext, tenant: str, key: str
     ) -> tuple[Payload, str] | None:
         """The exact tier's answer and the tier that made it, or None: this request computes."""
-        flights = self._cache.flights
-        assert flights is not None
-        payload = await self._cache.exact(tenant, key)
-        if payload is not None:
-            return payload, "exact"
-        if (leader := flights.leader_of(tenant, key)) is not None:
-            shared = await flights.follow(leader)
-            return None if shared is None else (shared.payload, shared.tier)
-        poll = lambda: self._cache.exact(tenant, key)  # noqa: E731
-        ctx.flight, payload = await flights.lead(tenant, key, poll)
-        return None if payload is None else (payload, "exact")
+        ctx.flight, found = await self._cache.exact_or_lead(tenant, key)
+        return found
 
     async def _cached_semantic(self, ctx: RequestContext) -> Answer | None:
         """The semantic tier, on the embedding the router needs anyway: the nearest cached

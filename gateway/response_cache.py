@@ -33,7 +33,7 @@ from backends.cache.base import CachedEntry, CacheStore, CorruptEntry
 from backends.errors import BackendError
 from backends.retrieval.base import Vector
 from gateway.cache import guards
-from gateway.cache.single_flight import LEASE_S, Payload, SingleFlight
+from gateway.cache.single_flight import LEASE_S, Lease, Payload, SingleFlight
 from gateway.metrics import Metrics
 from gateway.settings import CacheConfig
 from gateway.wire import answer_from_cache
@@ -99,6 +99,42 @@ class ResponseCache:
         if entry is None:
             return None
         return await self._decoded(tenant, entry)
+
+    async def exact_or_lead(
+        self, tenant: str, key: str
+    ) -> tuple[Lease | None, tuple[Payload, str] | None]:
+        """The exact tier and single flight: the answer stored under `key` or the one a
+        leader computing it shares (with its tier), else None and the lead this request now
+        holds (None: it computes unled). Raises StoreFailed, or BackendError for a claim."""
+        flights = self.flights
+        assert flights is not None
+        if flights.leader_of(tenant, key) is not None:
+            # This process computes it already: look it up, else follow (nothing to claim).
+            payload = await self.exact(tenant, key)
+            if payload is not None:
+                return None, (payload, "exact")
+            if (leader := flights.leader_of(tenant, key)) is not None:
+                shared = await flights.follow(leader)
+                return None, None if shared is None else (shared.payload, shared.tier)
+        lease, payload = await flights.look_and_lead(
+            tenant, key, lambda: self._exact_or_claim(tenant, key), lambda: self.exact(tenant, key)
+        )
+        return lease, None if payload is None else (payload, "exact")
+
+    async def _exact_or_claim(self, tenant: str, key: str) -> tuple[Payload | None, bool | None]:
+        """`exact` and, on a miss, the store's claim, in one call: (answer, None) or (None,
+        claimed); (None, None) for an entry that could not be served (nothing claimed)."""
+        assert self._store is not None and self.flights is not None
+        try:
+            entry, claimed = await self._store.get_or_claim(tenant, key, self.flights.lease_s)
+        except CorruptEntry as exc:
+            log.warning("corrupt cache entry deleted", extra={"error": str(exc)})
+            return None, None
+        except BackendError as exc:
+            raise self._failed("lookup", exc) from exc
+        if entry is None:
+            return None, claimed
+        return await self._decoded(tenant, entry), None
 
     async def semantic(
         self, tenant: str, scope: str, question: str, vector: Vector

@@ -71,6 +71,14 @@ class CacheStore(Protocol):
         renewed or released."""
         ...
 
+    async def get_or_claim(
+        self, tenant: str, key: str, ttl_s: float
+    ) -> tuple[CachedEntry | None, bool]:
+        """`get`, then on a miss `claim`, in one step (one round trip to a remote store): the
+        entry and False (nothing claimed), or None and whether this caller now holds the
+        claim."""
+        ...
+
     async def renew(self, tenant: str, key: str, ttl_s: float) -> bool:
         """Extend this store object's own claim to ttl_s from now; False when it is no longer
         held (it expired, and may have been taken by another caller)."""

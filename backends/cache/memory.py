@@ -147,6 +147,14 @@ class MemoryCacheStore:
         self._owned[(tenant, key)] = token
         return True
 
+    async def get_or_claim(
+        self, tenant: str, key: str, ttl_s: float
+    ) -> tuple[CachedEntry | None, bool]:
+        entry = await self.get(tenant, key)  # never yields: atomic with the claim
+        if entry is not None:
+            return entry, False
+        return None, await self.claim(tenant, key, ttl_s)
+
     async def renew(self, tenant: str, key: str, ttl_s: float) -> bool:
         self._check_open()
         if not self._holds(tenant, key):

@@ -17,7 +17,9 @@ cache is a fixed set of eight keys, plus one lease key per single-flight claim):
     qg:cache:{T}:ord    zset    id by insertion order: the per-tenant cap evicts the oldest
     qg:cache:{T}:exp    zset    id by expiry (ms, server clock): fixed at write, never moved
     qg:cache:{T}:lsh    zset    LSH bucket members, lexical: scope|band|bucket:id
-    qg:cache:{T}:lease:<key>    string  a single-flight claim (SET NX PX, an owner token)
+    qg:cache:{T}:lease:<key>    string  a single-flight claim (SET NX PX, an owner token);
+                                        taken by the exact lookup's own script on a miss
+                                        (`get_or_claim`: one round trip, not two)
 
 Writes and evictions are one script each, so a reader never sees an entry half-written or a
 cap that another replica's write has just passed. A write prunes up to 64 expired entries and
@@ -164,20 +166,39 @@ return id
 """
 )
 
-# ARGV: 3 key. Returns {id, entry blob, vector or ''} or nil; an expired or half-lost entry is
+# lookup(key): {id, entry blob, vector or ''} or false; an expired or half-lost entry is
 # removed and is a miss.
-_GET = (
+_LOOKUP = (
     _LUA_COMMON
     + """
-local id = redis.call('HGET', KEYS[2], ARGV[3])
-if not id then return false end
-local expires = redis.call('ZSCORE', KEYS[7], id)
-local blob = redis.call('HGET', KEYS[3], id)
-if not expires or tonumber(expires) <= now_ms() or not blob then
-  remove(id)
-  return false
+local function lookup(key)
+  local id = redis.call('HGET', KEYS[2], key)
+  if not id then return false end
+  local expires = redis.call('ZSCORE', KEYS[7], id)
+  local blob = redis.call('HGET', KEYS[3], id)
+  if not expires or tonumber(expires) <= now_ms() or not blob then
+    remove(id)
+    return false
+  end
+  return {id, blob, redis.call('HGET', KEYS[4], id) or ''}
 end
-return {id, blob, redis.call('HGET', KEYS[4], id) or ''}
+"""
+)
+
+# ARGV: 3 key. Returns lookup's answer.
+_GET = _LOOKUP + "\nreturn lookup(ARGV[3])\n"
+
+# The exact lookup and, on a miss, the single-flight claim: a miss costs one round trip, not
+# two. KEYS 1-8 the tenant's, 9 the key's lease (the same hash tag: one slot on a cluster).
+# ARGV: 3 key, 4 owner token, 5 lease ms. Returns lookup's entry, or 1 (claimed) or 0 (the
+# claim is another caller's).
+_GET_OR_CLAIM = (
+    _LOOKUP
+    + """
+local found = lookup(ARGV[3])
+if found then return found end
+if redis.call('SET', KEYS[9], ARGV[4], 'NX', 'PX', ARGV[5]) then return 1 end
+return 0
 """
 )
 
@@ -378,6 +399,7 @@ class RedisCacheStore:
         self._flips = flips
         self._put = connection.register_script(_PUT)
         self._get = connection.register_script(_GET)
+        self._get_or_claim = connection.register_script(_GET_OR_CLAIM)
         self._candidates = connection.register_script(_CANDIDATES)
         self._fetch = connection.register_script(_FETCH)
         self._delete = connection.register_script(_DELETE)
@@ -443,6 +465,24 @@ class RedisCacheStore:
     async def delete(self, tenant: str, key: str) -> None:
         await self._script(self._delete, tenant, "key", key)
 
+    async def get_or_claim(
+        self, tenant: str, key: str, ttl_s: float
+    ) -> tuple[CachedEntry | None, bool]:
+        token = secrets.token_hex(16)
+        ttl_ms = max(1, int(ttl_s * 1000))
+        reply = await self._script(
+            self._get_or_claim, tenant, key, token, ttl_ms, lease=lease_key(tenant, key)
+        )
+        if isinstance(reply, list):
+            (entry,) = await self._decode_all(tenant, [reply])
+            return entry, False
+        if reply == 1:
+            self._leases[(tenant, key)] = token
+            return None, True
+        if reply == 0:
+            return None, False
+        raise BackendUnavailable("redis", f"the lookup script answered {reply!r:.40}")
+
     async def claim(self, tenant: str, key: str, ttl_s: float) -> bool:
         self._check_open()
         token = secrets.token_hex(16)
@@ -490,12 +530,15 @@ class RedisCacheStore:
         if self._closed:
             raise BackendUnavailable("redis", "the cache store is closed")
 
-    async def _script(self, script: Any, tenant: str, *args: Any) -> Any:
+    async def _script(self, script: Any, tenant: str, *args: Any, lease: str = "") -> Any:
+        """Run a script on the tenant's eight keys (and `lease`, KEYS[9], when given)."""
         self._check_open()
         keys = tenant_keys(tenant)
         argv = [self._lsh.bands, self._lsh.prefix_width, *args]
         try:
-            return await self._connection.call(script(keys=keys, args=argv))
+            return await self._connection.call(
+                script(keys=[*keys, lease] if lease else keys, args=argv)
+            )
         except BackendUnavailable as exc:
             if _wrong_type(exc):
                 await self._reset_tenant(keys)

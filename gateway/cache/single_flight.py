@@ -6,7 +6,10 @@ the same key await. Across processes, the leader also holds the store's claim on
 process that finds the claim taken polls the store for the answer, retrying the claim as it
 goes, so it leads itself when the leader released without storing anything (an answer that
 may not be cached, a failure). A store that fails while claiming is a store that is down: the
-request computes, uncoordinated.
+request computes, uncoordinated. A request with no leader in its process looks the key up and
+claims it in one call to the store (`look_and_lead`, one Redis script: a miss costs one round
+trip, not two); it leads this process from before that call, and a hit hands its answer to the
+requests that came meanwhile.
 
 The store's claim is short (`LEASE_S`) and the leader renews it every third of that while it
 computes, so a leader that died (a killed process) holds up a popular question for seconds,
@@ -118,33 +121,72 @@ class SingleFlight:
         end the lead at once and propagate."""
         lease = self._register(tenant, key)
         try:
-            lease.claimed = await self._store.claim(tenant, key, self._lease_s)
-            if lease.claimed:
-                self._keep(lease)
-                return lease, None
-            loop = asyncio.get_running_loop()
-            until = loop.time() + self.budget_s()
-            # The wait is bounded by `until`, not by the request's Redis time budget: two
-            # calls every 50 ms spend 0.25 s in ~3 s at a 2 ms round trip, and the follower
-            # gave up on the leader (computing the answer again, uncached).
-            spend = request_spend.set(None)
-            try:
-                while (left := until - loop.time()) > 0:
-                    await asyncio.sleep(min(POLL_INTERVAL_S, left))
-                    if (payload := await poll()) is not None:
-                        return lease, payload
-                    if await self._store.claim(tenant, key, self._lease_s):
-                        lease.claimed = True
-                        self._keep(lease)
-                        # The leader may have stored its answer and released between the
-                        # two reads: look once more before computing it again.
-                        return lease, await poll()
-            finally:
-                request_spend.reset(spend)
-            return lease, None
+            claimed = await self._store.claim(tenant, key, self._lease_s)
+            return lease, await self._claimed_or_wait(lease, claimed, poll)
         except BaseException:
             await self.finish(lease, None)
             raise
+
+    async def look_and_lead(
+        self,
+        tenant: str,
+        key: str,
+        look: Callable[[], Awaitable[tuple[Payload | None, bool | None]]],
+        poll: Callable[[], Awaitable[Payload | None]],
+    ) -> tuple[Lease | None, Payload | None]:
+        """`lead`, with the key's lookup and the store's claim in one call: `look()` returns
+        the stored answer, or None and whether the claim was taken (None: not tried, as when
+        the store found an entry it could not serve; it is claimed then). A hit ends the lead
+        at once (no lease returned) and hands the answer to the followers that came
+        meanwhile. The lead is this process's from before the call, as it is from before the
+        claim in `lead`: a request for the same key arriving meanwhile follows it."""
+        lease = self._register(tenant, key)
+        try:
+            payload, claimed = await look()
+            if payload is not None:
+                await self.finish(lease, Shared(payload, "exact"))
+                return None, payload
+            if claimed is None:
+                claimed = await self._store.claim(tenant, key, self._lease_s)
+            return lease, await self._claimed_or_wait(lease, claimed, poll)
+        except BaseException:
+            await self.finish(lease, None)
+            raise
+
+    @property
+    def lease_s(self) -> float:
+        """The store's claim's lease (renewed while its leader computes)."""
+        return self._lease_s
+
+    async def _claimed_or_wait(
+        self, lease: Lease, claimed: bool, poll: Callable[[], Awaitable[Payload | None]]
+    ) -> Payload | None:
+        """After the first claim: keep it when taken, else wait for the claim's holder in
+        another process (see `lead`). Returns the answer found stored, or None."""
+        lease.claimed = claimed
+        if lease.claimed:
+            self._keep(lease)
+            return None
+        loop = asyncio.get_running_loop()
+        until = loop.time() + self.budget_s()
+        # The wait is bounded by `until`, not by the request's Redis time budget: two
+        # calls every 50 ms spend 0.25 s in ~3 s at a 2 ms round trip, and the follower
+        # gave up on the leader (computing the answer again, uncached).
+        spend = request_spend.set(None)
+        try:
+            while (left := until - loop.time()) > 0:
+                await asyncio.sleep(min(POLL_INTERVAL_S, left))
+                if (payload := await poll()) is not None:
+                    return payload
+                if await self._store.claim(lease.tenant, lease.key, self._lease_s):
+                    lease.claimed = True
+                    self._keep(lease)
+                    # The leader may have stored its answer and released between the
+                    # two reads: look once more before computing it again.
+                    return await poll()
+        finally:
+            request_spend.reset(spend)
+        return None
 
     async def finish(self, lease: Lease | None, shared: Shared | None) -> None:
         """End a lead: followers get `shared` (None: they compute), the claim is released.

@@ -255,6 +255,11 @@ class BrokenStore:
     async def claim(self, tenant: str, key: str, ttl_s: float) -> bool:
         raise BackendUnavailable("cache", "connection refused")
 
+    async def get_or_claim(
+        self, tenant: str, key: str, ttl_s: float
+    ) -> tuple[CachedEntry | None, bool]:
+        raise BackendUnavailable("cache", "connection refused")
+
     async def renew(self, tenant: str, key: str, ttl_s: float) -> bool:
         raise BackendUnavailable("cache", "connection refused")
 
