@@ -20,14 +20,16 @@ REDACTED = "**********"
 
 async def handle_reload(request: web.Request) -> web.Response:
     """Reload the config file: 200 with the active version, or 422 saying why it was refused
-    (and which version still serves)."""
+    (500 if the reload itself failed; either way, which version still serves)."""
     request.app[RUNTIME].current.check_admin(request.headers.get("Authorization"))
     outcome = await request.app[RELOADER].reload("admin")
     if outcome.error is None:
         _reload_siblings()
         return web.json_response({"result": outcome.result, "version": outcome.version})
     error = {"type": outcome.error.type, "message": outcome.error.message}
-    return web.json_response({"error": error, "version": outcome.version}, status=422)
+    # reload_failed is the gateway's fault (logged with its traceback), not the file's
+    status = 500 if outcome.error.type == "reload_failed" else 422
+    return web.json_response({"error": error, "version": outcome.version}, status=status)
 
 
 def _reload_siblings() -> None:

@@ -51,7 +51,7 @@ RESTART_ONLY = (
 
 Prepare = Callable[[Settings], Settings]
 ReloadResult = Literal["ok", "unchanged", "error"]
-ErrorType = Literal["invalid_config", "restart_required", "no_config_file"]
+ErrorType = Literal["invalid_config", "restart_required", "no_config_file", "reload_failed"]
 
 
 def as_is(settings: Settings) -> Settings:
@@ -148,13 +148,22 @@ class ConfigReloader:
         self._seen = seen
         active = self._holder.current.settings
         try:
-            new = await asyncio.to_thread(lambda: self._prepare(load_settings(path)))
+            loaded = await asyncio.to_thread(load_settings, path)
+            # Before `prepare`, which would mint the demo key of a configuration left with none.
+            _check_tenancy(active, loaded)
+            new = await asyncio.to_thread(self._prepare, loaded)
             if new.version == active.version:
                 return self._finish(trigger, ReloadOutcome("unchanged", active.version))
             _check_live(active, new)
             runtime = build_runtime(new, self._services)
         except ConfigError as exc:
             return self._finish(trigger, self._refused(_refusal(exc)))
+        except Exception as exc:
+            # A bug (or an unwritable data dir in `prepare`) must not escape as a bare 500
+            # uncounted: it is a refused reload like any other, with its traceback logged.
+            log.exception("config reload failed unexpectedly", extra={"trigger": trigger})
+            error = ReloadError("reload_failed", f"{type(exc).__name__}: {exc}")
+            return self._finish(trigger, self._refused(error))
         self._holder.current = runtime
         info = self._services.metrics.config_info
         # 0 first: with several workers the series lives in a shared file that remove() leaves
@@ -182,6 +191,18 @@ class ConfigReloader:
 def _check_live(active: Settings, new: Settings) -> None:
     if changed := restart_only_changes(active, new):
         raise RestartRequired(f"restart required to change {', '.join(changed)}")
+
+
+def _check_tenancy(active: Settings, new: Settings) -> None:
+    """A file left with no tenant would switch a multi-tenant gateway to the single demo
+    tenant (a key minted in the data dir, every configured tenant refused): an emptied list
+    is far likelier a template gone wrong than that intent, and the demo tenant is a choice
+    made at start."""
+    if active.tenants and not new.tenants:
+        raise RestartRequired(
+            "restart required to remove every tenant: with none configured the gateway "
+            "serves the single demo tenant instead (tenants is empty)"
+        )
 
 
 def _refusal(exc: ConfigError) -> ReloadError:

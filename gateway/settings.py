@@ -363,10 +363,15 @@ def load_settings(path: Path | None) -> Settings:
     if path is not None:
         try:
             loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as exc:  # e.g. saved as UTF-16: a refusal, not a crash
+            raise ConfigError(f"cannot read {path}: not UTF-8 text ({exc})") from exc
         except (OSError, yaml.YAMLError) as exc:
             raise ConfigError(f"cannot read {path}: {exc}") from exc
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping")
+        if odd := [repr(key) for key in (loaded or {}) if not isinstance(key, str)]:
+            # Settings(**data) would raise TypeError, not name the key
+            raise ConfigError(f"{path}: top-level keys must be names, not {', '.join(odd)}")
         data = loaded or {}
     try:
         return Settings(**data)

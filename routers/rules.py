@@ -11,7 +11,7 @@ import functools
 from typing import Literal
 
 import re2
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from routers.types import Route
 
@@ -37,6 +37,16 @@ class RuleMatch(BaseModel):
         if value is not None:
             _compiled(value)
         return value
+
+    @model_validator(mode="after")
+    def _satisfiable(self) -> RuleMatch:
+        # Silently never matching is the worst outcome of a typo in a routing rule.
+        if self.min_confidence > self.max_confidence:
+            raise ValueError(
+                f"min_confidence {self.min_confidence:g} is above max_confidence "
+                f"{self.max_confidence:g}: the rule could never match"
+            )
+        return self
 
     def query_matches(self, query: str) -> bool:
         """query_regex found in the query (None matches everything), in linear time."""
