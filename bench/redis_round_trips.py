@@ -12,11 +12,11 @@ sequential round trip costs about 2 x delay. Per request kind it prints:
 - the request's latency without the delay and through the delaying proxy, and from the
   difference the round trips that were sequential on its path ((delayed - direct) / 2 delay).
 
-Request kinds: a cache miss (exact get, single-flight claim, semantic lookup, model call,
-store, release), an exact hit (the same question again), a semantic hit (a paraphrase), the
-same miss for a tenant with a rate limit and a daily budget, and that tenant's streamed miss.
-The health probe's PINGs are left out. Loopback only, bounded: 5 kinds x `--repeat` requests
-per setting.
+Request kinds: a cache miss (exact get and single-flight claim in one script, semantic lookup,
+model call, store, release), an exact hit (the same question again), a semantic hit (a
+paraphrase), the same miss for a tenant with a rate limit and a daily budget, and that tenant's
+streamed miss. The health probe's PINGs are left out. Loopback only, bounded: 5 kinds x
+`--repeat` requests per setting.
 """
 
 from __future__ import annotations

@@ -231,13 +231,14 @@ async def test_a_claim_is_renewed_only_by_its_owner_and_only_while_it_holds(env:
     tenant, other = _tenant(), env.second_store()
     try:
         assert not await other.renew(tenant, "k", ttl_s=30)  # never claimed
-        assert await env.store.claim(tenant, "k", ttl_s=0.3)
+        # Lease and sleeps wide apart: a loaded CI machine can stall the loop for 100s of ms.
+        assert await env.store.claim(tenant, "k", ttl_s=1.0)
         assert not await other.renew(tenant, "k", ttl_s=30)  # not its lease
         for _ in range(3):
-            await asyncio.sleep(0.15)
-            assert await env.store.renew(tenant, "k", ttl_s=0.3)  # outlives its first TTL
+            await asyncio.sleep(0.4)
+            assert await env.store.renew(tenant, "k", ttl_s=1.0)  # outlives its first TTL
         assert not await other.claim(tenant, "k", ttl_s=30)
-        await asyncio.sleep(0.45)  # no renewal: it lapses
+        await asyncio.sleep(1.5)  # no renewal: it lapses
         assert await other.claim(tenant, "k", ttl_s=30)
         assert not await env.store.renew(tenant, "k", ttl_s=30)  # the new one is not its own
         assert not await env.store.claim(tenant, "k", ttl_s=30)
