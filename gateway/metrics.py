@@ -100,6 +100,13 @@ class Metrics:
             ["cap"],
             registry=r,
         )
+        self.agent_degraded = Counter(
+            "querygate_agent_degraded",
+            "Agent loops whose model failed mid-loop, answered from the passages found: by "
+            "another tier (fallback_tier) or quoted (extractive).",
+            ["answer"],
+            registry=r,
+        )
         self.llm_cooldown_open = Gauge(
             "querygate_llm_cooldown_open",
             "1 while a model is cooled down for every tenant after repeated failures of more "

@@ -664,6 +664,8 @@ class Pipeline:
             m.agent_steps.observe(len(answer.steps))
         if answer.cap is not None:
             m.agent_cap_hits.labels(answer.cap).inc()
+        if answer.degraded is not None:
+            m.agent_degraded.labels(answer.degraded).inc()
         m.requests.labels(route, "ok", result.cache).inc()
         m.request_duration.labels(route).observe(ctx.timer.elapsed_s())
         total = usage_total(answer)
@@ -675,6 +677,7 @@ class Pipeline:
             **({"cache_lookup": ctx.cache_result} if ctx.cache_result else {}),
             **_semantic_fields(ctx.semantic),
             "escalated": answer.escalated,
+            **({"degraded": answer.degraded} if answer.degraded else {}),
             "agent_steps": len(answer.steps),
             "cost_usd": total.cost_usd,
             "prompt_tokens": total.prompt_tokens,

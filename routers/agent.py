@@ -11,6 +11,14 @@ a cap:
   plainly where it stopped, citing the best-scored passages found.
 With nothing relevant found, the answer says the documents do not contain it.
 
+A turn whose model fails (its tier's retries and fallbacks spent) after searches found passages
+degrades instead of failing the request: one call without tools on the degraded tier (the lookup
+route's small model) answers from those passages, under what the caps leave; where no call may
+be made (no such tier, a cap, or that call fails too) the best passages are quoted verbatim, as
+a lookup without a model answers. Either way the answer is marked (`Answer.degraded`, a note)
+and never cached. With nothing found yet, or a refusal the client's own parameters caused, the
+failure stands.
+
 Caps are hard: before each call the loop projects its tokens (the last prompt plus what was
 added since, plus the call's completion limit) and prices them at the tier's dearest rates.
 """
@@ -19,14 +27,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from backends.embeddings.base import Embedder
-from backends.llm.base import LLM, Completion, Message, Tier, ToolCall, Usage
+from backends.errors import BackendError, BackendUnavailable, UpstreamRefused
+from backends.llm.base import LLM, NO_OPTIONS, Completion, Message, Tier, ToolCall, Usage
 from backends.retrieval.base import Retriever
 from routers.agent_tools import (
     MAX_SEARCH_K,
@@ -37,6 +47,7 @@ from routers.agent_tools import (
     ToolResult,
 )
 from routers.generation import NOT_FOUND, finish, with_usage
+from routers.lookup import extractive_text
 from routers.prompts import AGENT_FINAL, AGENT_SYSTEM, format_sources
 from routers.types import AgentStep, Answer, Citation, Generation, Route, RouteContext
 
@@ -45,6 +56,8 @@ from routers.types import AgentStep, Answer, Citation, Generation, Route, RouteC
 _CHARS_PER_TOKEN = 3
 _TOOL_SPEC_CHARS = len(json.dumps(TOOL_SPECS))
 _BEST_PASSAGES = 3
+
+log = logging.getLogger(__name__)
 
 
 class AgentConfig(BaseModel):
@@ -79,10 +92,14 @@ class AgentDeps:
 
 
 class MultihopExecutor:
-    def __init__(self, deps: AgentDeps, config: AgentConfig, tier: Tier) -> None:
+    def __init__(
+        self, deps: AgentDeps, config: AgentConfig, tier: Tier, degraded_tier: Tier | None = None
+    ) -> None:
         self._deps = deps
         self._config = config
         self._tier = tier
+        # Writes the answer from the passages found when `tier` fails mid-loop; None: quoted.
+        self._degraded_tier = degraded_tier if degraded_tier != tier else None
         self._limits = ToolLimits(
             search_k=config.search_k,
             candidates=deps.candidates,
@@ -96,7 +113,8 @@ class MultihopExecutor:
         tools = AgentTools(
             ctx.tenant, self._deps.retriever, self._deps.embedder, self._limits, book
         )
-        return await _Run(self._deps, self._config, self._tier, ctx, tools, book).execute()
+        run = _Run(self._deps, self._config, self._tier, ctx, tools, book, self._degraded_tier)
+        return await run.execute()
 
 
 @dataclass(slots=True)
@@ -119,12 +137,14 @@ class _Budget:
         self.last_prompt_tokens = usage.prompt_tokens
         self.pending_chars = 0
 
-    def breaks(self, prompt_tokens: int) -> str | None:
-        """The cap a call with this prompt (and the step completion limit) could break."""
+    def breaks(self, prompt_tokens: int, prices: tuple[float, float] | None = None) -> str | None:
+        """The cap a call with this prompt (and the step completion limit) could break, at the
+        loop tier's prices or those given (another tier's)."""
         completion = self.config.step_max_tokens
         if self.tokens + prompt_tokens + completion > self.config.max_tokens:
             return "tokens"
-        cost = prompt_tokens * self.prices[0] + completion * self.prices[1]
+        prompt_price, completion_price = prices or self.prices
+        cost = prompt_tokens * prompt_price + completion * completion_price
         if self.cost_usd + cost > self.config.max_cost_usd:
             return "cost"
         return None
@@ -148,6 +168,7 @@ class _Run:
     ctx: RouteContext
     tools: AgentTools
     book: SourceBook
+    degraded_tier: Tier | None = None
     messages: list[Message] = field(default_factory=list)
     steps: list[AgentStep] = field(default_factory=list)
     usage: dict[str, Usage] = field(default_factory=dict)
@@ -180,6 +201,11 @@ class _Run:
         except TimeoutError:
             cap = "deadline"
             self._charge_cut()
+        except BackendError as exc:
+            self.calling = None  # failed with nothing answered: not charged (as budgets do)
+            if not self.book.citations or self._clients_fault(exc):
+                raise
+            return await self._degraded(exc)
         return self._at_cap(cap)
 
     async def _step(self) -> Answer | None:
@@ -221,22 +247,25 @@ class _Run:
     def _charge(self, completion: Completion) -> None:
         self._charge_usage(completion.usage)
 
-    def _charge_usage(self, usage: Usage) -> None:
+    def _charge_usage(self, usage: Usage, tier: Tier | None = None) -> None:
         self.budget.charge(usage)
-        self.usage = with_usage(self.usage, {self.tier: usage})
+        self.usage = with_usage(self.usage, {tier or self.tier: usage})
 
-    def _charge_cut(self) -> None:
+    def _charge_cut(self, tier: Tier | None = None) -> None:
         """The call the deadline cut: its prompt may be billed, and the gateway charged the
         tenant for it, so the caps after it and the answer's usage count it too."""
         if self.calling is None:
             return
         prompt, self.calling = self.calling, None
+        tier = tier or self.tier
         if self.deps.estimate is not None:
-            usage = self.deps.estimate(self.tier, prompt)
+            usage = self.deps.estimate(tier, prompt)
         else:
-            tokens = self.budget.next_prompt_tokens()
-            usage = Usage(tokens, 0, tokens * self.budget.prices[0])
-        self._charge_usage(usage)
+            tokens = sum(len(m.content) for m in prompt) // _CHARS_PER_TOKEN
+            if tier == self.tier:
+                tokens = self.budget.next_prompt_tokens()
+            usage = Usage(tokens, 0, tokens * self.deps.llm.prices(tier)[0])
+        self._charge_usage(usage, tier)
         self.usage_estimated = True
 
     def _append(self, message: Message) -> None:
@@ -314,7 +343,77 @@ class _Run:
             tuple(best),
         )
 
-    def _plain(self, text: str, cap: str, citations: tuple[Citation, ...] = ()) -> Answer:
+    async def _degraded(self, failure: BackendError) -> Answer:
+        """The loop's model failed with passages found: the degraded tier answers from them in
+        one call the caps allow, else they are quoted."""
+        why = _failure_kind(failure)
+        tier = self.degraded_tier
+        final = self._final_messages()
+        prompt_tokens = sum(len(m.content) for m in final) // _CHARS_PER_TOKEN
+        remaining = self.config.deadline_s - (time.monotonic() - self.budget.started)
+        if tier is None:
+            return self._quoted(failure, why, "no other tier answers from passages")
+        if remaining <= 0:
+            return self._quoted(failure, why, "no time is left for another call")
+        prices = self.deps.llm.prices(tier)
+        if (unaffordable := self.budget.breaks(prompt_tokens, prices)) is not None:
+            return self._quoted(failure, why, f"another call could pass the {unaffordable} cap")
+        self.calling = final
+        try:
+            async with asyncio.timeout(remaining):
+                completion = await self.deps.llm.complete(
+                    tier,
+                    final,
+                    max_tokens=self.config.step_max_tokens,
+                    route=Route.MULTIHOP.value,
+                    options=self.ctx.options,
+                )
+        except TimeoutError:
+            self._charge_cut(tier)
+            return self._quoted(failure, why, f"the {tier} tier did not answer in time")
+        except BackendError as again:
+            self.calling = None
+            also = f"the {tier} tier failed too ({_failure_kind(again)})"
+            return self._quoted(failure, why, also)
+        self.calling = None
+        note = (
+            f"degraded: the {self.tier} tier failed mid-loop ({why}); the {tier} tier answered "
+            f"from the {len(self.book.citations)} passage(s) found"
+        )
+        self._log_degraded(failure, "fallback_tier")
+        generation = replace(self._generation(final), tier=tier, notes=(*self._notes(None), note))
+        # Not the answer the loop would have written: never cached (`complete` false).
+        return replace(finish(generation, completion), complete=False, degraded="fallback_tier")
+
+    def _quoted(self, failure: BackendError, why: str, because: str) -> Answer:
+        """The best passages found, verbatim and cited, as a lookup without a model answers."""
+        best = tuple(sorted(self.book.citations, key=lambda c: -c.score)[:_BEST_PASSAGES])
+        note = (
+            f"degraded: the {self.tier} tier failed mid-loop ({why}) and {because}; "
+            "the best passages found are quoted"
+        )
+        self._log_degraded(failure, "extractive")
+        answer = self._plain(extractive_text(best), None, best)
+        return replace(answer, notes=(*answer.notes, note), extractive=True, degraded="extractive")
+
+    def _log_degraded(self, failure: BackendError, how: str) -> None:
+        log.warning(
+            "agent degraded: its model failed mid-loop",
+            extra={
+                "tenant": self.ctx.tenant,
+                "tier": self.tier,
+                "degraded": how,
+                "passages": len(self.book.citations),
+                "error": str(failure),
+            },
+        )
+
+    def _clients_fault(self, failure: BackendError) -> bool:
+        """Refused as invalid with the client's own parameters: theirs to fix (a 400), and
+        the degraded call, which carries them too, would be refused the same way."""
+        return isinstance(failure, UpstreamRefused) and self.ctx.options != NO_OPTIONS
+
+    def _plain(self, text: str, cap: str | None, citations: tuple[Citation, ...] = ()) -> Answer:
         escalation = self.ctx.escalation
         return Answer(
             text=text,
@@ -329,3 +428,12 @@ class _Run:
             cap=cap,
             usage_estimated=self.usage_estimated,
         )
+
+
+def _failure_kind(failure: BackendError) -> str:
+    """A model failure as the answer's note may name it: never the upstream's own text."""
+    if isinstance(failure, BackendUnavailable):
+        return "upstream unavailable"
+    if isinstance(failure, UpstreamRefused):
+        return "request refused"
+    return "upstream error"

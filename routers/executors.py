@@ -84,7 +84,9 @@ def build_registry(deps: AgentDeps, config: RegistryConfig) -> dict[Route, Execu
         Route.LOOKUP: LookupExecutor(deps.retriever, config.lookup, tiers[Route.LOOKUP]),
     }
     if (tier := tiers.get(Route.MULTIHOP)) is not None:
-        registry[Route.MULTIHOP] = MultihopExecutor(deps, config.agent, tier)
+        # The lookup's model answers from the passages found when the agent's fails mid-loop.
+        degraded = tiers[Route.LOOKUP]
+        registry[Route.MULTIHOP] = MultihopExecutor(deps, config.agent, tier, degraded)
     if (tier := tiers.get(Route.FULL_CONTEXT)) is not None:
         registry[Route.FULL_CONTEXT] = FullContextExecutor(tier, tiers.get(Route.MULTIHOP))
     return {

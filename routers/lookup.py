@@ -109,9 +109,14 @@ def not_enough(escalation: Escalation) -> Answer:
 
 def _extractive(sources: tuple[Citation, ...]) -> Answer:
     best = sources[:_EXTRACTIVE_PASSAGES]
+    return Answer(text=extractive_text(best), route=Route.LOOKUP, citations=best, extractive=True)
+
+
+def extractive_text(citations: tuple[Citation, ...]) -> str:
+    """Passages quoted as an answer citing them, [i] for the i-th (the agent's, too, when its
+    model fails mid-loop)."""
     # The answer's [i] are its citations; the passages' own brackets must not read as more.
-    text = "\n\n".join(
+    return "\n\n".join(
         f"[{i}] {inert_citations(c.title)}: {inert_citations(c.snippet)}"
-        for i, c in enumerate(best, 1)
+        for i, c in enumerate(citations, 1)
     )
-    return Answer(text=text, route=Route.LOOKUP, citations=best, extractive=True)

@@ -98,6 +98,9 @@ class Answer:
     # The agent loop's turns (multihop only), for `debug`, and the cap that stopped it.
     steps: tuple[AgentStep, ...] = ()
     cap: str | None = None
+    # The agent's model failed mid-loop and this answer was made from the passages it had
+    # found: "fallback_tier" (another tier wrote it) or "extractive" (quoted). A metric label.
+    degraded: str | None = None
     # The client's own tools the model called (direct only), and why the model stopped:
     # stop, length (cut at the token limit) or tool_calls.
     tool_calls: tuple[ToolCall, ...] = ()

@@ -7,8 +7,10 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +18,8 @@ import pytest
 
 from backends.cache.memory import MemoryCacheStore
 from backends.embeddings.minilm import MiniLMEmbedder
-from backends.errors import BackendUnavailable
-from backends.llm.base import Message
+from backends.errors import BackendUnavailable, UpstreamRefused
+from backends.llm.base import GenerationOptions, Message
 from backends.llm.litellm_tiers import LiteLLMTiers
 from backends.retrieval.base import Hit, SearchRequest
 from backends.retrieval.embedded import EmbeddedRetriever
@@ -30,7 +32,7 @@ from gateway.wire import QueryResult
 from routers.classifier import HeuristicClassifier
 from routers.types import Generation, Route
 from tests.fixtures.gateway import DATA
-from tests.fixtures.upstream import calls_for
+from tests.fixtures.upstream import calls_for, upstream_stats
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -816,3 +818,134 @@ async def test_a_lookup_that_finds_nothing_escalates_only_when_not_forced(
     assert result.answer.route.value == answered_by
     assert result.answer.escalated is (route == "auto")
     assert not result.answer.complete
+
+
+# -- the loop's model failing mid-loop: a designed degraded answer ---------------------------
+
+
+def failing_mid_loop(**final: Any) -> dict[str, Any]:
+    """A search that finds the warranty, then a turn the large tier fails (503, no retries,
+    no fallback model); `final` scripts the call that offers no tools (the degraded one)."""
+    return directive(
+        {"tool_calls": [search("Acme warranty")]},
+        {"status": 503},
+        final={"answer": "Two years {cite:1}.", **final},
+    )
+
+
+def gathered(result: QueryResult) -> set[str]:
+    return {chunk for run in tool_runs(result) for chunk in run.chunk_ids}
+
+
+async def last_model(upstream: str, key: str) -> str:
+    return str((await upstream_stats(upstream))["params_by_key"][key]["model"])
+
+
+MID_LOOP_TOKEN_CAP = 1300
+
+
+async def test_a_model_failing_mid_loop_answers_from_the_passages_found_on_the_lookup_tier(
+    make_pipeline: Any, fake_upstream: str
+) -> None:
+    script = failing_mid_loop(answer="Two years {cite:1}, as {cite:7} says.")
+    pipeline = make_pipeline(cache=True)
+    result = await ask(pipeline, "How long is the Acme warranty?", script)
+    answer = result.answer
+    # the search, the failed turn, then one call of the small tier without tools
+    assert await calls_for(fake_upstream, script["key"]) == 3
+    assert await last_model(fake_upstream, script["key"]) == "fake-small"
+    assert answer.route is Route.MULTIHOP and answer.degraded == "fallback_tier"
+    assert answer.text.startswith("Two years [1], as  says.")  # the invented source dropped
+    assert {c.chunk_id for c in answer.citations} <= gathered(result)
+    assert doc_ids(result) == {"warranty.txt"}
+    assert "degraded: the large tier failed mid-loop (upstream unavailable); the small tier" in (
+        result.route_reason
+    )
+    assert not answer.complete and not answer.extractive
+    assert answer.usage_by_tier["small"].prompt_tokens > 0
+    assert answer.usage_by_tier["large"].prompt_tokens > 0  # the search turn
+    assert _sample(pipeline, "querygate_agent_degraded_total", answer="fallback_tier") == 1
+    # never cached: the same question asked again runs the loop again
+    again = await ask(pipeline, "How long is the Acme warranty?", script)
+    assert again.cache == "miss" and again.answer.degraded == "fallback_tier"
+
+
+async def test_a_model_failing_mid_loop_degrades_only_once_passages_were_found(
+    make_pipeline: Any, fake_upstream: str
+) -> None:
+    pipeline = make_pipeline()
+    for query, found in (("Acme warranty", True), ("zzqx unrelated nonsense term", False)):
+        script = directive({"tool_calls": [search(query)]}, {"status": 503}, final={"answer": "x"})
+        if found:
+            result = await ask(pipeline, "Acme warranty?", script)
+            assert result.answer.degraded == "fallback_tier"
+            assert await calls_for(fake_upstream, script["key"]) == 3
+            continue
+        with pytest.raises(BackendUnavailable):  # as before: nothing to answer from
+            await ask(pipeline, "What is zzqx?", script)
+        assert await calls_for(fake_upstream, script["key"]) == 2  # and no extra call
+    assert _sample(pipeline, "querygate_agent_degraded_total", answer="fallback_tier") == 1
+
+
+async def test_with_no_room_left_in_the_caps_the_passages_are_quoted_without_another_call(
+    make_pipeline: Any, fake_upstream: str
+) -> None:
+    script = failing_mid_loop()
+    # Projected with their completion limit, under a cap of 1,300: the search turn 1,117, the
+    # failed turn 1,184 (after the 301 the search turn reports), the degraded call 1,423 (its
+    # prompt carries the system prompt and the question again). Measured on these documents.
+    script["turns"][0]["usage"] = {"prompt_tokens": 1, "completion_tokens": 300}
+    pipeline = make_pipeline(agent={"max_tokens": MID_LOOP_TOKEN_CAP})
+    result = await ask(pipeline, "How long is the Acme warranty?", script)
+    answer = result.answer
+    assert await calls_for(fake_upstream, script["key"]) == 2  # no extra call
+    assert answer.degraded == "extractive" and answer.extractive
+    assert answer.text.startswith("[1] ")
+    assert answer.citations and {c.chunk_id for c in answer.citations} <= gathered(result)
+    assert "could pass the tokens cap; the best passages found are quoted" in result.route_reason
+    assert "small" not in answer.usage_by_tier
+    assert not answer.complete
+    assert _sample(pipeline, "querygate_agent_degraded_total", answer="extractive") == 1
+
+
+async def test_when_the_lookup_tier_fails_too_the_passages_are_quoted(
+    make_pipeline: Any, fake_upstream: str
+) -> None:
+    script = failing_mid_loop(status=503)
+    result = await ask(make_pipeline(), "How long is the Acme warranty?", script)
+    assert await calls_for(fake_upstream, script["key"]) == 3
+    assert result.answer.degraded == "extractive" and result.answer.extractive
+    assert {c.chunk_id for c in result.answer.citations} <= gathered(result)
+    assert "the small tier failed too (upstream unavailable)" in result.route_reason
+
+
+async def test_a_degraded_call_that_cannot_finish_by_the_deadline_is_cut_and_counted(
+    make_pipeline: Any, fake_upstream: str
+) -> None:
+    script = failing_mid_loop(delay_ms=5000)
+    started = time.monotonic()
+    result = await ask(make_pipeline(agent={"deadline_s": 1.5}), "Acme warranty?", script)
+    assert time.monotonic() - started < 3.0
+    answer = result.answer
+    assert answer.degraded == "extractive"
+    assert "the small tier did not answer in time" in result.route_reason
+    # the cut call's prompt is charged, as the gateway's metering and budgets charge it
+    assert answer.usage_by_tier["small"].prompt_tokens > 0 and answer.usage_estimated
+
+
+async def test_a_refusal_of_the_clients_own_parameters_stays_the_clients_error(
+    make_pipeline: Any, fake_upstream: str
+) -> None:
+    script = directive(
+        {"tool_calls": [search("Acme warranty")]}, {"status": 400}, final={"answer": "x"}
+    )
+    pipeline = make_pipeline()
+    # Refused with no parameters of the client's: our request (tools, a long conversation)
+    # was at fault, and the degraded call (no tools, just the passages) may go through.
+    plain = await ask(pipeline, "Acme warranty?", script)
+    assert plain.answer.degraded == "fallback_tier"
+    shaped = directive(*script["turns"], final=script["final"])
+    req = replace(request("Acme warranty?", shaped), options=GenerationOptions(temperature=0.3))
+    with pytest.raises(UpstreamRefused):  # the client's 400: the same call would fail the same
+        await pipeline.complete(await pipeline.prepare(req))
+    assert await calls_for(fake_upstream, shaped["key"]) == 2

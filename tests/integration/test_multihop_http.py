@@ -5,6 +5,7 @@ steps (SSE comments), carry only the final answer as text, and end with usage an
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -119,11 +120,37 @@ async def test_the_chat_endpoint_streams_the_agent_answer_in_openai_chunks(
     assert chunks[-1]["usage"]["prompt_tokens"] > 0
 
 
-async def test_a_model_failure_after_the_stream_opened_ends_it_with_an_error_event(
+async def test_a_model_failure_mid_loop_ends_the_open_stream_with_a_degraded_answer(
     client: TestClient[Any, Any],
 ) -> None:
     script = slow_script()
     script["turns"][1] = {**script["turns"][1], "status": 400}  # refused: no retry, no fallback
+    script["final"] = {"answer": "Two years {cite:1}.", "delay_ms": 0}  # the small tier's call
+    body = {"query": question(script), "route": "multihop", "stream": True}
+    resp = await client.post("/v1/query", json=body, headers=AUTH)
+    assert resp.status == 200  # the headers had gone out with the first keep-alive
+    raw = (await resp.read()).decode()
+    assert ": keep-alive" in raw
+    assert "event: error" not in raw
+    events = [e for e in raw.split("\n\n") if e.startswith("event:")]
+    assert [e.split("\n")[0].removeprefix("event: ") for e in events] == ["delta", "done"]
+    assert json.loads(events[0].split("data: ", 1)[1]) == {"text": "Two years [1]."}
+    done = json.loads(events[-1].split("data: ", 1)[1])
+    # cited from the passages the search found, and marked: in route_reason and a metric
+    assert [c["doc_id"] for c in done["citations"]] == ["warranty.txt"]
+    assert "degraded: the large tier failed mid-loop (request refused)" in done["route_reason"]
+    assert done["usage"]["by_tier"]["small"]["prompt_tokens"] > 0
+    metrics = await (await client.get("/metrics")).text()
+    assert re.search(
+        r'^querygate_agent_degraded_total\{answer="fallback_tier"\} [1-9]', metrics, re.M
+    )
+
+
+async def test_a_model_failure_before_anything_was_found_ends_the_open_stream_with_an_error(
+    client: TestClient[Any, Any],
+) -> None:
+    script = slow_script()
+    script["turns"][0] = {**script["turns"][0], "status": 400}  # nothing searched yet
     body = {"query": question(script), "route": "multihop", "stream": True}
     resp = await client.post("/v1/query", json=body, headers=AUTH)
     assert resp.status == 200  # the headers had gone out with the first keep-alive
