@@ -21,15 +21,15 @@ Redis down or slow (`BackendUnavailable`): every decision falls back to this pro
 counters at once (`querygate_quota_local_decisions_total`, `querygate_quota_store_degraded`,
 one warning per outage), and Redis is asked again every `quotas.redis_retry_s` until it
 answers, and by the health probe (`ping`), which clears the gauge without traffic and sends
-the spend kept here (a budgeted tenant's amounts each with its id: not added twice, see
-backends/quotas/redis.py). One tenant's keys holding garbage is that tenant's problem only:
-logged, repaired, and that one decision made here. Meanwhile each process enforces the rate
-limit alone (a fleet of N admits up to N times the rate and burst) and the budget from the
-last total it read plus its own spend since (the fleet can pass the budget by up to N-1
-times what was left). Spend recorded during the
-outage is added to Redis when it is back, so the day's total there stays right. Failing open
-keeps answering through a Redis outage; the overshoot is bounded by the outage's length and
-the fleet's size, which we judge better than refusing every tenant's paid traffic.
+the spend kept here (each amount with its id: not added twice, see backends/quotas/redis.py).
+One tenant's keys holding garbage is that tenant's problem only: logged, repaired, and that
+one decision made here. Meanwhile each process enforces the rate limit alone (a fleet of N
+admits up to N times the rate and burst) and the budget from the last total it read plus its
+own spend since (the fleet can pass the budget by up to N-1 times what was left). Spend
+recorded during the outage is added to Redis when it is back, so the day's total there stays
+right. Failing open keeps answering through a Redis outage; the overshoot is bounded by the
+outage's length and the fleet's size, which we judge better than refusing every tenant's paid
+traffic.
 """
 
 from __future__ import annotations
@@ -134,9 +134,13 @@ class Quotas:
         self._tasks: set[asyncio.Task[None]] = set()
         # Spends kept per tenant (a count): a budget check stands only while it is unchanged.
         self._spends: dict[str, int] = {}
-        # Whether the tenant had a budget at its last spend: only such a tenant's amounts carry
-        # an id in the shared store (one per model call), so a replay is added once.
-        self._budgeted: dict[str, bool] = {}
+        # Amount ids are `<origin>:<seq>`: the store keeps each origin's latest seq per tenant
+        # and day, so one (tenant, day)'s amounts are sent one at a time, in seq order, an
+        # unconfirmed one again before any later one (`_senders`). Then a replay is told apart
+        # however many amounts other processes added meanwhile, in one field per process.
+        self._origin = secrets.token_hex(8)
+        self._seq = 0
+        self._senders: dict[tuple[str, str], asyncio.Lock] = {}
         metrics.quota_store_degraded.set(0)
 
     @property
@@ -287,7 +291,6 @@ class Quotas:
         if not usd > 0:
             return None
         self._spends[tenant.id] = self._spends.get(tenant.id, 0) + 1
-        self._budgeted[tenant.id] = tenant.daily_budget_usd is not None
         day = utc_day(self._clock())
         if self._shared is None:
             self._local.add_spend_now(tenant.id, day, usd)
@@ -369,7 +372,21 @@ class Quotas:
     async def _flush_key(self, key: tuple[str, str], *, counted: bool) -> bool:
         """Send the key's spend not yet in the shared store: amounts already sent once with
         their ids, the rest as one new amount. True when all of it is confirmed. `counted`:
-        a model call's cost that stays here counts as one local decision."""
+        a model call's cost that stays here counts as one local decision. One send per key
+        at a time (the ids' order, see __init__); spend kept meanwhile waits and goes in the
+        next one, as one amount."""
+        sender = self._senders.get(key)
+        if sender is None:
+            if key[1] not in {day for _, day in self._senders}:
+                # A new day: drop the senders of days that are over and idle.
+                self._senders = {
+                    k: lock for k, lock in self._senders.items() if k[1] >= key[1] or lock.locked()
+                }
+            sender = self._senders[key] = asyncio.Lock()
+        async with sender:
+            return await self._send_in_order(key, counted=counted)
+
+    async def _send_in_order(self, key: tuple[str, str], *, counted: bool) -> bool:
         assert self._shared is not None
         shared = self._shared
         tenant, day = key
@@ -381,10 +398,8 @@ class Quotas:
         batches = self._unconfirmed.pop(key, [])
         usd = self._pending.pop(key, 0.0)
         if usd > 0:
-            # No id for a tenant without a budget: the store then keeps its day's total only,
-            # not an id per call that nothing limits (a lost reply's replay is added again).
-            budgeted = self._budgeted.get(tenant, True)
-            batches.append((secrets.token_hex(8) if budgeted else "", usd))
+            self._seq += 1
+            batches.append((f"{self._origin}:{self._seq}", usd))
         if not batches:
             return True
         sent = 0
@@ -397,15 +412,13 @@ class Quotas:
                     day,
                 )
                 if total is None:
-                    break
+                    break  # none later is sent before this one is confirmed
                 self._seen(key, total)
                 sent += 1
         finally:
-            left = self._in_flight.pop(key, 0.0) - sum(u for _, u in batches)
-            if left > 1e-12:  # another flush of this key is in flight too
-                self._in_flight[key] = left
+            self._in_flight.pop(key, None)  # one send per key: nothing else is in flight
             if sent < len(batches):
-                self._unconfirmed.setdefault(key, []).extend(batches[sent:])
+                self._unconfirmed[key] = batches[sent:]
         if sent < len(batches):
             if counted:
                 self._metrics.quota_local_decisions.labels("spend").inc()

@@ -34,9 +34,10 @@ class QuotaStore(Protocol):
 
     async def add_spend(self, tenant: str, day: str, usd: float, amount_id: str) -> float:
         """Add `usd` to the tenant's spend on `day` unless the amount `amount_id` was added
-        already (a replay after a reply that never came; a store may remember only a bounded
-        number of recent ids); returns the day's total. `amount_id` "": no id is kept, the
-        amount is added every time it is sent."""
+        already (a replay after a reply that never came); returns the day's total.
+        `amount_id` is `<origin>:<seq>`: a process's amounts of one (tenant, day) are sent in
+        the order of `seq` and an unconfirmed one again before any later one, so a store may
+        keep only each origin's latest `seq`. "": the amount is added every time it is sent."""
         ...
 
     async def repair(self, tenant: str, day: str, usd: float) -> None:

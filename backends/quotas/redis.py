@@ -6,29 +6,26 @@ keys sit in one slot, the same slot as the tenant's cache entries):
 
     qg:quota:{<tenant>}:bucket                hash {tokens, ts}: the request-rate token bucket
     qg:quota:{<tenant>}:spend:<day>           string, USD spent on that UTC day (INCRBYFLOAT)
-    qg:quota:{<tenant>}:spend:<day>:ids       zset, the ids of the day's latest amounts (by
-                                              server time), at most RECENT_IDS of them
+    qg:quota:{<tenant>}:spend:<day>:seen      hash, per process that added spend that day (its
+                                              origin), the sequence number of its latest amount
 
 The bucket is refilled with the server's clock (`TIME`), so replicas whose clocks disagree
 still share one bucket; it expires once it would be full again (an absent bucket is a full
 one, and so is one whose fields are not numbers: the script starts it afresh).
 
-An amount of spend of a tenant with a budget carries an id chosen by the process that records
-it. The script adds the amount only if the id is not among the day's recent ids, and adds the
-id there, in the same atomic script, so an amount whose reply was lost (applied, then a
-timeout) and is sent again is not counted twice. The set keeps the newest RECENT_IDS ids only
-(older ones are already in the total, which is all the budget reads): memory per tenant and day
-is bounded whatever the traffic (it was one hash field per model call, ~9 MB a day for a tenant
-making 100k calls). A replay is told apart as long as fewer than RECENT_IDS later amounts of
-the tenant's day were added before it; the window is counted in amounts, not seconds, so a
-Redis outage however long does not age it (nothing is added meanwhile). A replay later than
-that is added again: the total errs high, towards refusing. An amount of a tenant without a
-budget carries no id (`amount_id` ""): only its day's total is kept (nothing limits it, but a
-budget set by a reload mid-day starts from the day's real spend), and a replay after a lost
-reply adds it again. Both keys expire an hour after that UTC day ends (Redis keeps them that
-hour only for a process that records the last calls of the day a little late; the budget itself
-resets at 00:00 UTC, as a new day is a new key). The `...:spend:<day>:applied` hashes of
-earlier versions (one field per call) are no longer written; they expire with their day.
+Each amount of spend carries an id chosen by the process that records it: `<origin>:<seq>`,
+its process's random origin and a number that grows with each amount it sends. A process sends
+a (tenant, day)'s amounts one at a time, in order, and sends an amount that failed (maybe
+applied, its reply lost) again before any later one. So the script adds an amount only if its
+number is above the one recorded for its origin, and records it, in the same atomic script: a
+replay, however late and whatever other processes added meanwhile, is not counted twice, and
+what is kept per tenant and day is one field per process, not per amount. (The two earlier
+forms, `...:applied`, a hash field per amount all day, ~9 MB per 100k calls, and `...:ids`,
+a zset of the newest 1024 ids, which added a replay again once other replicas had added 1024
+amounts meanwhile, are no longer written: they expire with their day, and their ids, random,
+are never replayed by this version.) Both keys expire an hour after that UTC day ends (Redis
+keeps them that hour only for a process that records the last calls of the day a little late;
+the budget itself resets at 00:00 UTC, as a new day is a new key).
 
 A key that holds something unusable (another type: WRONGTYPE; a spend that is not a number) is
 that tenant's problem, not Redis's: it raises `UpstreamError`, and `repair` rewrites only the
@@ -89,10 +86,10 @@ TAKE_AND_SPENT = "\nlocal spend = redis.call('GET', KEYS[2]) or '0'" + TAKE.repl
     "return string.format('%.17g', wait)", "return {string.format('%.17g', wait), spend}"
 )
 
-# KEYS: the day's spend, its recent ids. ARGV: USD, expiry (unix s), the amount's id ('' for
-# none: added without one), how many ids to keep. Everything that can fail is checked before
-# the first write (a script is not rolled back: an id marked applied whose amount then failed
-# to add would be lost).
+# KEYS: the day's spend, its senders' latest numbers. ARGV: USD, expiry (unix s), the amount's
+# id (`<origin>:<seq>`; '' for none: added without one). Everything that can fail is checked
+# before the first write (a script is not rolled back: a number recorded whose amount then
+# failed to add would be lost).
 ADD_SPEND = """
 local current = redis.call('GET', KEYS[1])
 local n = current and tonumber(current)
@@ -101,16 +98,15 @@ if current and (n == nil or n ~= n or n < 0 or n == math.huge) then
 end
 local id = ARGV[3]
 if id ~= '' then
-  if redis.call('ZSCORE', KEYS[2], id) then
+  local origin, seq = string.match(id, '^(.+):(%d+)$')
+  if not origin then
+    return redis.error_reply('ERR an amount id is <origin>:<number>')
+  end
+  local last = tonumber(redis.call('HGET', KEYS[2], origin))
+  if last and tonumber(seq) <= last then
     return current or '0'
   end
-  local t = redis.call('TIME')
-  redis.call('ZADD', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])), id)
-  -- the oldest ids past the bound go: their amounts are in the total already
-  local over = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[4])
-  if over > 0 then
-    redis.call('ZREMRANGEBYRANK', KEYS[2], 0, over - 1)
-  end
+  redis.call('HSET', KEYS[2], origin, seq)
   redis.call('EXPIREAT', KEYS[2], ARGV[2])
 end
 local total = redis.call('INCRBYFLOAT', KEYS[1], ARGV[1])
@@ -118,7 +114,7 @@ redis.call('EXPIREAT', KEYS[1], ARGV[2])
 return total
 """
 
-# KEYS: bucket, the day's spend, its recent ids. ARGV: USD to set an unusable spend to,
+# KEYS: bucket, the day's spend, its senders' numbers. ARGV: USD to set an unusable spend to,
 # expiry. Only a key that is unusable is touched; returns how many were.
 REPAIR = """
 local fixed = 0
@@ -137,7 +133,7 @@ if kind ~= 'none' and (n == nil or n ~= n or n < 0 or n == math.huge) then
   fixed = fixed + 1
 end
 kind = redis.call('TYPE', KEYS[3])['ok']
-if kind ~= 'none' and kind ~= 'zset' then
+if kind ~= 'none' and kind ~= 'hash' then
   redis.call('DEL', KEYS[3])
   fixed = fixed + 1
 end
@@ -147,10 +143,6 @@ return fixed
 # How long a day's keys outlive the day: only so a call that ends just after 00:00 UTC can
 # still be recorded on the day it began. It does not extend the day's budget.
 SPEND_GRACE_S = 3600
-
-# How many of a day's latest amount ids are kept to tell a replay from a new amount: about
-# 100 s of a tenant making 10 model calls a second, ~130 KB of Redis memory per tenant and day.
-RECENT_IDS = 1024
 
 # What a ResponseError says when the key it touched holds something unusable (another type, a
 # total that is not a number): that tenant's data, not Redis's availability.
@@ -166,8 +158,8 @@ def spend_key(tenant: str, day: str) -> str:
 
 
 def applied_key(tenant: str, day: str) -> str:
-    """The day's recent amount ids (a zset; `...:applied`, a hash of every id, before)."""
-    return f"{spend_key(tenant, day)}:ids"
+    """Per process (origin), the number of its latest amount added that day (a hash)."""
+    return f"{spend_key(tenant, day)}:seen"
 
 
 def _day_end(day: str) -> int:
@@ -206,7 +198,7 @@ class RedisQuotaStore:
     async def add_spend(self, tenant: str, day: str, usd: float, amount_id: str) -> float:
         expire_at = _day_end(day) + SPEND_GRACE_S
         keys = [spend_key(tenant, day), applied_key(tenant, day)]
-        reply = await self._call(self._add(keys, [repr(usd), expire_at, amount_id, RECENT_IDS]))
+        reply = await self._call(self._add(keys, [repr(usd), expire_at, amount_id]))
         return _number(reply, "spend")
 
     async def repair(self, tenant: str, day: str, usd: float) -> None:

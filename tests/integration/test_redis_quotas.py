@@ -54,7 +54,8 @@ def url(request: pytest.FixtureRequest) -> str:
 
 
 def new_id() -> str:
-    return uuid.uuid4().hex
+    """An amount's id: `<origin>:<seq>`, here the first amount of a new origin."""
+    return f"{uuid.uuid4().hex}:1"
 
 
 def tenant_id(prefix: str) -> str:
@@ -341,7 +342,7 @@ async def test_one_tenants_corrupt_keys_are_repaired_and_no_other_tenant_is_degr
     bad, good = limited(tenant_id("bad"), budget=1.0), limited(tenant_id("good"), budget=1.0)
     redis_server.command("SET", bucket_key(bad.id), "not a hash")  # WRONGTYPE for HMGET
     redis_server.command("SET", spend_key(bad.id, TODAY), "garbage")
-    redis_server.command("SET", applied_key(bad.id, TODAY), "not a zset")
+    redis_server.command("SET", applied_key(bad.id, TODAY), "not a hash")
     metrics = Metrics()
     async with store(redis_server.url) as s:
         quotas = Quotas(s, metrics, retry_s=60.0)  # a breaker tripped would stay tripped
