@@ -79,6 +79,12 @@ class CacheStore(Protocol):
         claim."""
         ...
 
+    async def abandon(self, tenant: str, key: str) -> None:
+        """Give up this store object's `get_or_claim` calls on `key` that raised (their
+        reply never came: they may have claimed, or still claim when they reach the store):
+        such a claim is released, or not taken. Nothing to do for a local store."""
+        ...
+
     async def renew(self, tenant: str, key: str, ttl_s: float) -> bool:
         """Extend this store object's own claim to ttl_s from now; False when it is no longer
         held (it expired, and may have been taken by another caller)."""

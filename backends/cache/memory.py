@@ -155,6 +155,9 @@ class MemoryCacheStore:
             return entry, False
         return None, await self.claim(tenant, key, ttl_s)
 
+    async def abandon(self, tenant: str, key: str) -> None:
+        return None  # get_or_claim never yields: it claimed and said so, or did nothing
+
     async def renew(self, tenant: str, key: str, ttl_s: float) -> bool:
         self._check_open()
         if not self._holds(tenant, key):

@@ -20,6 +20,8 @@ cache is a fixed set of eight keys, plus one lease key per single-flight claim):
     qg:cache:{T}:lease:<key>    string  a single-flight claim (SET NX PX, an owner token);
                                         taken by the exact lookup's own script on a miss
                                         (`get_or_claim`: one round trip, not two)
+    qg:cache:{T}:lease:<key>:void:<token>   a lookup-and-claim whose reply never came, given
+                                        up (`abandon`): deleted its claim, or voids it if late
 
 Writes and evictions are one script each, so a reader never sees an entry half-written or a
 cap that another replica's write has just passed. A write prunes up to 64 expired entries and
@@ -59,6 +61,7 @@ import logging
 import re
 import secrets
 import struct
+import time
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
@@ -82,6 +85,9 @@ _ENTRY_HEADER = struct.Struct(">4sIII")  # magic, then lengths of key, question,
 _PURGE_PER_WRITE = 64
 _EXPIRY_DIGITS = 13  # a vector is stored after its expiry, ms since the epoch, zero-padded
 _EVICT_PER_WRITE = 256
+# How long a given-up lookup-and-claim's token stays void: past any script of it still on its
+# way (a paused server runs what it had received as soon as it resumes).
+ABANDON_VOID_S = 30.0
 
 # remove(id): undo everything an entry put in the tenant's keys. KEYS (fixed order):
 # 1 seq, 2 keys, 3 ent, 4 vec, 5 meta, 6 ord, 7 exp, 8 lsh. ARGV[1] bands, ARGV[2] the width
@@ -189,18 +195,29 @@ end
 _GET = _LOOKUP + "\nreturn lookup(ARGV[3])\n"
 
 # The exact lookup and, on a miss, the single-flight claim: a miss costs one round trip, not
-# two. KEYS 1-8 the tenant's, 9 the key's lease (the same hash tag: one slot on a cluster).
-# ARGV: 3 key, 4 owner token, 5 lease ms. Returns lookup's entry, or 1 (claimed) or 0 (the
-# claim is another caller's).
+# two. KEYS 1-8 the tenant's, 9 the key's lease, 10 the token's void mark (the same hash tag:
+# one slot on a cluster). ARGV: 3 key, 4 owner token, 5 lease ms. Returns lookup's entry, or
+# 1 (claimed) or 0 (the claim is another caller's, or this token's caller gave up on it).
 _GET_OR_CLAIM = (
     _LOOKUP
     + """
 local found = lookup(ARGV[3])
 if found then return found end
+if redis.call('EXISTS', KEYS[10]) == 1 then return 0 end
 if redis.call('SET', KEYS[9], ARGV[4], 'NX', 'PX', ARGV[5]) then return 1 end
 return 0
 """
 )
+
+# A lookup-and-claim whose reply never came (timed out, cancelled) may have claimed, or may
+# still be on its way to the server: the claim is deleted if it is the token's, else the
+# token is marked void so that a late script does not claim. KEYS: lease, void mark. ARGV:
+# token, how long the mark lasts (ms).
+_ABANDON = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
+return 0
+"""
 
 # ARGV: 3 members per bucket, 4.. the LSH prefixes to read. Returns a flat {now ms, id,
 # vector or '', ...}: each vector carries its expiry; the caller drops and prunes expired ones.
@@ -293,6 +310,12 @@ def tenant_keys(tenant: str) -> list[str]:
 
 def lease_key(tenant: str, key: str) -> str:
     return f"{PREFIX}{tenant_tag(tenant)}:lease:{key}"
+
+
+def void_key(tenant: str, key: str, token: str) -> str:
+    """Marks a lookup-and-claim's token given up (`abandon`): its script, if late, claims no
+    lease. Named by the token, so it never touches another caller's claim."""
+    return f"{lease_key(tenant, key)}:void:{token}"
 
 
 def encode_entry(entry: CachedEntry) -> bytes:
@@ -405,9 +428,13 @@ class RedisCacheStore:
         self._delete = connection.register_script(_DELETE)
         self._release = connection.register_script(_RELEASE)
         self._renew = connection.register_script(_RENEW)
+        self._abandon = connection.register_script(_ABANDON)
         # Our own claims' tokens: a release deletes a lease only if it is still ours, not one
         # another caller took after ours expired (in this process or another).
         self._leases: dict[tuple[str, str], str] = {}
+        # Lookup-and-claims whose reply never came, for `abandon`: (tenant, key, token) and
+        # when (monotonic); past ABANDON_VOID_S a claim they took has lapsed anyway.
+        self._abandoned: dict[tuple[str, str, str], float] = {}
         self._closed = False
         # Candidates scored by the last `nearest` (for the scale benchmark and tests).
         self.last_candidates = 0
@@ -470,9 +497,16 @@ class RedisCacheStore:
     ) -> tuple[CachedEntry | None, bool]:
         token = secrets.token_hex(16)
         ttl_ms = max(1, int(ttl_s * 1000))
-        reply = await self._script(
-            self._get_or_claim, tenant, key, token, ttl_ms, lease=lease_key(tenant, key)
-        )
+        leases = (lease_key(tenant, key), void_key(tenant, key, token))
+        try:
+            reply = await self._script(self._get_or_claim, tenant, key, token, ttl_ms, extra=leases)
+        except BaseException:
+            # The server may have run it (a lost reply, a cancelled request): a claim nobody
+            # holds would make every process wait out its lease for this key. `abandon`.
+            now = time.monotonic()
+            self._abandoned = {k: t for k, t in self._abandoned.items() if now - t < ABANDON_VOID_S}
+            self._abandoned[(tenant, key, token)] = now
+            raise
         if isinstance(reply, list):
             (entry,) = await self._decode_all(tenant, [reply])
             return entry, False
@@ -482,6 +516,14 @@ class RedisCacheStore:
         if reply == 0:
             return None, False
         raise BackendUnavailable("redis", f"the lookup script answered {reply!r:.40}")
+
+    async def abandon(self, tenant: str, key: str) -> None:
+        self._check_open()
+        for token in [t for (te, k, t) in self._abandoned if (te, k) == (tenant, key)]:
+            keys = [lease_key(tenant, key), void_key(tenant, key, token)]
+            void_ms = max(1, int(ABANDON_VOID_S * 1000))
+            await self._connection.call(self._abandon(keys=keys, args=[token, void_ms]))
+            self._abandoned.pop((tenant, key, token), None)
 
     async def claim(self, tenant: str, key: str, ttl_s: float) -> bool:
         self._check_open()
@@ -523,6 +565,7 @@ class RedisCacheStore:
         """Stops using the borrowed client; its owner closes it. Idempotent."""
         self._closed = True
         self._leases.clear()
+        self._abandoned.clear()
 
     # -- internals --------------------------------------------------------------------------
 
@@ -530,15 +573,14 @@ class RedisCacheStore:
         if self._closed:
             raise BackendUnavailable("redis", "the cache store is closed")
 
-    async def _script(self, script: Any, tenant: str, *args: Any, lease: str = "") -> Any:
-        """Run a script on the tenant's eight keys (and `lease`, KEYS[9], when given)."""
+    async def _script(self, script: Any, tenant: str, *args: Any, extra: Sequence[str] = ()) -> Any:
+        """Run a script on the tenant's eight keys (and `extra` ones, KEYS[9..], all under the
+        tenant's hash tag)."""
         self._check_open()
         keys = tenant_keys(tenant)
         argv = [self._lsh.bands, self._lsh.prefix_width, *args]
         try:
-            return await self._connection.call(
-                script(keys=[*keys, lease] if lease else keys, args=argv)
-            )
+            return await self._connection.call(script(keys=[*keys, *extra], args=argv))
         except BackendUnavailable as exc:
             if _wrong_type(exc):
                 await self._reset_tenant(keys)

@@ -39,6 +39,8 @@ POLL_INTERVAL_S = 0.05
 LEASE_S = 6.0
 # The share of a follower's remaining deadline it may spend waiting for a leader.
 WAIT_SHARE = 0.5
+# How often a lookup-and-claim given up is abandoned again while the store fails.
+ABANDON_RETRY_S = 0.25
 
 Payload = dict[str, Any]
 
@@ -75,6 +77,9 @@ class SingleFlight:
         # Work no answer waits for: cache writes (by key, so a claim is released only once
         # its answer is stored) and claim releases; the process's, so shutdown waits for it.
         self.writes: dict[tuple[str, str], asyncio.Task[None]] = {}
+        # Keys whose lookup-and-claim raised, to abandon (`_give_up`), and when.
+        self._given_up: dict[tuple[str, str], float] = {}
+        self._abandoning: asyncio.Task[None] | None = None
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         return PROCESS_WRITES.spawn(work)
@@ -142,7 +147,13 @@ class SingleFlight:
         claim in `lead`: a request for the same key arriving meanwhile follows it."""
         lease = self._register(tenant, key)
         try:
-            payload, claimed = await look()
+            try:
+                payload, claimed = await look()
+            except BaseException:
+                # Its reply never came, but the store may have run it and claimed: given up
+                # (not left to hold the key from every process for a lease).
+                self._give_up(tenant, key)
+                raise
             if payload is not None:
                 await self.finish(lease, Shared(payload, "exact"))
                 return None, payload
@@ -205,6 +216,31 @@ class SingleFlight:
             # process that found the claim free before the answer would compute it again):
             # nobody waits for it, and a request cancelled meanwhile still gives it back.
             self.spawn(self._release(lease.tenant, lease.key))
+
+    def _give_up(self, tenant: str, key: str) -> None:
+        """Queue the key's lookup-and-claim for `CacheStore.abandon`, sent by one task of
+        the process's, one call at a time: a Redis outage fails every lookup, and a task per
+        lookup retrying would take the connections the requests need."""
+        self._given_up[(tenant, key)] = asyncio.get_running_loop().time()
+        if self._abandoning is None or self._abandoning.done():
+            self._abandoning = self.spawn(self._abandon_all())
+
+    async def _abandon_all(self) -> None:
+        """Abandon the queued keys, again every ABANDON_RETRY_S while the store fails; a key
+        queued a lease ago is dropped (a claim it took has lapsed by itself)."""
+        loop = asyncio.get_running_loop()
+        while self._given_up:
+            for (tenant, key), since in list(self._given_up.items()):
+                if loop.time() - since < self._lease_s:
+                    try:
+                        await self._store.abandon(tenant, key)
+                    except BackendError:
+                        break
+                if self._given_up.get((tenant, key)) == since:
+                    del self._given_up[(tenant, key)]
+            else:
+                continue
+            await asyncio.sleep(ABANDON_RETRY_S)
 
     async def _release(self, tenant: str, key: str) -> None:
         if (write := self.writes.get((tenant, key))) is not None:

@@ -260,6 +260,9 @@ class BrokenStore:
     ) -> tuple[CachedEntry | None, bool]:
         raise BackendUnavailable("cache", "connection refused")
 
+    async def abandon(self, tenant: str, key: str) -> None:
+        raise BackendUnavailable("cache", "connection refused")
+
     async def renew(self, tenant: str, key: str, ttl_s: float) -> bool:
         raise BackendUnavailable("cache", "connection refused")
 
