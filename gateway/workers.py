@@ -8,13 +8,16 @@ per process into a shared directory (prometheus-client's multiprocess mode) and 
 worker serves `/metrics` reports the sum.
 
 A worker tells the supervisor when it is ready (its backends open, the app serving). One that
-dies is replaced: at once if it had been serving, after a growing pause if it died starting,
-and the supervisor gives up after three that die starting in a row — or at once when the first
-workers cannot start because the configuration is refused. A replacement whose config file is
+dies is replaced: at once if it had been serving (after a pause that doubles, up to 30 s, when
+serving workers keep dying less than a minute apart: a crash loop must not spend the cores on
+model loads), after a growing pause if it died starting, and the supervisor gives up after
+three that die starting in a row — or at once when the first workers cannot start because the
+configuration is refused. A replacement whose config file is
 refused now (an edit made after the others loaded it) starts on the configuration the
 supervisor validated, and its file watch picks up the next good edit. SIGTERM or SIGINT drains
 every worker within the shutdown grace; SIGHUP is passed on to every ready worker (each reloads
-its configuration) and is ignored by workers still starting.
+its configuration); a worker still starting ignores it, and gets it once it is ready (it may
+have read the file before the edit).
 """
 
 from __future__ import annotations
@@ -45,6 +48,9 @@ log = logging.getLogger(__name__)
 SUPERVISOR_ENV = "QUERYGATE_SUPERVISOR_PID"
 _MAX_EARLY_EXITS = 3  # workers in a row that die before they are ready
 _FIRST_PAUSE_S = 0.5  # before replacing one that died starting; doubles each time
+# Serving workers dying less than this apart are a crash loop: each replacement waits longer.
+_CRASH_WINDOW_S = 60.0
+_MAX_CRASH_PAUSE_S = 30.0
 # Past the drain itself: the time a worker needs to close its backends.
 _STOP_MARGIN_S = 5.0
 
@@ -105,6 +111,10 @@ class Supervisor:
     _early_exits: int = 0
     _any_ready: bool = False
     _stopping: bool = False
+    _reload_requested: bool = False
+    _owed_reload: set[int] = field(default_factory=set)  # pids to SIGHUP once they are ready
+    _last_crash: float | None = None
+    _crash_streak: int = 0
 
     def run(self) -> int:
         """Start the workers, replace the ones that die, drain them all on a signal."""
@@ -130,11 +140,24 @@ class Supervisor:
         self._stopping = True
 
     def _forward_reload(self, signum: int, frame: object) -> None:
-        """Every ready worker reloads its own configuration; one still starting reads the
-        file as it is when it gets there."""
-        for worker in self._workers.values():
-            if worker.ready.is_set() and worker.process.pid is not None:
-                os.kill(worker.process.pid, signal.SIGHUP)
+        """Only noted here; the loop passes it on. Reading a worker's ready Event in a signal
+        handler could deadlock the supervisor: the Event's lock is not reentrant and the loop
+        may hold it at the instant the signal lands."""
+        self._reload_requested = True
+
+    def _pass_on_reloads(self) -> None:
+        """SIGHUP to every worker owed one that is ready (the app's handler installed); one
+        still starting may have read the file before the edit, so it is owed one too."""
+        if self._reload_requested:
+            self._reload_requested = False
+            self._owed_reload = set(self._workers)
+        for pid in list(self._owed_reload):
+            worker = self._workers.get(pid)
+            if worker is None:
+                self._owed_reload.discard(pid)
+            elif worker.ready.is_set():
+                self._owed_reload.discard(pid)
+                os.kill(pid, signal.SIGHUP)
 
     def _spawn(self) -> None:
         ready = self._context.Event()
@@ -157,6 +180,7 @@ class Supervisor:
             self._any_ready = self._any_ready or any(
                 w.ready.is_set() for w in self._workers.values()
             )
+            self._pass_on_reloads()
             now = time.monotonic()
             for due in [t for t in self._respawn_at if t <= now]:
                 self._respawn_at.remove(due)
@@ -181,7 +205,7 @@ class Supervisor:
             return 2
         if was_ready:
             self._early_exits = 0
-            self._spawn()
+            self._replace_crashed()
             return None
         self._early_exits += 1
         if self._early_exits >= _MAX_EARLY_EXITS:
@@ -190,6 +214,23 @@ class Supervisor:
         pause = _FIRST_PAUSE_S * 2 ** (self._early_exits - 1)
         self._respawn_at.append(time.monotonic() + pause)
         return None
+
+    def _replace_crashed(self) -> None:
+        """A serving worker died: replaced at once, unless serving workers keep dying (each
+        replacement costs an interpreter and a model load, seconds of CPU the survivors need)."""
+        now = time.monotonic()
+        recent = self._last_crash is not None and now - self._last_crash < _CRASH_WINDOW_S
+        self._crash_streak = self._crash_streak + 1 if recent else 0
+        self._last_crash = now
+        if self._crash_streak == 0:
+            self._spawn()
+            return
+        pause = min(_FIRST_PAUSE_S * 2 ** (self._crash_streak - 1), _MAX_CRASH_PAUSE_S)
+        log.error(
+            "serving workers keep dying; replacing this one after a pause",
+            extra={"pause_s": pause, "crashes_in_a_row": self._crash_streak + 1},
+        )
+        self._respawn_at.append(now + pause)
 
     def _stop_all(self) -> None:
         for worker in self._workers.values():
