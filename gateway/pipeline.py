@@ -64,7 +64,7 @@ from routers.agent import AgentDeps
 from routers.classifier import Classifier
 from routers.executors import RegistryConfig, build_registry, route_tiers
 from routers.full_context import corpus_chunks
-from routers.generation import CitationStream, finish, usage_total, with_usage
+from routers.generation import CitationStream, clients_fault, finish, usage_total, with_usage
 from routers.lookup import LookupParams, not_enough
 from routers.policy import (
     PolicyConfig,
@@ -470,6 +470,8 @@ class Pipeline:
                             completion = await self._call(outcome)
                     except TimeoutError:
                         outcome = self._fallback(outcome)
+                    except BackendError as failure:
+                        outcome = _on_failure(outcome, failure)
                     else:
                         outcome = finish(outcome, completion)
             return await self._conclude(ctx, outcome)
@@ -494,25 +496,31 @@ class Pipeline:
             shown: list[str] = []
             cited = CitationStream(outcome)  # the deltas' citations rewritten as finish's are
             with ctx.timer.stage("generate"):
-                async for delta in self._timed_stream(outcome):
-                    if delta.done:
-                        answer = finish(outcome, _streamed_completion(outcome, parts, delta))
-                        if delta.extra.get("ended") is False:
-                            # No finish_reason nor [DONE]: the body stopped, maybe mid-answer.
-                            # Served as it came, never stored as a whole answer.
-                            answer = replace(answer, complete=False)
-                        if rest := cited.flush():
-                            shown.append(rest)
-                            yield rest
-                        # What finish added (a note on dropped citations, "the documents do
-                        # not say" for no text): the client reads what a complete answer says.
-                        if tail := _beyond(answer.text, "".join(shown)):
-                            yield tail
-                    elif delta.text:
-                        parts.append(delta.text)
-                        if piece := cited.feed(delta.text):
-                            shown.append(piece)
-                            yield piece
+                try:
+                    async for delta in self._timed_stream(outcome):
+                        if delta.done:
+                            answer = finish(outcome, _streamed_completion(outcome, parts, delta))
+                            if delta.extra.get("ended") is False:
+                                # No finish_reason nor [DONE]: the body stopped, maybe mid-answer.
+                                # Served as it came, never stored as a whole answer.
+                                answer = replace(answer, complete=False)
+                            if rest := cited.flush():
+                                shown.append(rest)
+                                yield rest
+                            # What finish added (a note on dropped citations, "the documents do
+                            # not say" for no text): the client reads what a complete answer says.
+                            if tail := _beyond(answer.text, "".join(shown)):
+                                yield tail
+                        elif delta.text:
+                            parts.append(delta.text)
+                            if piece := cited.feed(delta.text):
+                                shown.append(piece)
+                                yield piece
+                except BackendError as failure:
+                    if parts:  # the client has part of an answer: it cannot be replaced
+                        raise
+                    answer = _on_failure(outcome, failure)
+                    yield answer.text
             if answer is None:  # the generation's deadline came before any text
                 answer = self._fallback(outcome)
                 yield answer.text
@@ -757,6 +765,19 @@ def _beyond(text: str, streamed: str) -> str:
     """What an answer's text says past the text streamed (`finish` strips, then may add)."""
     sent, text = streamed.strip(), text.lstrip()
     return text[len(sent) :] if text.startswith(sent) else ""
+
+
+def _on_failure(generation: Generation, failure: BackendError) -> Answer:
+    """What answers a generation whose call failed, its tier's retries and fallbacks spent
+    (the agent's quoted passages at a cap); otherwise, or when the client's own parameters
+    were refused, the failure stands."""
+    if generation.on_failure is None or clients_fault(failure, generation.options):
+        raise failure
+    log.warning(
+        "final answer degraded: its model failed",
+        extra={"tier": generation.tier, "route": generation.route.value, "error": str(failure)},
+    )
+    return generation.on_failure
 
 
 def _fallback(generation: Generation) -> Answer:

@@ -6,7 +6,8 @@ the model answers in plain text (citing the sources with the markers issued for 
 a cap:
 - steps, tool calls or the deadline: one last call, without tools, answers from the passages
   found (as a lookup answers from its passages); the loop gets `deadline_s * (1 - final_share)`,
-  that call the rest, and if it cannot finish in time the plain answer below is given instead;
+  that call the rest, and if it cannot finish in time the plain answer below is given instead
+  (if its model fails, the best passages found are quoted, marked degraded);
 - tokens or cost, or a final call that could break them: no call is made and the answer says
   plainly where it stopped, citing the best-scored passages found.
 With nothing relevant found, the answer says the documents do not contain it.
@@ -35,8 +36,8 @@ from dataclasses import dataclass, field, replace
 from pydantic import BaseModel, ConfigDict, Field
 
 from backends.embeddings.base import Embedder
-from backends.errors import BackendError, BackendUnavailable, UpstreamRefused
-from backends.llm.base import LLM, NO_OPTIONS, Completion, Message, Tier, ToolCall, Usage
+from backends.errors import BackendError
+from backends.llm.base import LLM, Completion, Message, Tier, ToolCall, Usage
 from backends.retrieval.base import Retriever
 from routers.agent_tools import (
     MAX_SEARCH_K,
@@ -46,7 +47,7 @@ from routers.agent_tools import (
     ToolLimits,
     ToolResult,
 )
-from routers.generation import NOT_FOUND, finish, with_usage
+from routers.generation import NOT_FOUND, clients_fault, failure_kind, finish, with_usage
 from routers.lookup import extractive_text
 from routers.prompts import AGENT_FINAL, AGENT_SYSTEM, format_sources
 from routers.types import AgentStep, Answer, Citation, Generation, Route, RouteContext
@@ -203,7 +204,7 @@ class _Run:
             self._charge_cut()
         except BackendError as exc:
             self.calling = None  # failed with nothing answered: not charged (as budgets do)
-            if not self.book.citations or self._clients_fault(exc):
+            if not self.book.citations or clients_fault(exc, self.ctx.options):
                 raise
             return await self._degraded(exc)
         return self._at_cap(cap)
@@ -297,8 +298,17 @@ class _Run:
             max_tokens=self.config.step_max_tokens,
             usage_estimated=self.usage_estimated,
             fallback=self._stopped(cap) if cap else None,
+            on_failure=self._failed_at(cap) if cap else None,
             options=self.ctx.options,
         )
+
+    def _failed_at(self, cap: str) -> Answer:
+        """The answer if the final call at a cap fails (the pipeline makes it, and logs it)."""
+        note = (
+            f"degraded: the {self.tier} tier failed writing the answer at the {cap} cap; "
+            "the best passages found are quoted"
+        )
+        return self._quoted_answer(note, cap)
 
     def _notes(self, cap: str | None) -> tuple[str, ...]:
         escalation = self.ctx.escalation
@@ -346,7 +356,7 @@ class _Run:
     async def _degraded(self, failure: BackendError) -> Answer:
         """The loop's model failed with passages found: the degraded tier answers from them in
         one call the caps allow, else they are quoted."""
-        why = _failure_kind(failure)
+        why = failure_kind(failure)
         tier = self.degraded_tier
         final = self._final_messages()
         prompt_tokens = sum(len(m.content) for m in final) // _CHARS_PER_TOKEN
@@ -373,7 +383,7 @@ class _Run:
             return self._quoted(failure, why, f"the {tier} tier did not answer in time")
         except BackendError as again:
             self.calling = None
-            also = f"the {tier} tier failed too ({_failure_kind(again)})"
+            also = f"the {tier} tier failed too ({failure_kind(again)})"
             return self._quoted(failure, why, also)
         self.calling = None
         note = (
@@ -387,13 +397,16 @@ class _Run:
 
     def _quoted(self, failure: BackendError, why: str, because: str) -> Answer:
         """The best passages found, verbatim and cited, as a lookup without a model answers."""
-        best = tuple(sorted(self.book.citations, key=lambda c: -c.score)[:_BEST_PASSAGES])
-        note = (
-            f"degraded: the {self.tier} tier failed mid-loop ({why}) and {because}; "
-            "the best passages found are quoted"
-        )
         self._log_degraded(failure, "extractive")
-        answer = self._plain(extractive_text(best), None, best)
+        return self._quoted_answer(
+            f"degraded: the {self.tier} tier failed mid-loop ({why}) and {because}; "
+            "the best passages found are quoted",
+            None,
+        )
+
+    def _quoted_answer(self, note: str, cap: str | None) -> Answer:
+        best = tuple(sorted(self.book.citations, key=lambda c: -c.score)[:_BEST_PASSAGES])
+        answer = self._plain(extractive_text(best), cap, best)
         return replace(answer, notes=(*answer.notes, note), extractive=True, degraded="extractive")
 
     def _log_degraded(self, failure: BackendError, how: str) -> None:
@@ -407,11 +420,6 @@ class _Run:
                 "error": str(failure),
             },
         )
-
-    def _clients_fault(self, failure: BackendError) -> bool:
-        """Refused as invalid with the client's own parameters: theirs to fix (a 400), and
-        the degraded call, which carries them too, would be refused the same way."""
-        return isinstance(failure, UpstreamRefused) and self.ctx.options != NO_OPTIONS
 
     def _plain(self, text: str, cap: str | None, citations: tuple[Citation, ...] = ()) -> Answer:
         escalation = self.ctx.escalation
@@ -428,12 +436,3 @@ class _Run:
             cap=cap,
             usage_estimated=self.usage_estimated,
         )
-
-
-def _failure_kind(failure: BackendError) -> str:
-    """A model failure as the answer's note may name it: never the upstream's own text."""
-    if isinstance(failure, BackendUnavailable):
-        return "upstream unavailable"
-    if isinstance(failure, UpstreamRefused):
-        return "request refused"
-    return "upstream error"

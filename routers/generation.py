@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 
-from backends.llm.base import Completion, Usage
+from backends.errors import BackendError, BackendUnavailable, UpstreamRefused
+from backends.llm.base import NO_OPTIONS, Completion, GenerationOptions, Usage
 from backends.retrieval.base import Hit
 from routers.prompts import MARKER_SHAPE
 from routers.types import Answer, Citation, Generation, Route
@@ -191,3 +192,18 @@ def with_usage(usage: dict[str, Usage], extra: dict[str, Usage]) -> dict[str, Us
     for tier, more in extra.items():
         merged[tier] = merged.get(tier, Usage()) + more
     return merged
+
+
+def failure_kind(failure: BackendError) -> str:
+    """A model failure as an answer's note may name it: never the upstream's own text."""
+    if isinstance(failure, BackendUnavailable):
+        return "upstream unavailable"
+    if isinstance(failure, UpstreamRefused):
+        return "request refused"
+    return "upstream error"
+
+
+def clients_fault(failure: BackendError, options: GenerationOptions) -> bool:
+    """Refused as invalid with the client's own parameters: theirs to fix (a 400), and any
+    degraded answer's call, which carries them too, would be refused the same way."""
+    return isinstance(failure, UpstreamRefused) and options != NO_OPTIONS

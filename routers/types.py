@@ -141,6 +141,9 @@ class Generation:
     usage_estimated: bool = False
     # What to answer when the call cannot finish within `timeout_s` (the agent's plain answer).
     fallback: Answer | None = None
+    # What to answer when the call fails, its tier's retries and fallbacks spent, unless the
+    # client's own parameters caused it (the agent's passages quoted, at a cap); None: it fails.
+    on_failure: Answer | None = None
     # The client's generation parameters for this call.
     options: GenerationOptions = NO_OPTIONS
 

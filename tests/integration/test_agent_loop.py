@@ -949,3 +949,41 @@ async def test_a_refusal_of_the_clients_own_parameters_stays_the_clients_error(
     with pytest.raises(UpstreamRefused):  # the client's 400: the same call would fail the same
         await pipeline.complete(await pipeline.prepare(req))
     assert await calls_for(fake_upstream, shaped["key"]) == 2
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["complete", "stream"])
+async def test_a_final_answer_at_a_cap_whose_model_fails_quotes_the_passages_found(
+    make_pipeline: Any, fake_upstream: str, stream: bool
+) -> None:
+    # The steps cap forces one last call without tools; the large tier fails it (503).
+    script = directive({"tool_calls": [search("Acme warranty")]}, final={"status": 503})
+    pipeline = make_pipeline(agent={"max_steps": 1})
+    req = request("How long is the Acme warranty?", script)
+    if stream:
+        text, result = await streamed(pipeline, req)
+    else:
+        result = await pipeline.complete(await pipeline.prepare(req))
+        text = result.answer.text
+    answer = result.answer
+    assert await calls_for(fake_upstream, script["key"]) == 2  # the search turn, the failed one
+    assert answer.degraded == "extractive" and answer.extractive and answer.cap == "steps"
+    assert text == answer.text and answer.text.startswith("[1] ")
+    assert answer.citations and {c.chunk_id for c in answer.citations} <= gathered(result)
+    assert "degraded: the large tier failed writing the answer at the steps cap" in (
+        result.route_reason
+    )
+    assert not answer.complete
+    assert _sample(pipeline, "querygate_agent_degraded_total", answer="extractive") == 1
+
+
+async def test_a_final_answer_at_a_cap_refused_for_the_clients_parameters_stays_their_error(
+    make_pipeline: Any,
+) -> None:
+    script = directive({"tool_calls": [search("Acme warranty")]}, final={"status": 400})
+    req = replace(
+        request("How long is the Acme warranty?", script),
+        options=GenerationOptions(temperature=1.5),
+    )
+    pipeline = make_pipeline(agent={"max_steps": 1})
+    with pytest.raises(UpstreamRefused):
+        await pipeline.complete(await pipeline.prepare(req))
