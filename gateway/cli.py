@@ -225,6 +225,8 @@ def _run_app(
     from aiohttp import web
 
     from gateway.app import create_app
+    from gateway.appkeys import RUNTIME
+    from gateway.http_protocol import run_app
 
     server = settings.server
     app = create_app(
@@ -242,9 +244,13 @@ def _run_app(
         app.on_startup.append(ready)
     where: dict[str, Any] = {"sock": sock} if sock else {"host": server.host, "port": server.port}
     try:
-        web.run_app(
+        run_app(  # aiohttp's, with a deadline on request headers and JSON protocol errors
             app,
             **where,
+            # the active configuration's: a reload applies to the connections after it
+            header_read_timeout_s=lambda: (
+                app[RUNTIME].current.settings.server.header_read_timeout_s
+            ),
             shutdown_timeout=server.shutdown_grace_s,
             # A client that hangs up stops its request's work (an agent loop, model calls): nobody
             # would read the answer, and the tenant would still pay for it.

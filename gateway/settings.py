@@ -103,6 +103,11 @@ class ServerConfig(BaseModel):
     max_document_chunks: int = Field(default=1_500, gt=0)
     # A request body that has not fully arrived by then gets 408 (slow clients hold no slot).
     body_read_timeout_s: float = Field(default=10.0, gt=0)
+    # A request's headers not complete this long after its first byte (a connection's first
+    # request: after connecting) get 408 and the connection closed: a client sending headers
+    # slowly, or half of them, held a connection and its file descriptor for 75 s (the
+    # keep-alive timeout, which still applies to an idle connection between requests).
+    header_read_timeout_s: float = Field(default=10.0, gt=0)
     admission: AdmissionConfig = AdmissionConfig()
     shutdown_grace_s: float = Field(default=20.0, ge=0)
     # A stream whose answer is not ready yet (an agent loop) gets an SSE comment this often.
