@@ -184,6 +184,35 @@ Every api_key_env of a tier and its fallbacks, one a line (recursive: fallbacks 
 {{- if and (or .Values.autoscaling.enabled (gt (int .Values.replicaCount) 1)) (not $c.tenants) (not .Values.secrets.tenants.existingSecret) (not .Values.secrets.demoApiKey.existingSecret) }}
 {{- fail "with no tenant configured each pod would generate its own demo key: more than one replica needs tenants (config.querygate.tenants or secrets.tenants) or secrets.demoApiKey" }}
 {{- end }}
+{{- /* Quotas are shared only through Redis (quotas.backend auto with the cache in Redis, or
+redis); otherwise every pod enforces each tenant's rate_limit and daily_budget_usd alone. The
+gateway warns of that for its own --workers, but cannot see the replicas. */}}
+{{- $quotasShared := and .Values.redis.enabled (ne (dig "quotas" "backend" "auto" $c) "memory") }}
+{{- if and (or .Values.autoscaling.enabled (gt (int .Values.replicaCount) 1)) (not $quotasShared) (not .Values.redis.acceptPerPodQuotas) }}
+{{- fail "more than one replica without quotas in Redis (redis.enabled, quotas.backend not memory): each pod would enforce every tenant's rate_limit and daily_budget_usd on its own (N pods: up to N times each limit and budget) and keep its own response cache. Set redis.enabled, or redis.acceptPerPodQuotas: true if that is intended (e.g. no tenant has limits)" }}
+{{- end }}
+{{- end }}
+
+{{/*
+The Redis URL reaches the pods only from redis.existingSecret: a cache or quota store in Redis
+asked for in config.querygate without it would dial the gateway's default, 127.0.0.1:6379,
+inside the pod (every cache call an error, quotas degraded to per process, for ever).
+*/}}
+{{- define "querygate.checkRedis" -}}
+{{- $c := include "querygate.config" . | fromYaml }}
+{{- $urlGiven := dig "cache" "redis_url" "" $c }}
+{{- range .Values.env }}
+{{- if eq .name "QUERYGATE_CACHE__REDIS_URL" }}
+{{- $urlGiven = true }}
+{{- end }}
+{{- end }}
+{{- if and (not .Values.redis.enabled) (not $urlGiven) }}
+{{- range $section := list "cache" "quotas" }}
+{{- if eq (dig $section "backend" "" $c) "redis" }}
+{{- fail (printf "config.querygate.%s.backend: redis needs redis.enabled (the URL comes from redis.existingSecret); without it the pods would dial 127.0.0.1:6379" $section) }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/* A Secret key reference as an EnvVar's valueFrom. */}}
