@@ -47,7 +47,7 @@ POOLS = {
 }
 # Limited but not admitted: the admin key is checked before the body is read.
 ADMIN = frozenset({"POST /admin/reload"})
-UNDECODABLE_BODY = "the request body cannot be decoded (Content-Encoding?)"
+UNDECODABLE_BODY = "the request body cannot be decoded (its Content-Encoding or chunked framing)"
 
 
 def _timeout_s(server: ServerConfig, kind: str | None) -> float:

@@ -434,7 +434,7 @@ async def test_a_body_that_cannot_be_decoded_gets_a_stable_400(
     assert b" 400 " in response.split(b"\r\n", 1)[0], response
     assert response.endswith(
         b'{"error": {"type": "bad_request", "message": '
-        b'"the request body cannot be decoded (Content-Encoding?)"}}'
+        b'"the request body cannot be decoded (its Content-Encoding or chunked framing)"}}'
     ), response
     line = [r for r in caplog.records if getattr(r, "status", None) == 400][-1]
     assert line.__dict__["error"].startswith("the request body cannot be decoded")
