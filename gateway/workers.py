@@ -233,6 +233,11 @@ class Supervisor:
         self._respawn_at.append(now + pause)
 
     def _stop_all(self) -> None:
+        # Our copy of the listening socket: once the workers close theirs (at the start of
+        # their drain) it is gone and a new client is refused at once, to retry elsewhere;
+        # held, it kept the socket listening and the kernel queued clients nobody would accept
+        # until they timed out.
+        self.sock.close()
         for worker in self._workers.values():
             if worker.process.is_alive() and worker.process.pid is not None:
                 os.kill(worker.process.pid, signal.SIGTERM)

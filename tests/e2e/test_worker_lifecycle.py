@@ -1,5 +1,6 @@
-"""`serve --workers N` when workers come and go: a crash loop is slowed down, and a reload
-reaches a worker that was still starting when it was asked for."""
+"""`serve --workers N` when workers come and go: a crash loop is slowed down, a reload
+reaches a worker that was still starting when it was asked for, and a drain finishes a stream
+while new clients are refused."""
 
 from __future__ import annotations
 
@@ -134,5 +135,44 @@ def test_a_worker_starting_during_a_reload_reloads_once_ready(
             }
             time.sleep(0.2)
         assert requests.get(f"{gw.url}/readyz", timeout=5).json()["config_version"] == version
+    finally:
+        stop_gateway(gw)
+
+
+def test_sigterm_finishes_a_running_stream_and_refuses_new_connections(
+    fake_upstream: str, tmp_path: Path
+) -> None:
+    gw = start_gateway(tmp_path, fake_upstream, serve_args=("--workers", "2"))
+    try:
+        _wait_workers_ready(gw, 2)
+        # A chunk a second: the answer is still streaming while the new client tries.
+        directive = json.dumps({"chunk_delay_ms": 1000})
+        stream = requests.post(
+            f"{gw.url}/v1/query",
+            json={"query": f"Hello there [[fake:{directive}]]", "route": "direct", "stream": True},
+            headers=gw.headers(),
+            stream=True,
+            timeout=30,
+        )
+        assert stream.status_code == 200
+        chunks = stream.iter_content(chunk_size=None)
+        first = next(chunks)  # the answer is streaming
+        gw.proc.send_signal(signal.SIGTERM)
+        time.sleep(1.0)
+        # A new client is refused at once (a load balancer retries elsewhere), not left in the
+        # listen queue of a socket nobody accepts from any more.
+        started = time.monotonic()
+        try:
+            requests.get(f"{gw.url}/healthz", timeout=3)
+            outcome = "answered"
+        except requests.ConnectionError as exc:
+            outcome = "timeout" if isinstance(exc, requests.ConnectTimeout) else "refused"
+        except requests.Timeout:
+            outcome = "timeout"
+        assert gw.proc.poll() is None, "the gateway was gone before the new client tried"
+        assert outcome == "refused", (outcome, time.monotonic() - started)
+        body = (first + b"".join(chunks)).decode()
+        assert "event: done" in body, body[-500:]
+        assert gw.proc.wait(timeout=30) == 0
     finally:
         stop_gateway(gw)
