@@ -19,11 +19,11 @@ import logging
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
-from functools import partial
+from itertools import islice
 
 from backends.embeddings.base import Embedder, TokenWindow, token_window
 from backends.retrieval.base import Chunk, Document, Retriever, Vector
-from gateway.ingest.chunker import DEFAULT_CHUNKING, ChunkingConfig, TextChunk, chunk_document
+from gateway.ingest.chunker import DEFAULT_CHUNKING, ChunkingConfig, TextChunk, iter_chunks
 from gateway.ingest.readers import RawDocument
 
 Progress = Callable[[int, int], None]  # (documents done, documents in total)
@@ -164,10 +164,11 @@ async def _prepare(
     if max_chunks is not None and await _surely_too_large(raw.text, window, max_chunks):
         _refuse(raw.doc_id, report, max_chunks)
         return None
-    # Pure-Python work that grows with the text (a 500k-char document: ~1 s of CPU): off the
-    # loop, so a large PUT does not stall every other request.
-    chunk = partial(chunk_document, window=window)
-    chunks = await asyncio.to_thread(chunk, raw.doc_id, raw.title, raw.text, chunking)
+    # Pure-Python work that grows with the text (500,000 characters of one-letter words: ~2.5 s
+    # of CPU): off the loop, so a large PUT does not stall every other request. Chunks are
+    # made one at a time and the document is refused at the first past the cap: chunking it
+    # whole first cost up to 13 CPU-seconds of the shared worker for a 413.
+    chunks = await asyncio.to_thread(_chunks, raw, chunking, window, max_chunks)
     if max_chunks is not None and len(chunks) > max_chunks:
         _refuse(raw.doc_id, report, max_chunks)
         return None
@@ -176,6 +177,14 @@ async def _prepare(
         report.empty += 1
         return None
     return _Pending(raw, digest, stored is None, chunks, same_content=digest == stored)
+
+
+def _chunks(
+    raw: RawDocument, chunking: ChunkingConfig, window: TokenWindow | None, max_chunks: int | None
+) -> list[TextChunk]:
+    """The document's chunks, or the first `max_chunks` + 1 of them: enough to refuse it."""
+    made = iter_chunks(raw.doc_id, raw.title, raw.text, chunking, window=window)
+    return list(made if max_chunks is None else islice(made, max_chunks + 1))
 
 
 async def _surely_too_large(text: str, window: TokenWindow | None, max_chunks: int) -> bool:
