@@ -61,8 +61,17 @@ WINDOWS = sorted(
     key=lambda w: int(w[:-1]) * _ORDER[w[-1]],
 )
 
+LONG_WINDOWS = sorted({burn.long for burn in (*PAGE, *TICKET)}, key=WINDOWS.index)
+# A burn-rate alert also needs this many bad answers (failed, or slow for the route) in its long
+# window: at 12 answers an hour one failure is 8% of the hour, over the fast burn's 7.2%, and
+# a single flaky request would page. A total outage at that traffic still pages within ~25 min
+# (and QuerygateDown or a dependency alert usually first).
+MIN_BAD_ANSWERS = 5
+
 AVAILABILITY_RECORD = "querygate:availability_errors:ratio_rate"
 LATENCY_RECORD = "querygate:latency_slow:ratio_rate"
+AVAILABILITY_COUNT = "querygate:availability_errors:increase"
+LATENCY_COUNT = "querygate:latency_slow:increase"
 
 
 def number(value: float) -> str:
@@ -90,24 +99,46 @@ def availability_ratio(window: str) -> str:
     )
 
 
-def latency_ratio(window: str) -> str:
-    fast = "\n  or\n".join(
-        "  sum by (job, route) (rate(querygate_request_duration_seconds_bucket"
+def availability_errors(window: str) -> str:
+    """How many answers failed in `window` (the ratio's numerator, counted)."""
+    return (
+        "sum by (job) (increase(querygate_http_requests_total"
+        f'{{{_endpoints()}, outcome=~"{"|".join(OUR_FAILURES)}"}}[{window}]))\n'
+    )
+
+
+def _fast(function: str, window: str) -> str:
+    return "\n  or\n".join(
+        f"  sum by (job, route) ({function}(querygate_request_duration_seconds_bucket"
         f'{{route="{route}", le="{bound!r}"}}[{window}]))'
         for route, bound in LATENCY_TARGETS_S.items()
     )
+
+
+def latency_ratio(window: str) -> str:
     return (
-        f"1 - (\n{fast}\n)\n/\n"
+        f"1 - (\n{_fast('rate', window)}\n)\n/\n"
         f"sum by (job, route) (rate(querygate_request_duration_seconds_count[{window}]))\n"
     )
 
 
-def burn_expr(record: str, budget: float, burns: tuple[Burn, ...]) -> str:
+def latency_slow(window: str) -> str:
+    """How many answers of each route took longer than its target in `window`."""
+    return (
+        f"sum by (job, route) (increase(querygate_request_duration_seconds_count[{window}]))\n"
+        f"-\n(\n{_fast('increase', window)}\n)\n"
+    )
+
+
+def burn_expr(record: str, count: str, budget: float, burns: tuple[Burn, ...]) -> str:
     def over(burn: Burn) -> str:
         limit = (
             number(budget) if burn.factor == 1 else f"({number(burn.factor)} * {number(budget)})"
         )
-        return f"(\n  {record}{burn.long} > {limit}\n  and {record}{burn.short} > {limit}\n)"
+        return (
+            f"(\n  {record}{burn.long} > {limit}\n  and {record}{burn.short} > {limit}\n"
+            f"  and {count}{burn.long} >= {MIN_BAD_ANSWERS}\n)"
+        )
 
     return "\nor\n".join(over(burn) for burn in burns) + "\n"
 
@@ -142,7 +173,7 @@ def slo_alerts() -> list[dict[str, Any]]:
     return [
         alert(
             "QuerygateAvailabilityBurnFast",
-            burn_expr(AVAILABILITY_RECORD, budget_a, PAGE),
+            burn_expr(AVAILABILITY_RECORD, AVAILABILITY_COUNT, budget_a, PAGE),
             "2m",
             "page",
             "querygate is failing answers fast enough to spend a month's error budget in days",
@@ -150,7 +181,7 @@ def slo_alerts() -> list[dict[str, Any]]:
         ),
         alert(
             "QuerygateAvailabilityBurnSlow",
-            burn_expr(AVAILABILITY_RECORD, budget_a, TICKET),
+            burn_expr(AVAILABILITY_RECORD, AVAILABILITY_COUNT, budget_a, TICKET),
             "15m",
             "ticket",
             "querygate's failed answers are eating the error budget",
@@ -158,7 +189,7 @@ def slo_alerts() -> list[dict[str, Any]]:
         ),
         alert(
             "QuerygateLatencyBurnFast",
-            burn_expr(LATENCY_RECORD, budget_l, PAGE),
+            burn_expr(LATENCY_RECORD, LATENCY_COUNT, budget_l, PAGE),
             "2m",
             "page",
             "{{ $labels.route }} answers are too slow, fast enough to spend the latency budget "
@@ -167,7 +198,7 @@ def slo_alerts() -> list[dict[str, Any]]:
         ),
         alert(
             "QuerygateLatencyBurnSlow",
-            burn_expr(LATENCY_RECORD, budget_l, TICKET),
+            burn_expr(LATENCY_RECORD, LATENCY_COUNT, budget_l, TICKET),
             "15m",
             "ticket",
             "{{ $labels.route }} answers are slower than their target too often",
@@ -178,7 +209,23 @@ def slo_alerts() -> list[dict[str, Any]]:
 
 def dependency_alerts() -> list[dict[str, Any]]:
     spend = "sum by (job) (rate(querygate_llm_cost_usd_total[{}])) * 3600"
+    refused = 'querygate_config_reloads_total{result="error"}'
     return [
+        alert(
+            "QuerygateDown",
+            # Every pod of the job gone from Prometheus: no request is counted any more, so the
+            # SLO alerts above cannot fire. Only querygate's own series: a scrape job (the
+            # Service's, or a shared annotation-based one) is not known here.
+            "group by (job) (last_over_time(querygate_config_info[1d]))\n"
+            "unless\n"
+            "group by (job) (querygate_config_info)",
+            "5m",
+            "page",
+            "no querygate pod of {{ $labels.job }} has been scraped for 5 minutes",
+            "{{ $labels.job }} exported querygate metrics within the last day and none now: "
+            "every pod is down, unready to Prometheus, or out of its reach. Nothing it serves "
+            "is counted, so no SLO alert can fire.",
+        ),
         alert(
             "QuerygateCostSpike",
             f"{spend.format('15m')}\n  > 3 * {spend.format('1d')}\nand\n{spend.format('15m')} > 1",
@@ -217,7 +264,10 @@ def dependency_alerts() -> list[dict[str, Any]]:
         ),
         alert(
             "QuerygateConfigReloadFailing",
-            'sum by (job) (increase(querygate_config_reloads_total{result="error"}[15m])) > 0',
+            # A process creates the result="error" series at its first refusal, at 1: increase()
+            # sees no change in a series that was not there before, so a new series counts too.
+            f"sum by (job) (\n  (increase({refused}[15m]) > 0)\n  or\n"
+            f"  ({refused} unless {refused} offset 15m)\n) > 0",
             "0m",
             "ticket",
             "a configuration change was refused; the previous configuration keeps running",
@@ -238,9 +288,15 @@ def dependency_alerts() -> list[dict[str, Any]]:
 
 
 def rules() -> dict[str, Any]:
-    recording = [
-        {"record": f"{AVAILABILITY_RECORD}{w}", "expr": availability_ratio(w)} for w in WINDOWS
-    ] + [{"record": f"{LATENCY_RECORD}{w}", "expr": latency_ratio(w)} for w in WINDOWS]
+    recording = (
+        [{"record": f"{AVAILABILITY_RECORD}{w}", "expr": availability_ratio(w)} for w in WINDOWS]
+        + [{"record": f"{LATENCY_RECORD}{w}", "expr": latency_ratio(w)} for w in WINDOWS]
+        + [
+            {"record": f"{AVAILABILITY_COUNT}{w}", "expr": availability_errors(w)}
+            for w in LONG_WINDOWS
+        ]
+        + [{"record": f"{LATENCY_COUNT}{w}", "expr": latency_slow(w)} for w in LONG_WINDOWS]
+    )
     return {
         "groups": [
             {"name": "querygate-slo-recording", "rules": recording},
@@ -280,7 +336,8 @@ HEADER = (
     )
     + _comment(
         "Burn-rate alerts follow the multi-window, multi-burn-rate recipe of Google's SRE "
-        f"workbook: page at {_burns(PAGE)}, ticket at {_burns(TICKET)}. Every alert links its "
+        f"workbook: page at {_burns(PAGE)}, ticket at {_burns(TICKET)}, each with at least "
+        f"{MIN_BAD_ANSWERS} bad answers in its long window. Every alert links its "
         f"runbook entry ({RUNBOOK}#<alert>, relative: the chart makes it absolute)."
     )
 )
