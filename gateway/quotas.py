@@ -141,6 +141,12 @@ class Quotas:
         self._origin = secrets.token_hex(8)
         self._seq = 0
         self._senders: dict[tuple[str, str], asyncio.Lock] = {}
+        # Amounts kept so far (a count, all keys), and per key that count when its latest
+        # send that confirmed everything took the key's spend: a record kept before it
+        # waited its turn for nothing (its amount went in that send). Else each record's
+        # turn cost a round trip, and a busy tenant's records queued up without end.
+        self._kept = 0
+        self._confirmed: dict[tuple[str, str], int] = {}
         metrics.quota_store_degraded.set(0)
 
     @property
@@ -235,18 +241,18 @@ class Quotas:
     async def record_spend(self, tenant: TenantConfig, usd: float) -> None:
         """Add one model call's cost to the tenant's day. Never raises: a store that fails
         keeps the amount here and adds it when it is back."""
-        key = self._keep(tenant, usd)
-        if key is not None:
-            await self._flush_key(key, counted=True)
+        kept = self._keep(tenant, usd)
+        if kept is not None:
+            await self._flush_key(kept[0], counted=True, kept=kept[1])
 
     def record_spend_nowait(self, tenant: TenantConfig, usd: float) -> asyncio.Task[None] | None:
         """`record_spend` for a caller that must not await (a call being cancelled): the
         amount is kept here at once, and sent to the shared store by a task of its own
         (returned, for a caller that may wait for it; None when there is nothing to send)."""
-        key = self._keep(tenant, usd)
-        if key is None:
+        kept = self._keep(tenant, usd)
+        if kept is None:
             return None
-        return self._spawn(self._send(key))
+        return self._spawn(self._send(*kept))
 
     async def ping(self) -> None:
         """Probe the shared store (gateway.health, on a timer): clears the degraded state
@@ -286,8 +292,9 @@ class Quotas:
 
     # -- the shared store, and the fallback -----------------------------------------------
 
-    def _keep(self, tenant: TenantConfig, usd: float) -> tuple[str, str] | None:
-        """The amount kept in this process, without an await; the key to send, if any."""
+    def _keep(self, tenant: TenantConfig, usd: float) -> tuple[tuple[str, str], int] | None:
+        """The amount kept in this process, without an await; the key to send, if any, and
+        the amount's number (`_kept`)."""
         if not usd > 0:
             return None
         self._spends[tenant.id] = self._spends.get(tenant.id, 0) + 1
@@ -297,7 +304,8 @@ class Quotas:
             return None
         key = (tenant.id, day)
         self._pending[key] = self._pending.get(key, 0.0) + usd
-        return key
+        self._kept += 1
+        return key, self._kept
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(work)
@@ -305,9 +313,9 @@ class Quotas:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    async def _send(self, key: tuple[str, str]) -> None:
+    async def _send(self, key: tuple[str, str], kept: int) -> None:
         unbudgeted()  # after the answer: not on the request's Redis budget
-        await self._flush_key(key, counted=True)
+        await self._flush_key(key, counted=True, kept=kept)
 
     async def _take(self, tenant: str, rate: float, burst: int) -> float:
         if self._shared is not None:
@@ -369,12 +377,15 @@ class Quotas:
             if not await self._flush_key(key, counted=False):
                 return
 
-    async def _flush_key(self, key: tuple[str, str], *, counted: bool) -> bool:
+    async def _flush_key(
+        self, key: tuple[str, str], *, counted: bool, kept: int | None = None
+    ) -> bool:
         """Send the key's spend not yet in the shared store: amounts already sent once with
         their ids, the rest as one new amount. True when all of it is confirmed. `counted`:
         a model call's cost that stays here counts as one local decision. One send per key
         at a time (the ids' order, see __init__); spend kept meanwhile waits and goes in the
-        next one, as one amount."""
+        next one, as one amount. `kept`: the number of the amount this call is for; when a
+        send that took it is confirmed while this one waits, there is nothing to do."""
         sender = self._senders.get(key)
         if sender is None:
             if key[1] not in {day for _, day in self._senders}:
@@ -382,8 +393,11 @@ class Quotas:
                 self._senders = {
                     k: lock for k, lock in self._senders.items() if k[1] >= key[1] or lock.locked()
                 }
+                self._confirmed = {k: n for k, n in self._confirmed.items() if k in self._senders}
             sender = self._senders[key] = asyncio.Lock()
         async with sender:
+            if kept is not None and self._confirmed.get(key, 0) >= kept:
+                return True
             return await self._send_in_order(key, counted=counted)
 
     async def _send_in_order(self, key: tuple[str, str], *, counted: bool) -> bool:
@@ -397,10 +411,12 @@ class Quotas:
             return False
         batches = self._unconfirmed.pop(key, [])
         usd = self._pending.pop(key, 0.0)
+        taken = self._kept  # every amount of the key kept so far: in `batches`, or confirmed
         if usd > 0:
             self._seq += 1
             batches.append((f"{self._origin}:{self._seq}", usd))
         if not batches:
+            self._confirmed[key] = taken
             return True
         sent = 0
         self._in_flight[key] = self._in_flight.get(key, 0.0) + sum(u for _, u in batches)
@@ -418,11 +434,15 @@ class Quotas:
         finally:
             self._in_flight.pop(key, None)  # one send per key: nothing else is in flight
             if sent < len(batches):
+                # Only the one tried may have been added (its reply lost): it keeps its id.
+                # The rest, never sent, is one sum again, so that an outage leaves one
+                # amount per key, not one more per retry, each a round trip once it ends.
                 self._unconfirmed[key] = batches[sent:]
         if sent < len(batches):
             if counted:
                 self._metrics.quota_local_decisions.labels("spend").inc()
             return False
+        self._confirmed[key] = taken
         return True
 
     def _seen(self, key: tuple[str, str], total: float) -> None:

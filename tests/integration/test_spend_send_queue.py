@@ -1,0 +1,66 @@
+"""A busy tenant's spend records keep up with a slow Redis, against a real redis-server behind a
+forwarder adding 10 ms each way. Since 64c8727 a process sends one (tenant, day)'s amounts one
+at a time: each record's task waited its turn and then sent what had been kept meanwhile, one
+round trip per model call, even when an earlier send had carried its amount already. With
+more calls per round trip than one the tasks queued without end (memory, and each record
+confirmed later and later); a record already carried by a confirmed send now ends at once."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from functools import partial
+
+import pytest
+
+from backends.quotas.redis import RedisQuotaStore
+from backends.redis_client import RedisConnection, RedisOptions
+from gateway.metrics import Metrics
+from gateway.quotas import Quotas, utc_day
+from gateway.settings import TenantConfig
+from tests.fixtures.gateway import TcpProxy
+from tests.redis_server import RedisServer
+
+pytestmark = [pytest.mark.integration]
+
+
+async def test_a_busy_tenants_spend_records_do_not_queue_up_behind_a_slow_redis(
+    redis_server: RedisServer,
+) -> None:
+    acme = TenantConfig.model_validate(
+        {"id": f"acme-{uuid.uuid4().hex[:8]}", "api_key_sha256": "0" * 64,
+         "daily_budget_usd": 1e6}
+    )  # fmt: skip
+    proxy = TcpProxy(redis_server.address)
+    proxy.start(mode="slow", delay_ms=10)
+    connection = RedisConnection(RedisOptions(f"redis://127.0.0.1:{proxy.port}/0"))
+    await connection.start()
+    try:
+        store = RedisQuotaStore(connection)
+        quotas = Quotas(store, Metrics())
+        await quotas.record_spend(acme, 0.01)  # connected, the script loaded
+        loop = asyncio.get_running_loop()
+        latencies: list[float] = []
+
+        def took(started: float, _: object) -> None:
+            latencies.append(loop.time() - started)
+
+        tasks: list[asyncio.Task[None]] = []
+        backlog = 0
+        for _ in range(150):  # 1.5 s of 200 model calls a second: ~4 per round trip
+            for _ in range(2):
+                task = quotas.record_spend_nowait(acme, 0.01)
+                assert task is not None
+                task.add_done_callback(partial(took, loop.time()))
+                tasks.append(task)
+            backlog = max(backlog, len(quotas._tasks))
+            await asyncio.sleep(0.01)
+        await asyncio.gather(*tasks)
+        assert quotas._outstanding() == {}
+        assert await store.spent(acme.id, utc_day(time.time())) == pytest.approx(3.01)
+        assert backlog < 60, backlog  # was ~220: a task per call waiting its round trip
+        assert max(latencies) < 0.4, max(latencies)  # was ~1.2 s and growing
+    finally:
+        await connection.aclose()
+        proxy.stop()
