@@ -437,7 +437,9 @@ class Quotas:
                 # Only the one tried may have been added (its reply lost): it keeps its id.
                 # The rest, never sent, is one sum again, so that an outage leaves one
                 # amount per key, not one more per retry, each a round trip once it ends.
-                self._unconfirmed[key] = batches[sent:]
+                self._unconfirmed[key] = batches[sent : sent + 1]
+                if rest := sum(u for _, u in batches[sent + 1 :]):
+                    self._pending[key] = self._pending.get(key, 0.0) + rest
         if sent < len(batches):
             if counted:
                 self._metrics.quota_local_decisions.labels("spend").inc()

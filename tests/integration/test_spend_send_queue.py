@@ -64,3 +64,42 @@ async def test_a_busy_tenants_spend_records_do_not_queue_up_behind_a_slow_redis(
     finally:
         await connection.aclose()
         proxy.stop()
+
+
+def evalsha_calls(server: RedisServer) -> int:
+    info = server.command("INFO", "commandstats").decode()
+    for line in info.splitlines():
+        if line.startswith("cmdstat_evalsha:"):
+            return int(line.split("calls=")[1].split(",")[0])
+    return 0
+
+
+async def test_spend_kept_through_a_long_outage_is_sent_back_as_one_amount(
+    redis_server: RedisServer,
+) -> None:
+    """Each retry of the store during an outage (one per `retry_s`) turned the spend kept
+    meanwhile into one more amount with its own id, all kept till Redis was back and then
+    sent one round trip each, in turn: memory and a recovery that grew with the outage's
+    length. Only the amount that may have reached the store keeps its id; the rest is one."""
+    acme = TenantConfig.model_validate(
+        {"id": f"acme-{uuid.uuid4().hex[:8]}", "api_key_sha256": "0" * 64,
+         "daily_budget_usd": 1e6}
+    )  # fmt: skip
+    connection = RedisConnection(RedisOptions(redis_server.url))
+    await connection.start()
+    try:
+        store = RedisQuotaStore(connection)
+        quotas = Quotas(store, Metrics(), retry_s=0.01)
+        redis_server.kill()
+        for _ in range(30):
+            await quotas.record_spend(acme, 0.1)
+            await asyncio.sleep(0.02)  # past retry_s: each record asks the store again
+        assert quotas.degraded
+        assert quotas._outstanding() == {(acme.id, utc_day(time.time())): pytest.approx(3.0)}
+        redis_server.start()
+        await quotas.ping()
+        assert not quotas.degraded and quotas._outstanding() == {}
+        assert await store.spent(acme.id, utc_day(time.time())) == pytest.approx(3.0)
+        assert evalsha_calls(redis_server) <= 3  # was 30: one round trip per retry
+    finally:
+        await connection.aclose()
