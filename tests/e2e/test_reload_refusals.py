@@ -12,7 +12,8 @@ import pytest
 import requests
 import yaml
 
-from tests.fixtures.gateway import ADMIN_KEY, GatewayProcess, start_gateway, stop_gateway
+from gateway.settings import hash_api_key
+from tests.fixtures.gateway import ADMIN_KEY, KEYS, GatewayProcess, start_gateway, stop_gateway
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
@@ -121,3 +122,24 @@ def test_a_rule_that_can_never_match_is_refused(gw: GatewayProcess, original: by
     }
     with_config(gw, {"router": {**config["router"], "rules": [rule]}})
     assert_refused(gw, before, "invalid_config", "router.rules.0.when", "min_confidence")
+
+
+def test_an_admin_key_that_is_also_a_tenants_key_is_refused(
+    gw: GatewayProcess, original: bytes
+) -> None:
+    # Otherwise that tenant could read every tenant's configuration, and reload it.
+    before = version(gw)
+    with_config(gw, {"admin_api_key_sha256": hash_api_key(KEYS["acme"])})
+    assert_refused(gw, before, "invalid_config", "admin_api_key_sha256", "acme")
+    denied = requests.get(f"{gw.url}/admin/config", headers=gw.headers("acme"), timeout=5)
+    assert denied.status_code == 401
+
+
+def test_a_rule_naming_a_tenant_that_does_not_exist_is_refused(
+    gw: GatewayProcess, original: bytes
+) -> None:
+    before = version(gw)
+    config = yaml.safe_load(original)
+    rule = {"name": "typo", "when": {"tenants": ["acmee"]}, "then": {"route": "direct"}}
+    with_config(gw, {"router": {**config["router"], "rules": [rule]}})
+    assert_refused(gw, before, "invalid_config", "router.rules.0.when.tenants", "acmee")
