@@ -255,3 +255,24 @@ inside the pod (every cache call an error, quotas degraded to per process, for e
 {{- toYaml . | nindent 0 }}
 {{- end }}
 {{- end }}
+
+{{/*
+Secrets never go into the ConfigMap (readable by anyone who may read the namespace's
+ConfigMaps, and kept in `helm get values`): a demo key or a URL carrying credentials there is
+refused, naming where it belongs.
+*/}}
+{{- define "querygate.checkInlineSecrets" -}}
+{{- $c := include "querygate.config" . | fromYaml }}
+{{- $credentials := "^[a-zA-Z][a-zA-Z0-9+.-]*://[^/?#]*@" }}
+{{- if hasKey $c "demo_api_key" }}
+{{- fail "config.querygate.demo_api_key: a secret in the ConfigMap; use secrets.demoApiKey (an existing Secret)" }}
+{{- end }}
+{{- if regexMatch $credentials (dig "cache" "redis_url" "" $c | toString) }}
+{{- fail "config.querygate.cache.redis_url carries credentials into the ConfigMap; use redis.enabled with redis.existingSecret" }}
+{{- end }}
+{{- range $host := (dig "retrieval" "opensearch" "hosts" list $c) }}
+{{- if regexMatch $credentials (toString $host) }}
+{{- fail "an OpenSearch host URL carries credentials into the ConfigMap (opensearch.hosts or config.querygate.retrieval.opensearch.hosts); use opensearch.existingSecret" }}
+{{- end }}
+{{- end }}
+{{- end }}
