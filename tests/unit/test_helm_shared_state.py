@@ -1,6 +1,6 @@
-"""The Helm chart refuses fleets whose tenants' limits would silently multiply by the pod count,
-and a Redis asked for in the configuration that no pod could reach (rendered by a real helm,
-tests/helm_chart.py)."""
+"""What pods share, through the Helm chart: it refuses fleets whose tenants' limits would
+silently multiply by the pod count and a Redis asked for in the configuration that no pod could
+reach, and never rolls a claim onto a second pod (rendered by a real helm, tests/helm_chart.py)."""
 
 from __future__ import annotations
 
@@ -72,3 +72,22 @@ def test_redis_in_the_configuration_without_a_url_is_refused(section: str) -> No
         "valueFrom": {"secretKeyRef": {"name": "mine", "key": "url"}},
     }
     render({"config": {"querygate": {section: {"backend": "redis"}}}, "env": [url_env]})
+
+
+def _strategy(values: Doc) -> Doc:
+    (deployment,) = [d for d in render(values) if d["kind"] == "Deployment"]
+    strategy: Doc = deployment["spec"]["strategy"]
+    return strategy
+
+
+def test_a_claim_of_the_old_pod_is_released_before_the_new_pod_needs_it() -> None:
+    # A ReadWriteOnce claim: a surge pod on another node would wait on it for ever.
+    assert _strategy({"persistence": {"existingClaim": "qg-data"}}) == {"type": "Recreate"}
+    # Without a claim nothing is shared: a new pod is ready before an old one goes.
+    assert _strategy({}) == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    # A ReadWriteMany claim: the operator says so.
+    rwx = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    assert _strategy({"persistence": {"existingClaim": "qg-data"}, "updateStrategy": rwx}) == rwx
