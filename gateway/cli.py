@@ -290,7 +290,15 @@ def _ingest(settings: Settings, args: argparse.Namespace) -> int:
         print(f"cannot ingest: {exc}", file=sys.stderr)
         return 2
     refused = report.pop("too_large_ids")
+    blank = report.pop("blank_ids")
     print(json.dumps(report))
+    if blank:
+        # The API refuses such a text (422); here it means the document should not exist.
+        print(
+            "not ingested, blank text (white space or invisible characters only; a stored "
+            f"version is deleted): {', '.join(blank)}",
+            file=sys.stderr,
+        )
     if refused:
         print(
             f"not ingested, more than server.max_document_chunks "
@@ -339,7 +347,11 @@ async def _ingest_async(
             await bulk.aclose()
         await retriever.aclose()
         await embedder.aclose()
-    return {**report.as_dict(), "too_large_ids": report.too_large_ids}
+    return {
+        **report.as_dict(),
+        "too_large_ids": report.too_large_ids,
+        "blank_ids": report.blank_ids,
+    }
 
 
 def _route(settings: Settings, args: argparse.Namespace) -> int:

@@ -42,7 +42,7 @@ import numpy.typing as npt
 from backends.llm.base import Message
 from backends.retrieval.base import Retriever, SearchRequest, Vector
 from gateway.settings import Settings
-from gateway.text import InvalidText, clean_text, doc_id
+from gateway.text import InvalidText, clean_text, doc_id, is_blank
 from routers.types import Route
 
 BOOTSTRAP_SAMPLES = 1000
@@ -162,8 +162,8 @@ def _question(where: _Where, record: dict[str, Any], max_chars: int) -> str:
     if not isinstance(value, str):
         raise EvalError(f"{where}: question must be a string")
     question = _clean(where, "question", value).strip()
-    if not question:
-        raise EvalError(f"{where}: question is blank")
+    if is_blank(question):  # the gateway's rule: it would refuse the question with 422
+        raise EvalError(f"{where}: question is blank (white space or invisible characters only)")
     if len(question) > max_chars:
         raise EvalError(
             f"{where}: question is over server.max_query_chars ({max_chars}): the gateway "

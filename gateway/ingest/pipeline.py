@@ -25,6 +25,7 @@ from backends.embeddings.base import Embedder, TokenWindow, token_window
 from backends.retrieval.base import Chunk, Document, Retriever, Vector
 from gateway.ingest.chunker import DEFAULT_CHUNKING, ChunkingConfig, TextChunk, iter_chunks
 from gateway.ingest.readers import RawDocument
+from gateway.text import is_blank
 
 Progress = Callable[[int, int], None]  # (documents done, documents in total)
 
@@ -47,6 +48,9 @@ class IngestReport:
     # (a stored version stays as it was).
     too_large: int = 0
     too_large_ids: list[str] = field(default_factory=list)
+    # Documents whose text is blank (`gateway.text.is_blank`: white space or invisible
+    # characters only): never stored, a stored version is deleted (counted in `deleted`).
+    blank_ids: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, int]:
         return {f.name: v for f in fields(self) if isinstance(v := getattr(self, f.name), int)}
@@ -81,7 +85,8 @@ async def ingest_documents(
     rechunk: bool = False,
     max_chunks: int | None = None,
 ) -> IngestReport:
-    """Add, update or delete each document; a document with blank text is deleted.
+    """Add, update or delete each document; a document with blank text (`is_blank`, the rule
+    the HTTP API refuses with) is deleted, and named in `blank_ids`.
 
     Each document is written in its own transaction, so an interrupted ingest leaves whole
     documents only and re-running it resumes where it stopped. `parallel`: batches embedded
@@ -153,7 +158,8 @@ async def _prepare(
     max_chunks: int | None = None,
 ) -> _Pending | None:
     """What to write for this document, given its stored hash; None when it needs nothing."""
-    if not raw.text.strip():
+    if is_blank(raw.text):
+        report.blank_ids.append(raw.doc_id)
         if stored is not None and await retriever.delete_document(tenant, raw.doc_id):
             report.deleted += 1
         return None

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.ingest.chunker import heading
-from gateway.text import InvalidText, clean_text, doc_id
+from gateway.text import InvalidText, clean_text, doc_id, is_blank
 
 SUFFIXES = (".md", ".txt", ".jsonl")
 
@@ -65,7 +65,10 @@ def _document(where: str, raw_id: str, title: str, text: str) -> RawDocument:
         canonical = doc_id(raw_id)
     except InvalidText as exc:
         raise UnreadableInput(f"{where}: {exc}") from exc
-    return RawDocument(canonical, _clean(where, "title", title), _clean(where, "text", text))
+    clean_title = _clean(where, "title", title)
+    if is_blank(clean_title):  # the API's rule for a title sent (422)
+        raise UnreadableInput(f"{where}: title is blank (white space or invisible characters only)")
+    return RawDocument(canonical, clean_title, _clean(where, "text", text))
 
 
 def _clean(where: str, field: str, value: str) -> str:
@@ -76,9 +79,9 @@ def _clean(where: str, field: str, value: str) -> str:
 
 
 def title_of(text: str, fallback: str) -> str:
-    """The first markdown heading, else the fallback (the file's stem)."""
+    """The first markdown heading that shows something, else the fallback (the file's stem)."""
     for line in text.splitlines():
-        if found := heading(line):
+        if (found := heading(line)) and not is_blank(found[1]):
             return found[1]
     return fallback
 
