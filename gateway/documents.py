@@ -6,15 +6,18 @@ index generation, which retires every cached answer computed before it.
 One id, one document: the id is the path after `/v1/documents/`, percent-decoded exactly once
 and canonical (`gateway.text.canonical_doc_id`, the rules the CLI's ingest applies too), so
 every spelling of it reaches the same document and the answer names it canonically; an id
-breaking a rule is refused with 422 naming it. A document with no passage (headings only) is
+breaking a rule is refused with 422 naming it, and so is a blank text or a title sent blank
+(`gateway.text.is_blank`). A document with no passage (headings only) is
 refused with 422 before anything is written, and one making more than
 `server.max_document_chunks` chunks with 413 before any embedding (the stored version stays).
 """
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from backends.retrieval.base import EmptyDocument
 from gateway.appkeys import RUNTIME, SERVICES
@@ -22,16 +25,31 @@ from gateway.errors import NotFound, PayloadTooLarge, Unprocessable
 from gateway.handlers import parse_body
 from gateway.ingest.pipeline import ingest_documents
 from gateway.ingest.readers import RawDocument
-from gateway.schemas import CleanStr, NonBlankStr
-from gateway.text import InvalidText, canonical_doc_id
+from gateway.schemas import NonBlankStr
+from gateway.text import InvalidText, canonical_doc_id, clean_text, is_blank
 
 MAX_DOCUMENT_CHARS = 500_000
+
+
+def _title(value: object) -> object:
+    """A title sent must say something: one that is blank once cleaned (white space, invisible
+    or control characters only; the rule the text obeys) would be stored and shown as a
+    citation's title that shows nothing. Leaving it out, or "", names the document by its id."""
+    if not isinstance(value, str) or value == "":
+        return value  # the strict type check refuses a non-string
+    cleaned = clean_text(value)
+    if is_blank(cleaned):
+        raise ValueError(
+            "must not be blank (white space or invisible characters only); leave it out to "
+            "use the document id"
+        )
+    return cleaned
 
 
 class DocumentBody(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
-    title: CleanStr = Field(default="", max_length=1000)
+    title: Annotated[str, BeforeValidator(_title)] = Field(default="", max_length=1000)
     # Blank text is refused: DELETE is how a document is removed.
     text: NonBlankStr = Field(max_length=MAX_DOCUMENT_CHARS)
 
