@@ -62,6 +62,7 @@ import re
 import secrets
 import struct
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
@@ -434,7 +435,9 @@ class RedisCacheStore:
         self._leases: dict[tuple[str, str], str] = {}
         # Lookup-and-claims whose reply never came, for `abandon`: (tenant, key, token) and
         # when (monotonic); past ABANDON_VOID_S a claim they took has lapsed anyway.
-        self._abandoned: dict[tuple[str, str, str], float] = {}
+        # Oldest first, so that the lapsed ones go from the front: a pass over all of them
+        # at each failure was quadratic in an outage, which fails every lookup.
+        self._abandoned: OrderedDict[tuple[str, str, str], float] = OrderedDict()
         self._closed = False
         # Candidates scored by the last `nearest` (for the scale benchmark and tests).
         self.last_candidates = 0
@@ -504,7 +507,8 @@ class RedisCacheStore:
             # The server may have run it (a lost reply, a cancelled request): a claim nobody
             # holds would make every process wait out its lease for this key. `abandon`.
             now = time.monotonic()
-            self._abandoned = {k: t for k, t in self._abandoned.items() if now - t < ABANDON_VOID_S}
+            while self._abandoned and now - next(iter(self._abandoned.values())) >= ABANDON_VOID_S:
+                self._abandoned.popitem(last=False)
             self._abandoned[(tenant, key, token)] = now
             raise
         if isinstance(reply, list):
