@@ -1,6 +1,7 @@
 """Live configuration: re-read the file, validate it whole, swap one reference.
 
-Three triggers share one ConfigReloader: a poll of the file, SIGHUP, and `POST /admin/reload`.
+Three triggers share one ConfigReloader: a poll of the file (a change is applied once two polls
+in a row read the same file), SIGHUP, and `POST /admin/reload`.
 Its lock serialises them, so two reloads never interleave. Handlers read `app[RUNTIME].current`
 once per request, so a request finishes on the Runtime it started with while new requests get
 the new one. A configuration that fails validation, or that changes what only a restart can
@@ -122,6 +123,8 @@ class ConfigReloader:
         self._services = services
         # The file as last read: the watch reloads only when it differs.
         self._seen = loaded_from
+        # A change the watch saw once: applied when the next poll reads the same file.
+        self._settling: Fingerprint | None = None
         self._lock = asyncio.Lock()
 
     async def reload(self, trigger: str) -> ReloadOutcome:
@@ -133,13 +136,22 @@ class ConfigReloader:
             return await self._reload(trigger, self._path, seen)
 
     async def reload_if_changed(self) -> ReloadOutcome | None:
-        """A reload when the file differs from the one last read; None when it does not."""
+        """A reload when the file differs from the one last read and has read the same on
+        two polls in a row; None otherwise. A writer that truncates and rewrites in place
+        (not an atomic rename) leaves a part of the file for a moment, often valid YAML: a
+        tenant list cut short would have been applied, its other tenants refused, until the
+        next poll."""
         async with self._lock:
             if self._path is None:
                 return None
             seen = await asyncio.to_thread(fingerprint, self._path)
             if seen == self._seen:
+                self._settling = None
                 return None
+            if seen != self._settling:
+                self._settling = seen
+                return None
+            self._settling = None
             return await self._reload("file", self._path, seen)
 
     async def _reload(self, trigger: str, path: Path, seen: Fingerprint | None) -> ReloadOutcome:
