@@ -255,12 +255,24 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 "Dependencies up",
                 [(f"min by (dependency) (querygate_dependency_up{{{SEL}}})", "{{dependency}}")],
             ),
+            # Per pod (a scrape of a pod sums its workers): what its resources and the HPA's
+            # CPU target are set against. Two panels: bytes and cores share no axis.
             Panel(
-                "Memory and CPU",
+                "Resident memory per pod",
+                [(f"sum by (instance) (process_resident_memory_bytes{{{SEL}}})", "{{instance}}")],
+                unit="bytes",
+                description="Against the pod's resources.limits.memory (the OOM kill).",
+            ),
+            Panel(
+                "CPU per pod",
                 [
-                    (f"sum(process_resident_memory_bytes{{{SEL}}})", "resident memory"),
-                    (f"sum(rate(process_cpu_seconds_total{{{SEL}}}[{RATE}]))", "CPU cores"),
+                    (
+                        f"sum by (instance) (rate(process_cpu_seconds_total{{{SEL}}}[{RATE}]))",
+                        "{{instance}}",
+                    )
                 ],
+                unit="short",
+                description="Cores used, against resources.requests.cpu (the HPA's base).",
             ),
         ],
     ),

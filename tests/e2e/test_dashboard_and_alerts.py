@@ -79,6 +79,36 @@ def dashboard_expressions() -> list[str]:
     return out
 
 
+def _unit_kind(expr: str) -> str:
+    """What a panel expression's values measure: a latency quantile is seconds, a memory
+    gauge bytes, CPU seconds per second cores, anything else a count, rate or ratio."""
+    names = set(selectors(expr))
+    if "histogram_quantile" in expr and any(n.endswith("_seconds_bucket") for n in names):
+        return "s"
+    if any(n.endswith("_bytes") for n in names):
+        return "bytes"
+    if "process_cpu_seconds_total" in names:
+        return "cores"
+    return "count"
+
+
+def test_each_panel_draws_one_unit_on_an_axis_labelled_with_it() -> None:
+    """A panel drawing bytes beside cores has one axis for both: the cores are a flat line at
+    zero under a memory curve of a billion."""
+    board = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    for panel in board["panels"]:
+        exprs = [t["expr"] for t in panel.get("targets", [])]
+        if not exprs:
+            continue
+        for name, value in GRAFANA_VARIABLES.items():
+            exprs = [e.replace(name, value) for e in exprs]
+        kinds = {_unit_kind(expr) for expr in exprs}
+        assert len(kinds) == 1, (panel["title"], kinds)
+        unit = panel["fieldConfig"]["defaults"]["unit"]
+        expected = {"s": "s", "bytes": "bytes"}.get(kinds.pop())
+        assert expected is None or unit == expected, (panel["title"], unit)
+
+
 def rules() -> list[dict[str, Any]]:
     groups = yaml.safe_load(RULES.read_text(encoding="utf-8"))["groups"]
     return [rule for group in groups for rule in group["rules"]]
