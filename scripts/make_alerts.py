@@ -228,7 +228,9 @@ def dependency_alerts() -> list[dict[str, Any]]:
         ),
         alert(
             "QuerygateCostSpike",
-            f"{spend.format('15m')}\n  > 3 * {spend.format('1d')}\nand\n{spend.format('15m')} > 1",
+            f"{spend.format('15m')}\n  > 3 * {spend.format('1d')}\nand\n{spend.format('15m')} > 1"
+            # a day of history: a new deployment's "daily average" is its first hour over 24
+            "\nand on (job)\ngroup by (job) (querygate_llm_cost_usd_total offset 1d)",
             "15m",
             "ticket",
             "model spend is over 3x its daily average rate",
