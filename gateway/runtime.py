@@ -82,29 +82,5 @@ def build_runtime(settings: Settings, services: Services) -> Runtime:
             raise ConfigError(f"router.escalation.method: {exc}") from exc
     tenants = effective_tenants(settings)
     index = {digest: t for t in tenants for digest in t.api_key_sha256}
-    _check_tenant_references(settings, tenants, index)
     pipeline = Pipeline(services, settings, build_classifier(settings, services.embedder.model_id))
     return Runtime(settings=settings, pipeline=pipeline, tenants_by_key_hash=index)
-
-
-def _check_tenant_references(
-    settings: Settings, tenants: tuple[TenantConfig, ...], index: dict[str, TenantConfig]
-) -> None:
-    """What no field validator can see: tenants named elsewhere in the configuration. Checked
-    at start and on every reload (a reload that removes a tenant a rule still names is
-    refused, naming the rule)."""
-    admin = settings.admin_api_key_sha256
-    if admin is not None and (owner := index.get(admin)) is not None:
-        # That tenant could read every tenant's configuration and reload it.
-        raise ConfigError(
-            f"admin_api_key_sha256: the admin key is also tenant {owner.id!r}'s API key; "
-            "give the admin a key of its own"
-        )
-    known = {t.id for t in tenants}
-    for n, rule in enumerate(settings.router.rules):
-        if unknown := sorted(set(rule.when.tenants) - known):
-            # A misspelt tenant id silently never matches: the rule would route nobody.
-            raise ConfigError(
-                f"router.rules.{n}.when.tenants: no tenant {', '.join(map(repr, unknown))} is "
-                f"configured (rule {rule.name!r} could never match it)"
-            )

@@ -343,6 +343,29 @@ class Settings(BaseSettings):
             raise ValueError("an API key may belong to one tenant only")
         return value
 
+    @model_validator(mode="after")
+    def _tenant_references(self) -> Settings:
+        """What no field validator sees: tenants named elsewhere. A reload that removes a
+        tenant a rule still names is refused, naming the rule."""
+        admin = self.admin_api_key_sha256
+        for tenant in self.tenants:
+            if admin is not None and admin in tenant.api_key_sha256:
+                # That tenant could read every tenant's configuration and reload it.
+                raise ValueError(
+                    f"admin_api_key_sha256: the admin key is also tenant {tenant.id!r}'s API "
+                    "key; give the admin a key of its own"
+                )
+        # With none configured, the one tenant is gateway.runtime's DEMO_TENANT.
+        known = {t.id for t in self.tenants} or {"demo"}
+        for n, rule in enumerate(self.router.rules):
+            if unknown := sorted(set(rule.when.tenants) - known):
+                # A misspelt tenant id silently never matches: the rule would route nobody.
+                raise ValueError(
+                    f"router.rules.{n}.when.tenants: no tenant {', '.join(map(repr, unknown))} "
+                    f"is configured (rule {rule.name!r} could never match it)"
+                )
+        return self
+
     @classmethod
     def settings_customise_sources(
         cls,

@@ -13,7 +13,14 @@ import requests
 import yaml
 
 from gateway.settings import hash_api_key
-from tests.fixtures.gateway import ADMIN_KEY, KEYS, GatewayProcess, start_gateway, stop_gateway
+from tests.fixtures.gateway import (
+    ADMIN_KEY,
+    KEYS,
+    GatewayProcess,
+    run_cli,
+    start_gateway,
+    stop_gateway,
+)
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
@@ -143,3 +150,7 @@ def test_a_rule_naming_a_tenant_that_does_not_exist_is_refused(
     rule = {"name": "typo", "when": {"tenants": ["acmee"]}, "then": {"route": "direct"}}
     with_config(gw, {"router": {**config["router"], "rules": [rule]}})
     assert_refused(gw, before, "invalid_config", "router.rules.0.when.tenants", "acmee")
+    # `config check` refuses what the gateway refuses.
+    checked = run_cli(gw.config_path, "config", "check", str(gw.config_path))
+    assert checked.returncode == 2, checked.stdout
+    assert "router.rules.0.when.tenants" in checked.stderr + checked.stdout
