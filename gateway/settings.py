@@ -17,7 +17,6 @@ from typing import Any, Literal
 import yaml
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Field,
     SecretStr,
     ValidationError,
@@ -30,13 +29,13 @@ from backends.embeddings.config import EmbeddingsConfig
 from backends.llm.base import Tier, TierConfig
 from backends.retrieval.base import DEFAULT_FUSION, FusionMethod
 from backends.retrieval.opensearch import OpenSearchConfig
+from backends.sections import SECTION
 from routers.agent import AgentConfig
 from routers.rules import RouterConfig
 from routers.types import Route
 
 log = logging.getLogger(__name__)
 
-_FROZEN = ConfigDict(extra="forbid", frozen=True)
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -48,7 +47,7 @@ class PoolLimits(BaseModel):
     """One admission pool's bounds, per process. A tenant past its share gets 429; the
     process past its own bounds gets 503; both at once, with Retry-After."""
 
-    model_config = _FROZEN
+    model_config = SECTION
 
     max_inflight: int = Field(gt=0)  # requests running at once
     max_queued: int = Field(ge=0)  # requests waiting for a slot
@@ -71,7 +70,7 @@ class AdmissionConfig(BaseModel):
     a document write is CPU-bound (chunking, embedding), so 2 run and a tenant gets one.
     """
 
-    model_config = _FROZEN
+    model_config = SECTION
 
     queries: PoolLimits = PoolLimits(
         max_inflight=32, max_queued=64, tenant_max_inflight=16, tenant_max_queued=16
@@ -85,7 +84,7 @@ class AdmissionConfig(BaseModel):
 
 
 class ServerConfig(BaseModel):
-    model_config = _FROZEN
+    model_config = SECTION
 
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
@@ -120,7 +119,7 @@ class RateLimit(BaseModel):
     """A tenant's request rate: a token bucket refilled at `requests_per_s`, holding at most
     `burst` (the requests that may arrive at once after a quiet spell)."""
 
-    model_config = _FROZEN
+    model_config = SECTION
 
     # At least one request in ~3 hours: a slower bucket would outlive any sensible key TTL.
     requests_per_s: float = Field(ge=1e-4, allow_inf_nan=False)
@@ -134,7 +133,7 @@ def _one_or_many_schema(schema: dict[str, Any]) -> None:
 
 
 class TenantConfig(BaseModel):
-    model_config = _FROZEN
+    model_config = SECTION
 
     id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     api_key_sha256: tuple[str, ...] = Field(min_length=1, json_schema_extra=_one_or_many_schema)
@@ -197,7 +196,7 @@ _DEFAULT_ROUTE_TIERS: dict[Route, Tier] = {
 class ModelsConfig(BaseModel):
     """No tier configured means generation is off for it: the gateway answers extractively."""
 
-    model_config = _FROZEN
+    model_config = SECTION
 
     small: TierConfig | None = None
     large: TierConfig | None = None
@@ -215,7 +214,7 @@ class ModelsConfig(BaseModel):
 
 
 class RetrievalConfig(BaseModel):
-    model_config = _FROZEN
+    model_config = SECTION
 
     backend: Literal["embedded", "opensearch"] = "embedded"
     k: int = Field(default=6, ge=1, le=50)
@@ -243,7 +242,7 @@ class SemanticCacheConfig(BaseModel):
     entities, identifiers) tells the two questions apart. Thresholds per route, chosen by
     bench/cache_eval.py."""
 
-    model_config = _FROZEN
+    model_config = SECTION
 
     enabled: bool = True
     # 0.96: the lowest threshold at which, with the guards, no hard negative of FanOutQA dev's
@@ -272,7 +271,7 @@ class SemanticCacheConfig(BaseModel):
 
 
 class CacheConfig(BaseModel):
-    model_config = _FROZEN
+    model_config = SECTION
 
     # memory: in-process, per replica (the embedded default); redis: shared by the fleet.
     backend: Literal["memory", "redis", "off"] = "memory"
@@ -297,7 +296,7 @@ class CacheConfig(BaseModel):
 class QuotasConfig(BaseModel):
     """Where the tenants' rate limits and budgets are kept (gateway/quotas.py)."""
 
-    model_config = _FROZEN
+    model_config = SECTION
 
     # auto: in Redis (at cache.redis_url) when cache.backend is redis, else per process;
     # redis: in Redis at cache.redis_url whatever the cache uses; memory: per process.
@@ -316,6 +315,7 @@ class Settings(BaseSettings):
         env_nested_delimiter="__",
         extra="forbid",
         frozen=True,
+        allow_inf_nan=False,
     )
 
     data_dir: Path = Path(".querygate")

@@ -33,12 +33,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from backends.embeddings.base import Embedder
 from backends.errors import BackendError
 from backends.llm.base import LLM, Completion, Message, Tier, ToolCall, Usage
 from backends.retrieval.base import Retriever
+from backends.sections import SECTION
 from routers.agent_tools import (
     MAX_SEARCH_K,
     TOOL_SPECS,
@@ -64,7 +65,7 @@ log = logging.getLogger(__name__)
 class AgentConfig(BaseModel):
     """The `agent:` section: the loop's hard caps and its tools' limits."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = SECTION
 
     max_steps: int = Field(default=4, ge=1, le=20, description="model turns that may use tools")
     max_tool_calls: int = Field(default=12, ge=1, le=100)

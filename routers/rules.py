@@ -11,17 +11,16 @@ import functools
 from typing import Literal
 
 import re2
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
+from backends.sections import SECTION
 from routers.types import Route
-
-_FROZEN = ConfigDict(extra="forbid", frozen=True)
 
 
 class RuleMatch(BaseModel):
     """Every condition given must hold; an empty match matches everything."""
 
-    model_config = _FROZEN
+    model_config = SECTION
 
     tenants: tuple[str, ...] = ()
     # The classifier's route.
@@ -80,7 +79,7 @@ def _compiled(pattern: str) -> re2._Regexp:
 
 
 class RuleAction(BaseModel):
-    model_config = _FROZEN
+    model_config = SECTION
 
     route: Route | None = None
     lexical_weight: float | None = Field(default=None, ge=0)
@@ -88,7 +87,7 @@ class RuleAction(BaseModel):
 
 
 class Rule(BaseModel):
-    model_config = _FROZEN
+    model_config = SECTION
 
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,39}$")
     when: RuleMatch = RuleMatch()
@@ -102,7 +101,7 @@ class EscalationConfig(BaseModel):
     insufficient grade escalates (a lookup with no hits at all says so, grading or not).
     """
 
-    model_config = _FROZEN
+    model_config = SECTION
 
     # On by default: it passed the bar set before measuring (on the held-out dev test part, a
     # paired multihop-recall gain over the classifier alone with its interval above 0; out of
@@ -137,7 +136,7 @@ class EscalationConfig(BaseModel):
 class FullContextConfig(BaseModel):
     """A tenant whose whole corpus fits the budget is answered from all of it, no retrieval."""
 
-    model_config = _FROZEN
+    model_config = SECTION
 
     enabled: bool = False
     max_tokens: int = Field(default=3000, ge=1, le=200_000)
@@ -145,7 +144,7 @@ class FullContextConfig(BaseModel):
 
 
 class RouterConfig(BaseModel):
-    model_config = _FROZEN
+    model_config = SECTION
 
     classifier: Literal["learned", "heuristic"] = "learned"
     # Below its threshold, a classifier's direct or multihop verdict is answered by lookup.

@@ -9,9 +9,10 @@ from __future__ import annotations
 import logging
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from backends.embeddings.base import Embedder
+from backends.sections import SECTION
 
 log = logging.getLogger(__name__)
 
@@ -22,11 +23,12 @@ MINILM_DIMENSION = 384
 class EmbeddingsConfig(BaseModel):
     """`minilm` runs in-process with no server; `litellm` calls any embedding API it knows."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = SECTION
 
     backend: Literal["minilm", "litellm"] = "minilm"
     model: str = Field(
         default=MINILM_MODEL,
+        min_length=1,
         description="litellm model string, e.g. 'openai/text-embedding-3-small'",
     )
     api_base: str | None = None

@@ -12,7 +12,9 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
+
+from backends.sections import SECTION
 
 Tier = Literal["small", "large"]
 
@@ -25,9 +27,9 @@ calling_tenant: ContextVar[str] = ContextVar("llm_calling_tenant", default="")
 class TierConfig(BaseModel):
     """One model tier as configured: a litellm model string plus prices and limits."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = SECTION
 
-    model: str = Field(description="litellm model string, e.g. 'openai/gpt-4o-mini'")
+    model: str = Field(min_length=1, description="litellm model string, e.g. 'openai/gpt-4o-mini'")
     api_base: str | None = None
     api_key_env: str | None = Field(
         default=None, description="name of the environment variable holding the API key"

@@ -61,7 +61,7 @@ from typing import Any, Literal
 from opensearchpy import AsyncOpenSearch
 from opensearchpy.exceptions import ConnectionError as OSConnectionError
 from opensearchpy.exceptions import NotFoundError, TransportError
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, BaseModel, Field, field_validator
 from tenacity import (
     AsyncRetrying,
     retry_if_exception_type,
@@ -84,6 +84,7 @@ from backends.retrieval.base import (
     refuse_empty,
 )
 from backends.retrieval.stopwords import without_stopwords
+from backends.sections import SECTION
 
 BACKEND = "opensearch"
 Json = dict[str, Any]
@@ -130,7 +131,7 @@ _META_MAPPINGS: Json = {"dynamic": "strict", "properties": {"generation": {"type
 class OpenSearchConfig(BaseModel):
     """Connection, index layout and query settings of the OpenSearch retriever."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = SECTION
 
     hosts: tuple[str, ...] = ("http://127.0.0.1:9200",)
     alias: str = Field(default="querygate-chunks", pattern=r"^[a-z0-9][a-z0-9_\-]*$")

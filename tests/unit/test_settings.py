@@ -68,3 +68,37 @@ def test_version_changes_with_the_configuration(tmp_path: Path) -> None:
     b = load_settings(write(tmp_path, "retrieval:\n  k: 5\n")).version
     assert a != b
     assert a == load_settings(write(tmp_path, "retrieval:\n  k: 4\n")).version
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ("server:\n  request_timeout_s: .inf\n", r"server\.request_timeout_s"),
+        ("agent:\n  deadline_s: .inf\n", r"agent\.deadline_s"),
+        ("cache:\n  single_flight_wait_s: .inf\n", r"cache\.single_flight_wait_s"),
+        ("server:\n  admission:\n    max_queue_wait_s: .nan\n", r"server\.admission"),
+        ("models:\n  small:\n    model: openai/x\n    timeout_s: .inf\n", r"models\.small"),
+        ("router:\n  escalation:\n    min_coverage: .nan\n", r"router\.escalation"),
+        ("retrieval:\n  opensearch:\n    search_timeout_s: .nan\n", r"retrieval\.opensearch"),
+    ],
+)
+def test_an_infinite_or_nan_number_is_refused_naming_it(
+    tmp_path: Path, text: str, field: str
+) -> None:
+    # An infinite timeout or deadline passed `gt=0` and turned its cut-off off for good.
+    with pytest.raises(ConfigError, match=field):
+        load_settings(write(tmp_path, text))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "models:\n  small:\n    model: ''\n",
+        "models:\n  large:\n    model: openai/x\n    fallbacks:\n      - model: ''\n",
+        "embeddings:\n  backend: litellm\n  model: ''\n",
+    ],
+)
+def test_an_empty_model_name_is_refused_at_load(tmp_path: Path, text: str) -> None:
+    # It was accepted and failed only at the first model call.
+    with pytest.raises(ConfigError, match="model"):
+        load_settings(write(tmp_path, text))
