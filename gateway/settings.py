@@ -108,7 +108,9 @@ class ServerConfig(BaseModel):
     # keep-alive timeout, which still applies to an idle connection between requests).
     header_read_timeout_s: float = Field(default=10.0, gt=0)
     admission: AdmissionConfig = AdmissionConfig()
-    shutdown_grace_s: float = Field(default=20.0, ge=0)
+    # SIGTERM: stop accepting and give in-flight requests this long. At least request_timeout_s,
+    # so a rollout does not cut answers that are within their own time.
+    shutdown_grace_s: float = Field(default=60.0, ge=0)
     # A stream whose answer is not ready yet (an agent loop) gets an SSE comment this often.
     sse_keepalive_s: float = Field(default=10.0, gt=0)
     # How often the config file is checked for changes; 0 turns the file watch off.

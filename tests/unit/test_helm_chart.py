@@ -319,9 +319,14 @@ def test_an_existing_claim_holds_the_data_dir() -> None:
     assert volumes["data"] == {"name": "data", "persistentVolumeClaim": {"claimName": "qg-data"}}
 
 
+def test_the_charts_default_drain_outlasts_its_longest_request() -> None:
+    server = _load(rendered_config(render({}))).server
+    assert server.shutdown_grace_s >= server.request_timeout_s
+
+
 @pytest.mark.parametrize(
     ("grace_s", "pre_stop", "margin", "expected"),
-    [(None, 5, 10, 35), (45.5, 5, 10, 61), (0, 0, 5, 5), (120, 10, 10, 140)],
+    [(None, 5, 10, 75), (45.5, 5, 10, 61), (0, 0, 5, 5), (120, 10, 10, 140)],
 )
 def test_termination_grace_covers_the_gateway_drain(
     grace_s: float | None, pre_stop: int, margin: int, expected: int

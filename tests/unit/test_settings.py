@@ -102,3 +102,10 @@ def test_an_empty_model_name_is_refused_at_load(tmp_path: Path, text: str) -> No
     # It was accepted and failed only at the first model call.
     with pytest.raises(ConfigError, match="model"):
         load_settings(write(tmp_path, text))
+
+
+def test_the_default_drain_outlasts_the_longest_request_the_defaults_allow() -> None:
+    # A drain shorter than a request may run cut answers at every rollout (each one a
+    # `cancelled` answer against the availability objective).
+    server = load_settings(None).server
+    assert server.shutdown_grace_s >= server.request_timeout_s

@@ -128,10 +128,10 @@ modes, so changing one rolls the pods instead of being refused by every running 
 {{- toYaml $picked }}
 {{- end }}
 
-{{/* The configured server.shutdown_grace_s, or the gateway's default (20). */}}
+{{/* The configured server.shutdown_grace_s, or the gateway's default (60). */}}
 {{- define "querygate.shutdownGraceSeconds" -}}
 {{- $c := include "querygate.config" . | fromYaml }}
-{{- $grace := dig "server" "shutdown_grace_s" 20 $c }}
+{{- $grace := dig "server" "shutdown_grace_s" 60 $c }}
 {{- ceil $grace | int }}
 {{- end }}
 
