@@ -69,6 +69,10 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+# How long `ping` waits for the spend kept while the store was down (well under the health
+# probe's timeout); the rest is sent in the background.
+FLUSH_WAIT_S = 1.0
+
 # The tenant whose request is being served: set by the limits middleware, read before and
 # after every model call. None outside a request (the CLI, benchmarks): no budget applies.
 current_tenant: ContextVar[TenantConfig | None] = ContextVar("quota_tenant", default=None)
@@ -132,6 +136,7 @@ class Quotas:
         self._unconfirmed: dict[tuple[str, str], list[tuple[str, float]]] = {}
         self._in_flight: dict[tuple[str, str], float] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._flushing: asyncio.Task[None] | None = None  # spend kept while down, going back
         # Spends kept per tenant (a count): a budget check stands only while it is unchanged.
         self._spends: dict[str, int] = {}
         # Amount ids are `<origin>:<seq>`: the store keeps each origin's latest seq per tenant
@@ -266,7 +271,12 @@ class Quotas:
             self._down(exc)
             raise
         self._up()
-        await self._flush_all()
+        # One round trip per tenant-day kept: after a long outage with many tenants, more
+        # than the probe's timeout, which would report a store that answers as down and cut
+        # the sends half-way. They run in a task of their own; the probe waits only briefly.
+        if self._flushing is None or self._flushing.done():
+            self._flushing = self._spawn(self._flush_all())
+        await asyncio.wait({self._flushing}, timeout=FLUSH_WAIT_S)
 
     async def aclose(self, timeout_s: float = 2.0) -> None:
         """A bounded last try at adding the spend not yet in the shared store; what is left
