@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -30,6 +31,25 @@ def _not_blank(value: str) -> str:
         raise ValueError("must not be empty")
     return value
 
+
+def _finite(value: dict[str, Any]) -> dict[str, Any]:
+    """A JSON object passed on to the model as sent: `load_json` refuses NaN and Infinity, but
+    a number past a float's range (`1e999`) parses as infinity, which the upstream would get
+    as the non-standard token `Infinity` (a provider's 400, after every fallback is tried)."""
+    stack: list[object] = [value]
+    while stack:  # no recursion: load_json already bounds the nesting, this need not
+        item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            raise ValueError("a number is out of range (a JSON number must be finite)")
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return value
+
+
+# A client's JSON object that goes to the model as it is (a tool's parameters, a schema).
+FiniteObject = Annotated[dict[str, Any], AfterValidator(_finite)]
 
 # Every text a client sends is one of these: normalised once, here (see gateway/text.py).
 CleanStr = Annotated[str, BeforeValidator(_clean)]
@@ -108,7 +128,7 @@ class FunctionSpec(BaseModel):
 
     name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     description: str | None = None
-    parameters: dict[str, Any] | None = None
+    parameters: FiniteObject | None = None
     strict: bool | None = None
 
 
@@ -137,7 +157,7 @@ class ResponseFormat(BaseModel):
 
     type: Literal["text", "json_object", "json_schema"]
     # {"name", "schema"?, "strict"?, "description"?}, as OpenAI takes it (type json_schema).
-    json_schema: dict[str, Any] | None = None
+    json_schema: FiniteObject | None = None
 
     @model_validator(mode="after")
     def _schema_with_its_type(self) -> ResponseFormat:
