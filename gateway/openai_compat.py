@@ -92,6 +92,7 @@ def extension(result: QueryResult) -> dict[str, Any]:
         "route_reason": result.route_reason,
         "escalated": a.escalated,
         "extractive": a.extractive,
+        "degraded": a.degraded,
         "citations": [asdict(c) for c in a.citations],
         "cache": result.cache,
         "cost_usd": round(usage_total(a).cost_usd, 8),

@@ -99,6 +99,7 @@ def _answer_body(result: QueryResult) -> dict[str, Any]:
         "route_reason": result.route_reason,
         "escalated": answer.escalated,
         "extractive": answer.extractive,
+        "degraded": answer.degraded,
         "citations": [asdict(c) for c in answer.citations],
         "cache": result.cache,
         "usage": {

@@ -170,3 +170,29 @@ async def test_a_fast_failure_keeps_its_status(client: TestClient[Any, Any]) -> 
     resp = await client.post("/v1/query", json=body, headers=AUTH)
     assert resp.status in (502, 503), await resp.text()
     assert (await resp.json())["error"]["type"]
+
+
+async def test_a_degraded_answer_says_so_in_a_field_a_client_can_read(
+    client: TestClient[Any, Any],
+) -> None:
+    """Not only in route_reason's prose: `degraded` is null, `fallback_tier` or `extractive`."""
+    script = slow_script()
+    script["delay_ms"] = 0
+    script["turns"][1] = {**script["turns"][1], "status": 400}
+    script["final"] = {"answer": "Two years {cite:1}."}
+    resp = await client.post(
+        "/v1/query", json={"query": question(script), "route": "multihop"}, headers=AUTH
+    )
+    assert resp.status == 200, await resp.text()
+    assert (await resp.json())["degraded"] == "fallback_tier"
+    script["key"] = uuid.uuid4().hex
+    chat = {"model": "multihop", "messages": [{"role": "user", "content": question(script)}]}
+    resp = await client.post("/v1/chat/completions", json=chat, headers=AUTH)
+    assert resp.status == 200, await resp.text()
+    assert (await resp.json())["querygate"]["degraded"] == "fallback_tier"
+    healthy = {"key": uuid.uuid4().hex, "turns": [{"answer": "Two years."}]}
+    resp = await client.post(
+        "/v1/query", json={"query": question(healthy), "route": "multihop"}, headers=AUTH
+    )
+    assert resp.status == 200, await resp.text()
+    assert (await resp.json())["degraded"] is None
