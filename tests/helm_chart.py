@@ -83,3 +83,19 @@ def render(
     """The rendered objects (cached by value: several tests ask for the same rendering)."""
     out = _template(json.dumps(values or {}, sort_keys=True), release, namespace, chart)
     return [d for d in yaml.safe_load_all(out) if d]
+
+
+def notes(values: Doc, tmp_path: Path) -> str:
+    """NOTES.txt as `helm install` prints it. `helm template` renders it but prints nothing, and
+    an install needs a cluster, so a copy of the chart renders it through `tpl` into a ConfigMap."""
+    chart = tmp_path / "querygate"
+    if not chart.exists():
+        shutil.copytree(CHART, chart)
+        shutil.copy(CHART / "templates" / "NOTES.txt", chart / "files" / "notes.txt")
+        (chart / "templates" / "zz-notes.yaml").write_text(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\n"
+            'data: {notes: {{ tpl (.Files.Get "files/notes.txt") . | toJson }}}\n'
+        )
+    (found,) = [d for d in render(values, chart=chart) if d["metadata"]["name"] == "notes"]
+    text: str = found["data"]["notes"]
+    return text

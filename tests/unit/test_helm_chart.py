@@ -21,7 +21,7 @@ import yaml
 
 from gateway.reload import RESTART_ONLY, fingerprint
 from gateway.settings import Settings, hash_api_key, load_settings
-from tests.helm_chart import CHART, REPO, Doc, HelmFailed, render, run_helm
+from tests.helm_chart import CHART, REPO, Doc, HelmFailed, notes, render, run_helm
 
 RELEASE = "rel"
 NAMESPACE = "qg"
@@ -800,22 +800,6 @@ def test_the_image_installs_no_torch_and_runs_offline() -> None:
 
 
 # --- NOTES.txt ------------------------------------------------------------------------------------
-
-
-def notes(values: Doc, tmp_path: Path) -> str:
-    """NOTES.txt as `helm install` prints it. `helm template` renders it but prints nothing, and
-    an install needs a cluster, so a copy of the chart renders it through `tpl` into a ConfigMap."""
-    chart = tmp_path / "querygate"
-    if not chart.exists():
-        shutil.copytree(CHART, chart)
-        shutil.copy(CHART / "templates" / "NOTES.txt", chart / "files" / "notes.txt")
-        (chart / "templates" / "zz-notes.yaml").write_text(
-            "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\n"
-            'data: {notes: {{ tpl (.Files.Get "files/notes.txt") . | toJson }}}\n'
-        )
-    (found,) = [d for d in render(values, chart=chart) if d["metadata"]["name"] == "notes"]
-    text: str = found["data"]["notes"]
-    return text
 
 
 def test_notes_say_how_to_reach_it_and_where_the_demo_key_is(tmp_path: Path) -> None:

@@ -4,7 +4,6 @@ reach, and never rolls a claim onto a second pod (rendered by a real helm, tests
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +11,7 @@ import pytest
 import yaml
 
 from gateway.settings import hash_api_key
-from tests.helm_chart import CHART, HelmFailed, render
+from tests.helm_chart import HelmFailed, notes, render
 
 Doc = dict[str, Any]
 
@@ -95,26 +94,11 @@ def test_a_claim_of_the_old_pod_is_released_before_the_new_pod_needs_it() -> Non
     assert _strategy({"persistence": {"existingClaim": "qg-data"}, "updateStrategy": rwx}) == rwx
 
 
-def _notes(values: Doc, tmp_path: Path) -> str:
-    """NOTES.txt as `helm install` prints it, through a copy of the chart that renders it into
-    a ConfigMap (`helm template` prints no notes; an install needs a cluster)."""
-    chart = tmp_path / "querygate"
-    shutil.copytree(CHART, chart)
-    shutil.copy(CHART / "templates" / "NOTES.txt", chart / "files" / "notes.txt")
-    (chart / "templates" / "zz-notes.yaml").write_text(
-        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\n"
-        'data: {notes: {{ tpl (.Files.Get "files/notes.txt") . | toJson }}}\n'
-    )
-    (found,) = [d for d in render(values, chart=chart) if d["metadata"]["name"] == "notes"]
-    text: str = found["data"]["notes"]
-    return text
-
-
 def test_a_network_policy_that_keeps_prometheus_out_is_warned_of(tmp_path: Path) -> None:
     watched = {"enabled": True, "labels": {"release": "prometheus"}}
     values: Doc = {"networkPolicy": {"enabled": True}, "metrics": {"serviceMonitor": watched}}
-    assert "networkPolicy.ingress.metricsFrom is empty" in _notes(values, tmp_path / "a")
+    assert "networkPolicy.ingress.metricsFrom is empty" in notes(values, tmp_path / "a")
     values["networkPolicy"]["ingress"] = {
         "metricsFrom": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]
     }
-    assert "WARNING" not in _notes(values, tmp_path / "b")
+    assert "WARNING" not in notes(values, tmp_path / "b")
