@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 
 _QUOTED = re.compile(r":\s*(?:b['\"]|bytearray\()")
 _KINDS = {408: "request_timeout", 413: "payload_too_large"}
+# How long an idle keep-alive connection is kept: `web.run_app`'s. A `web.Server` left to its
+# own default keeps one 3630 s, so idle connections (one fd each) piled up for an hour.
+KEEPALIVE_TIMEOUT_S = 75.0
 
 
 class GatewayRequestHandler(RequestHandler):
@@ -213,7 +216,13 @@ def run_app(
     new connection); `kwargs` are its runner's (shutdown_timeout, access_log, ...)."""
 
     async def serve() -> None:
-        runner = _Runner(app, header_read_timeout_s, handle_signals=True, **kwargs)
+        runner = _Runner(
+            app,
+            header_read_timeout_s,
+            handle_signals=True,
+            keepalive_timeout=KEEPALIVE_TIMEOUT_S,
+            **kwargs,
+        )
         await runner.setup()
         try:
             site = web.SockSite(runner, sock) if sock else web.TCPSite(runner, host, port)
