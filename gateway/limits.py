@@ -129,6 +129,11 @@ async def read_body(request: web.Request, timeout_s: float) -> bytes:
 
     The one place a body read becomes an HTTP error; a library's detail goes to the log only.
     """
+    declared = request.content_length
+    if declared is not None and declared > request.client_max_size and not _encoded(request):
+        # Refused before a byte of it is read: waiting for a body that will be refused anyway
+        # held the connection (and a slot) for body_read_timeout_s when the client stalled.
+        raise PayloadTooLarge(f"request body over {request.client_max_size} bytes")
     try:
         async with asyncio.timeout(timeout_s):
             return await request.read()
@@ -142,3 +147,8 @@ async def read_body(request: web.Request, timeout_s: float) -> bytes:
         raise BadRequest(UNDECODABLE_BODY, detail=exc.message) from exc
     except RequestPayloadError as exc:  # how aiohttp's reader reports the same (zlib's error)
         raise BadRequest(UNDECODABLE_BODY, detail=str(exc)) from exc
+
+
+def _encoded(request: web.Request) -> bool:
+    """A compressed body's declared length is not the length the limit applies to."""
+    return request.headers.get("Content-Encoding", "identity").lower() != "identity"

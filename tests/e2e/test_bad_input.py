@@ -74,6 +74,20 @@ def test_an_oversize_body_is_413(gateway: GatewayProcess) -> None:
     assert_error(resp, 413, "payload_too_large")
 
 
+def test_a_body_declared_over_the_limit_is_413_before_it_is_sent(gateway: GatewayProcess) -> None:
+    """Declared 1 GB, then stalled: it waited out body_read_timeout_s for a 408 (10 s)."""
+    host, port = gateway.url.removeprefix("http://").split(":")
+    head = (
+        f"POST /v1/query HTTP/1.1\r\nHost: x\r\nAuthorization: {gateway.headers()['Authorization']}"
+        '\r\nContent-Type: application/json\r\nContent-Length: 1000000000\r\n\r\n{"query": '
+    )
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(head.encode())
+        reply = sock.recv(65536)
+    assert reply.split(b" ", 2)[1] == b"413", reply[:200]  # was the body timeout's 408
+    assert b'"payload_too_large"' in reply
+
+
 @pytest.mark.parametrize(
     "authorization", [None, "", "Bearer", "Bearer wrong-key", "Basic a2V5", "key-acme-0001"]
 )
