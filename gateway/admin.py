@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 from typing import Any
@@ -15,6 +16,8 @@ from gateway.reload import RELOADER
 from gateway.settings import Settings
 from gateway.workers import SUPERVISOR_ENV
 
+log = logging.getLogger(__name__)
+
 REDACTED = "**********"
 
 
@@ -24,19 +27,36 @@ async def handle_reload(request: web.Request) -> web.Response:
     request.app[RUNTIME].current.check_admin(request.headers.get("Authorization"))
     outcome = await request.app[RELOADER].reload("admin")
     if outcome.error is None:
-        _reload_siblings()
-        return web.json_response({"result": outcome.result, "version": outcome.version})
+        body = {"result": outcome.result, "version": outcome.version}
+        if (told := _reload_siblings()) is not None:
+            body["other_workers"] = "told" if told else "unreachable"
+        return web.json_response(body)
     error = {"type": outcome.error.type, "message": outcome.error.message}
     # reload_failed is the gateway's fault (logged with its traceback), not the file's
     status = 500 if outcome.error.type == "reload_failed" else 422
     return web.json_response({"error": error, "version": outcome.version}, status=status)
 
 
-def _reload_siblings() -> None:
+def _reload_siblings() -> bool | None:
     """Under `serve --workers N` the other workers reload too: the supervisor passes SIGHUP
-    on to each (this one finds its file unchanged)."""
-    if supervisor := os.environ.get(SUPERVISOR_ENV):
-        os.kill(int(supervisor), signal.SIGHUP)
+    on to each (this one finds its file unchanged). False when it is gone: this worker's
+    reload stands, the others were not told (None: a single process, no others)."""
+    if not (supervisor := os.environ.get(SUPERVISOR_ENV)):
+        return None
+    pid = int(supervisor)
+    # The supervisor is this worker's parent; once it has died its pid may be another
+    # process's, which must not get a SIGHUP.
+    if os.getppid() == pid:
+        try:
+            os.kill(pid, signal.SIGHUP)
+            return True
+        except ProcessLookupError:  # died since
+            pass
+    log.warning(
+        "the supervisor is gone: the other workers were not told to reload",
+        extra={"supervisor_pid": pid},
+    )
+    return False
 
 
 async def handle_config(request: web.Request) -> web.Response:

@@ -23,6 +23,7 @@ from gateway.schemas import QueryBody, RouteBody
 from gateway.streaming import stream_query
 from gateway.timing import StageTimer
 from gateway.wire import QueryResult, decision_body, query_body
+from gateway.workers import pool_counts
 
 Model = TypeVar("Model", bound=BaseModel)
 
@@ -158,18 +159,27 @@ async def handle_readyz(request: web.Request) -> web.Response:
 
     A background ingest (`serve --sample-corpus`) adds `"ingest"`: its state, documents done
     and total, rate and ETA, and `partial_index` while answers come from the documents indexed
-    so far. It does not change readiness: the gateway answers meanwhile."""
+    so far. It does not change readiness: the gateway answers meanwhile.
+
+    Under `serve --workers N`, `"workers": {"serving", "expected"}` as the supervisor counts
+    them: fewer than N serving (one crashed, or failing to start) is `degraded`, still ready
+    (the others answer); none is not ready (a worker answering this has not been counted yet,
+    for at most 0.2 s, or the pod is draining)."""
     checks = await request.app[READINESS].checks()
-    ready = checks["retrieval"] == "ok"
+    pool = pool_counts()
+    ready = checks["retrieval"] == "ok" and (pool is None or pool[0] > 0)
     degraded = [name for name, state in checks.items() if state != "ok" and name != "retrieval"]
-    status = "unavailable" if not ready else "degraded" if degraded else "ok"
+    short = pool is not None and pool[0] < pool[1]
+    status = "unavailable" if not ready else "degraded" if degraded or short else "ok"
     runtime = request.app[RUNTIME].current
-    body = {
+    body: dict[str, object] = {
         "ready": ready,
         "status": status,
         "checks": dict(checks),
         "config_version": runtime.settings.version,
     }
+    if pool is not None:
+        body["workers"] = {"serving": pool[0], "expected": pool[1]}
     if (ingest := request.app.get(INGEST)) is not None:
         body["ingest"] = ingest.progress.snapshot()
     headers = None if ready else {"Retry-After": "5"}

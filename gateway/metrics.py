@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Iterator
 from typing import ClassVar
 
 from prometheus_client import (
@@ -21,6 +22,7 @@ from prometheus_client import (
     PlatformCollector,
     generate_latest,
 )
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
 # Set by `serve --workers N` for every worker: metrics then live in files there, and a scrape
@@ -227,6 +229,7 @@ class Metrics:
         if self._multiprocess_dir is None:
             for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
                 r.register(collector)
+            r.register(_WorkerPool())
 
     async def publish_resources(self, every_s: float = 5.0) -> None:
         """With several workers: publish this worker's memory, CPU and fds for the sum,
@@ -242,9 +245,47 @@ class Metrics:
         if self._multiprocess_dir is None:
             return generate_latest(self.registry)
         registry = CollectorRegistry()
-        MultiProcessCollector(registry, self._multiprocess_dir)  # type: ignore[no-untyped-call]
+        registry.register(_WorkerFiles(self._multiprocess_dir))
+        registry.register(_WorkerPool())
         PlatformCollector(registry=registry)
         return generate_latest(registry)
+
+
+class _WorkerFiles:
+    """Every worker's metric files, summed, less the config versions no live worker runs: a
+    worker's file keeps every label set it ever wrote (remove() cannot take one out of it),
+    so each reload left its old version behind at 0, one more series per distinct version
+    until a restart. Only the value 1 means a version is active."""
+
+    def __init__(self, path: str) -> None:
+        self._files = MultiProcessCollector(None, path)  # type: ignore[no-untyped-call]
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._files.collect():  # type: ignore[no-untyped-call]
+            if family.name == "querygate_config_info":
+                family.samples = [s for s in family.samples if s.value == 1]
+            yield family
+
+
+class _WorkerPool:
+    """`querygate_workers`, read at scrape from what the supervisor counts (shared memory):
+    every worker reports the same figures, and no file is left by a dead one. A single
+    process is one worker of one, serving since it answers the scrape (an alert on the
+    gauge then holds for every pod)."""
+
+    def collect(self) -> Iterator[Metric]:
+        from gateway.workers import pool_counts  # gateway.workers imports this module
+
+        counts = pool_counts() or (1, 1)
+        family = GaugeMetricFamily(
+            "querygate_workers",
+            "Worker processes of serve --workers N: serving (alive and ready) and expected "
+            "(N). Fewer serving: one crashed or cannot start, and is being replaced.",
+            labels=["state"],
+        )
+        family.add_metric(["serving"], counts[0])
+        family.add_metric(["expected"], counts[1])
+        yield family
 
 
 class WorkerResources:

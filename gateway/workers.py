@@ -10,9 +10,14 @@ worker serves `/metrics` reports the sum.
 A worker tells the supervisor when it is ready (its backends open, the app serving). One that
 dies is replaced: at once if it had been serving (after a pause that doubles, up to 30 s, when
 serving workers keep dying less than a minute apart: a crash loop must not spend the cores on
-model loads), after a growing pause if it died starting, and the supervisor gives up after
-three that die starting in a row — or at once when the first workers cannot start because the
-configuration is refused. A replacement whose config file is
+model loads), after a pause that doubles if it died starting. Before any worker has served,
+three that die starting in a row stop the supervisor (exit 1; exit 2 at once when the
+configuration is refused): nothing is serving, so failing fast is right. Once one has served,
+a worker that cannot start is retried, its pause doubling up to 30 s, and logged each time,
+while the others serve; only when no worker is serving or starting and a start has failed after
+a pause of 30 s does the supervisor give up (exit 1, so an orchestrator restarts the pod).
+What the supervisor counts (workers serving, and N) is shared with every worker: `/readyz`
+and `querygate_workers` report it. A replacement whose config file is
 refused now (an edit made after the others loaded it) starts on the configuration the
 supervisor validated, and its file watch picks up the next good edit. SIGTERM or SIGINT drains
 every worker within the shutdown grace; SIGHUP is passed on to every ready worker (each reloads
@@ -22,6 +27,7 @@ have read the file before the edit).
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import multiprocessing
 import os
@@ -35,7 +41,7 @@ from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 from multiprocessing.synchronize import Event
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gateway.metrics import MULTIPROC_ENV
 
@@ -46,11 +52,14 @@ log = logging.getLogger(__name__)
 
 # Set in every worker's environment: `POST /admin/reload` signals the supervisor through it.
 SUPERVISOR_ENV = "QUERYGATE_SUPERVISOR_PID"
-_MAX_EARLY_EXITS = 3  # workers in a row that die before they are ready
+_MAX_EARLY_EXITS = 3  # workers in a row that die before any worker was ever ready
 _FIRST_PAUSE_S = 0.5  # before replacing one that died starting; doubles each time
 # Serving workers dying less than this apart are a crash loop: each replacement waits longer.
 _CRASH_WINDOW_S = 60.0
-_MAX_CRASH_PAUSE_S = 30.0
+_MAX_CRASH_PAUSE_S = 30.0  # the longest pause before a replacement, of either kind
+
+# In a worker: the supervisor's counts, [serving, expected] (shared memory it alone writes).
+_pool: Any = None
 # Past the drain itself: the time a worker needs to close its backends.
 _STOP_MARGIN_S = 5.0
 
@@ -91,10 +100,20 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def pool_counts() -> tuple[int, int] | None:
+    """In a worker of `serve --workers N`: the workers serving (alive and ready) and N, as the
+    supervisor counted them at most 0.2 s ago; None in a single process."""
+    if _pool is None:
+        return None
+    return int(_pool[0]), int(_pool[1])
+
+
 @dataclass(slots=True)
 class _Worker:
     process: BaseProcess
     ready: Event
+    served: bool = False  # seen ready by the supervisor
+    after_pause_s: float = 0.0  # the pause it was started after, replacing one that died
 
 
 @dataclass(slots=True)
@@ -107,14 +126,17 @@ class Supervisor:
         default_factory=lambda: multiprocessing.get_context("spawn")
     )
     _workers: dict[int, _Worker] = field(default_factory=dict)
-    _respawn_at: list[float] = field(default_factory=list)
-    _early_exits: int = 0
+    _respawn_at: list[tuple[float, float]] = field(default_factory=list)  # (when, the pause)
+    _early_exits: int = 0  # workers in a row that died starting; a worker ready resets it
     _any_ready: bool = False
     _stopping: bool = False
     _reload_requested: bool = False
     _owed_reload: set[int] = field(default_factory=set)  # pids to SIGHUP once they are ready
     _last_crash: float | None = None
     _crash_streak: int = 0
+    # [serving, expected]: plain shared ints, no lock (an aligned int is written whole, and a
+    # lock here could be left held by a worker killed mid-read).
+    _counts: Any = None
 
     def run(self) -> int:
         """Start the workers, replace the ones that die, drain them all on a signal."""
@@ -124,6 +146,7 @@ class Supervisor:
         handlers = {signal.SIGTERM: self._on_stop, signal.SIGINT: self._on_stop}
         previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
         previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, self._forward_reload)
+        self._counts = self._context.RawArray(ctypes.c_int, [0, self.count])
         try:
             for _ in range(self.count):
                 self._spawn()
@@ -159,10 +182,10 @@ class Supervisor:
                 self._owed_reload.discard(pid)
                 os.kill(pid, signal.SIGHUP)
 
-    def _spawn(self) -> None:
+    def _spawn(self, after_pause_s: float = 0.0) -> None:
         ready = self._context.Event()
         process = self._context.Process(
-            target=run_worker, args=(self.spec, self.sock, ready), daemon=False
+            target=run_worker, args=(self.spec, self.sock, ready, self._counts), daemon=False
         )
         # The new interpreter keeps only an ignored disposition: SIGHUP must not end a worker
         # before its app installs the reload handler (a signal in this instant is dropped).
@@ -172,25 +195,35 @@ class Supervisor:
         finally:
             signal.signal(signal.SIGHUP, forward)
         assert process.pid is not None
-        self._workers[process.pid] = _Worker(process, ready)
+        self._workers[process.pid] = _Worker(process, ready, after_pause_s=after_pause_s)
         log.info("worker started", extra={"worker_pid": process.pid})
 
     def _supervise(self) -> int:
         while not self._stopping:
-            self._any_ready = self._any_ready or any(
-                w.ready.is_set() for w in self._workers.values()
-            )
+            self._count_serving()
             self._pass_on_reloads()
             now = time.monotonic()
-            for due in [t for t in self._respawn_at if t <= now]:
+            for due in [r for r in self._respawn_at if r[0] <= now]:
                 self._respawn_at.remove(due)
-                self._spawn()
+                self._spawn(after_pause_s=due[1])
             sentinels = {w.process.sentinel: pid for pid, w in self._workers.items()}
             for sentinel in wait(list(sentinels), timeout=0.2):
                 status = self._reap(sentinels[sentinel])  # type: ignore[index]
                 if status is not None:
                     return status
         return 0
+
+    def _count_serving(self) -> int:
+        """Workers alive and ready, shared with every worker (for /readyz and the gauge)."""
+        serving = 0
+        for worker in self._workers.values():
+            if worker.ready.is_set():
+                serving += 1
+                if not worker.served:  # a start succeeded: failed ones are no longer in a row
+                    worker.served, self._any_ready, self._early_exits = True, True, 0
+        if not self._stopping:
+            self._counts[0] = serving
+        return serving
 
     def _reap(self, pid: int) -> int | None:
         """A worker exited: replace it, or give up when workers cannot start."""
@@ -201,19 +234,48 @@ class Supervisor:
             return None
         code, was_ready = worker.process.exitcode, worker.ready.is_set()
         log.error("worker exited", extra={"worker_pid": pid, "exit_code": code, "ready": was_ready})
-        if code == 2 and not self._any_ready:  # the config is refused: so would every worker be
-            return 2
         if was_ready:
-            self._early_exits = 0
+            self._count_serving()
             self._replace_crashed()
             return None
+        return self._replace_failed_start(code, worker.after_pause_s)
+
+    def _replace_failed_start(self, code: int | None, waited: float) -> int | None:
+        """A worker died before it was ready. Before any worker has served, fail fast (nothing
+        is serving; a refused config would refuse every worker). After, the others serve on:
+        retry with a pause doubling up to 30 s, and give up only when none serves or starts
+        once a start has failed after the longest pause (`waited`, the pause it came after)."""
         self._early_exits += 1
-        if self._early_exits >= _MAX_EARLY_EXITS:
-            log.error("workers keep exiting before they are ready; stopping")
+        if not self._any_ready:
+            if code == 2:  # the config is refused: so would every worker be
+                return 2
+            if self._early_exits >= _MAX_EARLY_EXITS:
+                log.error("workers keep exiting before they are ready; stopping")
+                return 1
+            self._respawn_after(_backoff(self._early_exits))
+            return None
+        serving = self._count_serving()
+        if not self._workers and waited >= _MAX_CRASH_PAUSE_S:
+            log.error(
+                "no worker is serving and none can start; stopping",
+                extra={"failed_starts_in_a_row": self._early_exits, "expected": self.count},
+            )
             return 1
-        pause = _FIRST_PAUSE_S * 2 ** (self._early_exits - 1)
-        self._respawn_at.append(time.monotonic() + pause)
+        pause = _backoff(self._early_exits)
+        log.error(
+            "a worker failed to start; retrying after a pause",
+            extra={
+                "pause_s": pause,
+                "failed_starts_in_a_row": self._early_exits,
+                "serving": serving,
+                "expected": self.count,
+            },
+        )
+        self._respawn_after(pause)
         return None
+
+    def _respawn_after(self, pause: float) -> None:
+        self._respawn_at.append((time.monotonic() + pause, pause))
 
     def _replace_crashed(self) -> None:
         """A serving worker died: replaced at once, unless serving workers keep dying (each
@@ -225,12 +287,12 @@ class Supervisor:
         if self._crash_streak == 0:
             self._spawn()
             return
-        pause = min(_FIRST_PAUSE_S * 2 ** (self._crash_streak - 1), _MAX_CRASH_PAUSE_S)
+        pause = _backoff(self._crash_streak)
         log.error(
             "serving workers keep dying; replacing this one after a pause",
             extra={"pause_s": pause, "crashes_in_a_row": self._crash_streak + 1},
         )
-        self._respawn_at.append(now + pause)
+        self._respawn_after(pause)
 
     def _stop_all(self) -> None:
         # Our copy of the listening socket: once the workers close theirs (at the start of
@@ -238,6 +300,8 @@ class Supervisor:
         # held, it kept the socket listening and the kernel queued clients nobody would accept
         # until they timed out.
         self.sock.close()
+        if self._counts is not None:
+            self._counts[0] = 0  # draining: /readyz says not ready for the rest of the drain
         for worker in self._workers.values():
             if worker.process.is_alive() and worker.process.pid is not None:
                 os.kill(worker.process.pid, signal.SIGTERM)
@@ -254,6 +318,13 @@ class Supervisor:
         self._workers.clear()
 
 
+def _backoff(attempt: int) -> float:
+    """The pause before the `attempt`th replacement in a row: 0.5 s doubling, at most 30 s.
+    The exponent is capped too: 2.0 ** 1024 overflows a float, which a loop retrying every
+    30 s reaches in under 9 hours (and ended the supervisor with an OverflowError)."""
+    return min(_FIRST_PAUSE_S * 2.0 ** min(attempt - 1, 16), _MAX_CRASH_PAUSE_S)
+
+
 def _mark_dead(pid: int) -> None:
     """Its live gauges (in-flight requests) stop counting; its counters stay in the sum."""
     from prometheus_client import multiprocess
@@ -261,8 +332,10 @@ def _mark_dead(pid: int) -> None:
     multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
 
 
-def run_worker(spec: WorkerSpec, sock: socket.socket, ready: Event) -> None:
+def run_worker(spec: WorkerSpec, sock: socket.socket, ready: Event, counts: Any) -> None:
     """A worker's whole life; the process exit code says how it ended."""
     from gateway.cli import serve_worker
 
+    global _pool
+    _pool = counts
     raise SystemExit(serve_worker(spec, sock, ready.set))

@@ -1,0 +1,214 @@
+"""`serve --workers N` with fewer than N workers: a worker that cannot start is retried while
+the others serve, the lost capacity shows in /readyz and `querygate_workers`, the supervisor
+gives up only when nothing serves; and what reloads leave in /metrics and in /admin/reload's
+answer."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import requests
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.settings import load_settings
+from tests.e2e.test_worker_lifecycle import _lines
+from tests.e2e.test_workers import _children, _log_pids, _route, _wait_workers_ready
+from tests.fixtures.gateway import ADMIN_KEY, GatewayProcess, start_gateway, stop_gateway
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
+NO_WATCH = {"server": {"reload_poll_s": 0}}  # the file changes only when a test says so
+
+
+def _samples(gw: GatewayProcess, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    response = requests.get(f"{gw.url}/metrics", timeout=5)
+    assert response.status_code == 200, response.text
+    return {
+        tuple(sorted(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(response.text)
+        for sample in family.samples
+        if sample.name == name
+    }
+
+
+def _workers_gauge(gw: GatewayProcess) -> dict[str, float]:
+    return {
+        dict(labels)["state"]: value for labels, value in _samples(gw, "querygate_workers").items()
+    }
+
+
+def _break_start(gw: GatewayProcess) -> str:
+    """A config file every new worker fails to start on (its data dir cannot be made: a file
+    is in the way) and that no running worker reads (no file watch). Returns the good one."""
+    good = gw.config_path.read_text()
+    blocker = gw.config_path.parent / "blocker"
+    blocker.write_text("not a directory\n")
+    config = yaml.safe_load(good)
+    config["data_dir"] = str(blocker / "data")
+    gw.config_path.write_text(yaml.safe_dump(config))
+    return good
+
+
+def _failed_starts(gw: GatewayProcess) -> int:
+    return sum(1 for e in _lines(gw) if e.get("msg") == "worker exited" and e.get("ready") is False)
+
+
+def _wait(what: str, done: Any, gw: GatewayProcess, within_s: float) -> None:
+    deadline = time.monotonic() + within_s
+    while not done():
+        assert time.monotonic() < deadline, f"{what}:\n{gw.log()[-3000:]}"
+        time.sleep(0.2)
+
+
+def test_a_worker_that_cannot_start_is_retried_while_the_other_serves(
+    fake_upstream: str, tmp_path: Path
+) -> None:
+    gw = start_gateway(tmp_path, fake_upstream, overrides=NO_WATCH, serve_args=("--workers", "2"))
+    try:
+        _wait_workers_ready(gw, 2)
+        _wait("both counted", lambda: _workers_gauge(gw).get("serving") == 2, gw, 5)
+        ready = requests.get(f"{gw.url}/readyz", timeout=5)
+        assert ready.status_code == 200, ready.text
+        assert ready.json()["status"] == "ok"
+        assert ready.json()["workers"] == {"serving": 2, "expected": 2}
+        assert _workers_gauge(gw) == {"serving": 2, "expected": 2}
+
+        good = _break_start(gw)
+        os.kill(min(_children(gw.proc.pid)), signal.SIGKILL)
+        # Past the three failed starts in a row that used to stop the whole gateway.
+        _wait("four failed starts", lambda: _failed_starts(gw) >= 4, gw, 90)
+        assert gw.proc.poll() is None, gw.log()[-3000:]
+        assert any(
+            e.get("msg") == "a worker failed to start; retrying after a pause" for e in _lines(gw)
+        )
+        for i in range(4):  # the survivor serves throughout
+            assert _route(gw, f"Who designed tower {i}?").status_code == 200
+        ready = requests.get(f"{gw.url}/readyz", timeout=5)
+        assert ready.status_code == 200, ready.text  # still ready: one worker answers
+        assert ready.json()["status"] == "degraded"
+        assert ready.json()["workers"] == {"serving": 1, "expected": 2}
+        assert _workers_gauge(gw) == {"serving": 1, "expected": 2}
+
+        gw.config_path.write_text(good)  # the next retry (a pause of at most 30 s) starts
+        _wait("a replacement serving", lambda: _workers_gauge(gw).get("serving") == 2, gw, 90)
+        ready = requests.get(f"{gw.url}/readyz", timeout=5)
+        assert ready.status_code == 200, ready.text
+        assert ready.json()["status"] == "ok"
+        assert ready.json()["workers"] == {"serving": 2, "expected": 2}
+    finally:
+        stop_gateway(gw)
+
+
+def test_the_supervisor_gives_up_once_no_worker_can_start_for_the_whole_backoff(
+    fake_upstream: str, tmp_path: Path
+) -> None:
+    gw = start_gateway(tmp_path, fake_upstream, overrides=NO_WATCH, serve_args=("--workers", "2"))
+    try:
+        _wait_workers_ready(gw, 2)
+        _break_start(gw)
+        started = time.monotonic()
+        for pid in _children(gw.proc.pid):
+            os.kill(pid, signal.SIGKILL)
+        code = gw.proc.wait(timeout=180)
+        elapsed = time.monotonic() - started
+        assert code == 1, gw.log()[-3000:]
+        # Not after three failures (~4 s): once a start failed after the pauses (0.5 s,
+        # doubling) reached 30 s
+        assert elapsed > 35, (elapsed, _failed_starts(gw))
+        assert any(e.get("pause_s") == 30.0 for e in _lines(gw)), gw.log()[-3000:]
+        last = [
+            e
+            for e in _lines(gw)
+            if e.get("msg") == "no worker is serving and none can start; stopping"
+        ]
+        assert last, gw.log()[-3000:]
+    finally:
+        stop_gateway(gw)
+
+
+def _reload(gw: GatewayProcess, k: int) -> str:
+    config = yaml.safe_load(gw.config_path.read_text())
+    config["retrieval"] = {**config.get("retrieval", {}), "k": k}
+    gw.config_path.write_text(yaml.safe_dump(config))
+    response = requests.post(f"{gw.url}/admin/reload", headers=ADMIN, timeout=10)
+    assert response.status_code == 200, response.text
+    version = load_settings(gw.config_path).version
+    assert response.json()["version"] == version
+    return version
+
+
+def _versions(gw: GatewayProcess) -> dict[int, str | None]:
+    """Each worker's config version as it last logged it (at ready, or at a reload)."""
+    found: dict[int, str | None] = {pid: None for pid in _children(gw.proc.pid)}
+    for entry in _lines(gw):
+        if entry.get("pid") in found and entry.get("msg") in ("ready", "config reload"):
+            found[entry["pid"]] = entry.get("config_version")
+    return found
+
+
+def test_config_info_shows_only_the_versions_workers_run_after_many_reloads(
+    fake_upstream: str, tmp_path: Path
+) -> None:
+    gw = start_gateway(tmp_path, fake_upstream, overrides=NO_WATCH, serve_args=("--workers", "2"))
+    try:
+        _wait_workers_ready(gw, 2)
+        _wait("both counted", lambda: _workers_gauge(gw).get("serving") == 2, gw, 5)
+        first = load_settings(gw.config_path).version
+        for k in (2, 3, 4, 5):
+            version = _reload(gw, k)
+        assert version != first
+        _wait(
+            "every worker on the last version",
+            lambda: set(_versions(gw).values()) == {version},
+            gw,
+            30,
+        )
+        for _ in range(4):  # a scrape reaches either worker: each reports the one live version
+            info = _samples(gw, "querygate_config_info")
+            assert info == {(("version", version),): 1.0}, info
+    finally:
+        stop_gateway(gw)
+
+
+def test_admin_reload_after_the_supervisor_died_answers_200_and_says_so(
+    fake_upstream: str, tmp_path: Path
+) -> None:
+    gw = start_gateway(tmp_path, fake_upstream, overrides=NO_WATCH, serve_args=("--workers", "2"))
+    orphans = _children(gw.proc.pid)
+    metrics_dir = None
+    try:
+        _wait_workers_ready(gw, 2)
+        orphans = _children(gw.proc.pid)
+        environ = Path(f"/proc/{min(orphans)}/environ").read_bytes().split(b"\0")
+        metrics_dir = next(
+            v.split(b"=", 1)[1].decode()
+            for v in environ
+            if v.startswith(b"PROMETHEUS_MULTIPROC_DIR=")
+        )
+        response = requests.post(f"{gw.url}/admin/reload", headers=ADMIN, timeout=10)
+        assert response.status_code == 200, response.text
+        assert response.json()["other_workers"] == "told"
+        gw.proc.kill()  # the supervisor dies; its workers serve on, orphaned
+        gw.proc.wait()
+        version = _reload(gw, 7)  # 200, not a 500 from signalling a supervisor that is gone
+        response = requests.post(f"{gw.url}/admin/reload", headers=ADMIN, timeout=10)
+        assert response.status_code == 200, response.text
+        body = response.json()
+        assert body["other_workers"] == "unreachable"
+        assert body["version"] == version
+        assert _log_pids(
+            gw, msg="the supervisor is gone: the other workers were not told to reload"
+        )
+    finally:
+        stop_gateway(gw)
+        for pid in orphans:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if metrics_dir:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
