@@ -277,6 +277,17 @@ def dependency_alerts() -> list[dict[str, Any]]:
             "The new file is invalid or needs a restart.",
         ),
         alert(
+            "QuerygateWorkersMissing",
+            # Every worker of a pod reports its supervisor's figures: one series per pod.
+            'max by (job, instance) (querygate_workers{state="expected"})\n'
+            '  - max by (job, instance) (querygate_workers{state="serving"}) > 0',
+            "10m",
+            "ticket",
+            "a pod serves with fewer workers than configured",
+            "{{ $labels.instance }}: {{ $value }} worker(s) missing for 10 minutes: one cannot "
+            "start or keeps crashing, and is retried (up to every 30 s) while the others serve.",
+        ),
+        alert(
             "QuerygateQuotaStoreDegraded",
             "max by (job) (querygate_quota_store_degraded) == 1",
             "5m",

@@ -235,8 +235,8 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 "Active configuration version",
                 [(f"max by (version) (querygate_config_info{{{SEL}}}) == 1", "{{version}}")],
                 kind="table",
-                # With --workers the gauge is multiprocess: a worker's file keeps the versions it
-                # ran before, at 0 once replaced, so only value 1 is a version in use.
+                # Only value 1 is a version in use (gateway/metrics.py exports no other, but a
+                # version replaced in a single process may linger at 0 in an older gateway).
                 description="The configuration version(s) some worker runs now (more than one "
                 "while a reload or rollout is under way).",
                 extra={"options": {"showHeader": True}},
@@ -254,6 +254,21 @@ ROWS: list[tuple[str, list[Panel]]] = [
             Panel(
                 "Dependencies up",
                 [(f"min by (dependency) (querygate_dependency_up{{{SEL}}})", "{{dependency}}")],
+            ),
+            Panel(
+                "Workers serving per pod",
+                [
+                    (
+                        f'max by (instance) (querygate_workers{{{SEL}, state="serving"}})',
+                        "{{instance}} serving",
+                    ),
+                    (
+                        f'max by (instance) (querygate_workers{{{SEL}, state="expected"}})',
+                        "{{instance}} expected",
+                    ),
+                ],
+                description="Worker processes alive and ready in each pod, against --workers N: "
+                "fewer while one is replaced, for long when one cannot start (the log says why).",
             ),
             # Per pod (a scrape of a pod sums its workers): what its resources and the HPA's
             # CPU target are set against. Two panels: bytes and cores share no axis.
