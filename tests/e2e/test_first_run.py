@@ -12,6 +12,7 @@ from typing import Any
 
 import requests
 
+from tests.e2e.test_openapi import request_fits
 from tests.fixtures.gateway import REPO_ROOT, free_port
 
 SAMPLE_DOCUMENTS = 10_033
@@ -51,6 +52,7 @@ def test_the_port_opens_and_answers_while_the_sample_ingests(tmp_path: Path) -> 
             body = _readyz(url)
             time.sleep(0.2)
         assert body is not None, f"port not open in {OPEN_WITHIN_S}s: {log_path.read_text()}"
+        assert request_fits("Readiness", body), body  # the documented /readyz, ingest included
         ingest = body["ingest"]
         assert ingest["state"] in ("pending", "running")
         assert ingest["partial_index"] is True
