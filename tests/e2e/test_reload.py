@@ -23,7 +23,9 @@ from tests.fixtures.gateway import (
     ADMIN_KEY,
     KEYS,
     GatewayProcess,
+    active_version,
     free_port,
+    metric,
     start_gateway,
     stop_gateway,
 )
@@ -100,11 +102,6 @@ def file_version(gw: GatewayProcess) -> str:
     return load_settings(gw.config_path).version
 
 
-def active_version(gw: GatewayProcess) -> str:
-    version: str = requests.get(f"{gw.url}/readyz", timeout=5).json()["config_version"]
-    return version
-
-
 def wait_for_version(gw: GatewayProcess, version: str) -> None:
     deadline = time.monotonic() + DEADLINE_S
     while (seen := active_version(gw)) != version:
@@ -126,14 +123,6 @@ def reload(gw: GatewayProcess, headers: dict[str, str] | None = None) -> request
 
 def log_lines(gw: GatewayProcess) -> list[dict[str, Any]]:
     return [json.loads(line) for line in gw.log().splitlines() if line.startswith("{")]
-
-
-def metric(gw: GatewayProcess, sample: str) -> float:
-    for line in requests.get(f"{gw.url}/metrics", timeout=5).text.splitlines():
-        name, _, value = line.rpartition(" ")
-        if name == sample:
-            return float(value)
-    return 0.0
 
 
 def test_editing_the_file_switches_the_version_of_answers_and_readyz(

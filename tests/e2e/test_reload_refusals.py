@@ -17,12 +17,15 @@ from tests.fixtures.gateway import (
     ADMIN_KEY,
     KEYS,
     GatewayProcess,
+    active_version,
+    metric,
     run_cli,
     start_gateway,
     stop_gateway,
 )
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
+ERRORS = 'querygate_config_reloads_total{result="error"}'
 
 
 @pytest.fixture(scope="module")
@@ -50,18 +53,6 @@ def reload(gw: GatewayProcess) -> requests.Response:
     return requests.post(f"{gw.url}/admin/reload", headers=ADMIN, timeout=30)
 
 
-def version(gw: GatewayProcess) -> str:
-    found: str = requests.get(f"{gw.url}/readyz", timeout=5).json()["config_version"]
-    return found
-
-
-def refused_reloads(gw: GatewayProcess) -> float:
-    for line in requests.get(f"{gw.url}/metrics", timeout=5).text.splitlines():
-        if line.startswith('querygate_config_reloads_total{result="error"}'):
-            return float(line.rpartition(" ")[2])
-    return 0.0
-
-
 def route(gw: GatewayProcess, tenant: str) -> requests.Response:
     return requests.post(
         f"{gw.url}/v1/route",
@@ -73,7 +64,7 @@ def route(gw: GatewayProcess, tenant: str) -> requests.Response:
 
 def assert_refused(gw: GatewayProcess, before: str, kind: str, *named: str) -> dict[str, Any]:
     """The reload is a 422 of `kind` naming each of `named`; the old version serves both tenants."""
-    refusals = refused_reloads(gw)
+    refusals = metric(gw, ERRORS)
     resp = reload(gw)
     assert resp.status_code == 422, resp.text
     body: dict[str, Any] = resp.json()
@@ -81,8 +72,8 @@ def assert_refused(gw: GatewayProcess, before: str, kind: str, *named: str) -> d
     for text in named:
         assert text in body["error"]["message"], body
     assert body["version"] == before
-    assert refused_reloads(gw) == refusals + 1
-    assert version(gw) == before
+    assert metric(gw, ERRORS) == refusals + 1
+    assert active_version(gw) == before
     for tenant in ("acme", "globex"):
         answer = route(gw, tenant)
         assert answer.status_code == 200, answer.text
@@ -97,7 +88,7 @@ def with_config(gw: GatewayProcess, change: dict[str, Any]) -> None:
 
 def test_a_config_saved_as_utf16_is_refused_not_a_500(gw: GatewayProcess, original: bytes) -> None:
     # What some editors write: the same YAML, in UTF-16 with a byte order mark.
-    before = version(gw)
+    before = active_version(gw)
     gw.config_path.write_bytes(original.decode().encode("utf-16"))
     assert_refused(gw, before, "invalid_config", "UTF-8")
 
@@ -105,7 +96,7 @@ def test_a_config_saved_as_utf16_is_refused_not_a_500(gw: GatewayProcess, origin
 def test_a_top_level_key_that_is_not_a_name_is_refused_not_a_500(
     gw: GatewayProcess, original: bytes
 ) -> None:
-    before = version(gw)
+    before = active_version(gw)
     gw.config_path.write_bytes(original + b"1: 2\n")
     assert_refused(gw, before, "invalid_config", "1")
 
@@ -113,14 +104,14 @@ def test_a_top_level_key_that_is_not_a_name_is_refused_not_a_500(
 def test_a_reload_leaving_no_tenant_is_refused(gw: GatewayProcess, original: bytes) -> None:
     # An emptied list (a template gone wrong) would have switched the gateway to the single
     # demo tenant: every configured tenant refused, a new key minted in the data directory.
-    before = version(gw)
+    before = active_version(gw)
     with_config(gw, {"tenants": []})
     assert_refused(gw, before, "restart_required", "tenants")
     assert not (Path(yaml.safe_load(original)["data_dir"]) / "demo_api_key").exists()
 
 
 def test_a_rule_that_can_never_match_is_refused(gw: GatewayProcess, original: bytes) -> None:
-    before = version(gw)
+    before = active_version(gw)
     config = yaml.safe_load(original)
     rule = {
         "name": "never",
@@ -135,7 +126,7 @@ def test_an_admin_key_that_is_also_a_tenants_key_is_refused(
     gw: GatewayProcess, original: bytes
 ) -> None:
     # Otherwise that tenant could read every tenant's configuration, and reload it.
-    before = version(gw)
+    before = active_version(gw)
     with_config(gw, {"admin_api_key_sha256": hash_api_key(KEYS["acme"])})
     assert_refused(gw, before, "invalid_config", "admin_api_key_sha256", "acme")
     denied = requests.get(f"{gw.url}/admin/config", headers=gw.headers("acme"), timeout=5)
@@ -145,7 +136,7 @@ def test_an_admin_key_that_is_also_a_tenants_key_is_refused(
 def test_a_rule_naming_a_tenant_that_does_not_exist_is_refused(
     gw: GatewayProcess, original: bytes
 ) -> None:
-    before = version(gw)
+    before = active_version(gw)
     config = yaml.safe_load(original)
     rule = {"name": "typo", "when": {"tenants": ["acmee"]}, "then": {"route": "direct"}}
     with_config(gw, {"router": {**config["router"], "rules": [rule]}})

@@ -10,8 +10,15 @@ import requests
 import yaml
 
 from gateway.settings import load_settings
-from tests.fixtures.gateway import GatewayProcess, start_gateway, stop_gateway
+from tests.fixtures.gateway import (
+    GatewayProcess,
+    active_version,
+    metric,
+    start_gateway,
+    stop_gateway,
+)
 
+APPLIED = 'querygate_config_reloads_total{result="ok"}'
 POLL_S = 0.5
 WRITING_S = 4.0  # eight polls
 
@@ -29,21 +36,9 @@ def watched(
     stop_gateway(gw)
 
 
-def version(gw: GatewayProcess) -> str:
-    found: str = requests.get(f"{gw.url}/readyz", timeout=5).json()["config_version"]
-    return found
-
-
-def applied_reloads(gw: GatewayProcess) -> float:
-    for line in requests.get(f"{gw.url}/metrics", timeout=5).text.splitlines():
-        if line.startswith('querygate_config_reloads_total{result="ok"}'):
-            return float(line.rpartition(" ")[2])
-    return 0.0
-
-
 def test_a_file_still_being_written_is_not_applied_half_way(watched: GatewayProcess) -> None:
     gw = watched
-    before = version(gw)
+    before = active_version(gw)
     config = yaml.safe_load(gw.config_path.read_text())
     # What a slow in-place writer has put down so far: valid YAML, the tenant list cut short.
     part = yaml.safe_dump({**config, "tenants": config["tenants"][:1]})
@@ -53,8 +48,8 @@ def test_a_file_still_being_written_is_not_applied_half_way(watched: GatewayProc
         written += f"# still writing {time.monotonic()}\n"
         gw.config_path.write_text(part + written)  # in place, growing: never the same twice
         time.sleep(0.02)
-    assert applied_reloads(gw) == 0
-    assert version(gw) == before
+    assert metric(gw, APPLIED) == 0
+    assert active_version(gw) == before
     answer = requests.post(
         f"{gw.url}/v1/route", json={"query": "Hello?"}, headers=gw.headers("globex"), timeout=30
     )
@@ -64,7 +59,7 @@ def test_a_file_still_being_written_is_not_applied_half_way(watched: GatewayProc
     gw.config_path.write_text(yaml.safe_dump(config))
     new = load_settings(gw.config_path).version
     deadline = time.monotonic() + 20
-    while version(gw) != new:
+    while active_version(gw) != new:
         assert time.monotonic() < deadline, "the finished file was never applied"
         time.sleep(0.1)
-    assert applied_reloads(gw) == 1
+    assert metric(gw, APPLIED) == 1
