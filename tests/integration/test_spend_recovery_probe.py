@@ -65,3 +65,24 @@ async def test_the_probe_finds_redis_back_however_much_spend_waited_for_it(
     finally:
         await connection.aclose()
         proxy.stop()
+
+
+async def test_a_bug_in_the_background_sends_still_reaches_the_probe(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sent inline, an unexpected exception in the sends failed the probe with its traceback
+    (gateway.health logs it as a bug); in a task of its own nothing read it."""
+    connection = RedisConnection(RedisOptions(redis_server.url))
+    await connection.start()
+    try:
+        quotas = Quotas(RedisQuotaStore(connection), Metrics())
+
+        async def broken() -> None:  # our own code failing, not Redis: Redis is real here
+            raise RuntimeError("a bug in the sends")
+
+        monkeypatch.setattr(quotas, "_flush_all", broken)
+        down = await probe(quotas.ping)
+        assert down is not None and down.bug is not None, down
+        assert "a bug in the sends" in down.reason
+    finally:
+        await connection.aclose()
