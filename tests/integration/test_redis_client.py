@@ -60,7 +60,9 @@ async def test_a_started_cluster_client_takes_a_burst_of_first_calls(
     """`start` maps the slots, so a burst that arrives first after start-up (production
     timeouts) does not race the client's lazy mapping of them."""
     url = redis_cluster.urls[0].replace("redis://", "redis+cluster://")
-    connection = RedisConnection(RedisOptions(url))
+    # Wide timeouts: this is about the slot map, and a loaded CI machine took over the 0.5 s
+    # connect timeout to open the burst's connections (the client then leaked a node).
+    connection = RedisConnection(RedisOptions(url, socket_timeout_s=2.0, connect_timeout_s=5.0))
     try:
         await connection.start()
         keys = [f"burst{i}" for i in range(60)]  # on every master
