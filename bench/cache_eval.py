@@ -49,7 +49,7 @@ would look them up semantically at all (it does not when the tokenizer produced 
 Scale: MemoryCacheStore.nearest at 1k, 10k and 100k entries in one tenant (latency, candidates
 scored, recall@1 against brute force); the Redis store's is bench/cache_store_scale.py.
 
-Latency: the real pipeline (gateway.pipeline.Pipeline) with the embedded index of the Wikipedia
+Latency: the real pipeline (gateway.core.pipeline.Pipeline) with the embedded index of the Wikipedia
 sample that bench/retrieval_eval.py builds (copied; the acme test documents when it is absent),
 no model configured (lookups answer extractively, so a miss is embed + classify + retrieve +
 store, no model time), route forced to lookup, once with MemoryCacheStore and once with
@@ -446,11 +446,11 @@ async def latency(
     from backends.llm.litellm_tiers import LiteLLMTiers
     from backends.redis_client import RedisConnection, RedisOptions
     from backends.retrieval.embedded import EmbeddedRetriever
+    from gateway.core.pipeline import Pipeline, QueryRequest, Services
+    from gateway.core.runtime import build_classifier
     from gateway.ingest.pipeline import ingest_documents
     from gateway.ingest.readers import read_paths
-    from gateway.metrics import Metrics
-    from gateway.pipeline import Pipeline, QueryRequest, Services
-    from gateway.runtime import build_classifier
+    from gateway.obs.metrics import Metrics
     from gateway.settings import Settings, TenantConfig
     from tests.redis_server import running_redis
 

@@ -1,4 +1,5 @@
-"""How long one full garbage collection stalls a worker, before and after `gateway.heap.freeze`.
+"""How long one full garbage collection stalls a worker, before and after
+`gateway.server.heap.freeze`.
 
     .venv/bin/python bench/gc_pause.py [--rounds 3]
 
@@ -21,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import backends.llm.offline  # noqa: F401, I001  # before litellm: nothing downloads
 import litellm  # noqa: F401  # a worker imports it for its model tiers and price map
 
-from gateway import heap
-from gateway.app import create_app
+from gateway.server import heap
+from gateway.server.app import create_app
 from gateway.settings import Settings
 
 

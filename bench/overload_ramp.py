@@ -12,7 +12,7 @@ pass-through: the gateway's whole request path, auth, admission, the upstream ca
 in turn. A tenant's shares are half the queries pool's, so with four tenants sending alike the
 process's bounds are the ones exercised: 503 `overloaded` when the waiting room is full or a
 waiter has waited `max_queue_wait_s`; 429 when a waiter is pushed out for a tenant with a
-shorter queue (`gateway.admission`).
+shorter queue (`gateway.limits.admission`).
 
 1. Saturation: closed loop (each client sends its next request when the last is answered) at
    rising concurrency until the accepted rate stops growing; S is the best rate seen. With a
@@ -60,7 +60,8 @@ TENANT_KEYS = {**KEYS, "initech": "key-initech-0004", "umbrella": "key-umbrella-
 DEADLINE_S = 10.0
 CLIENT_TIMEOUT_S = DEADLINE_S + 5  # past the gateway's own deadline: a timeout is its fault
 RAMP = (0.5, 1.0, 1.5, 2.0, 3.0)
-# What admission answers when it sheds (gateway.admission): any other 429 or 503 is a failure.
+# What admission answers when it sheds (gateway.limits.admission): any other 429 or 503 is a
+# failure.
 REFUSALS = frozenset({"429 rate_limited", "503 overloaded", "503 deadline_exceeded"})
 GAUGE_RE = re.compile(r'^querygate_admission_(inflight|queued)\{pool="queries"\} (\S+)$', re.M)
 

@@ -45,7 +45,7 @@ from aiohttp.test_utils import TestClient, TestServer  # noqa: E402
 from backends.cache import redis as cache_redis  # noqa: E402
 from backends.quotas import redis as quota_redis  # noqa: E402
 from bench.gateway_overhead import fake_upstream  # noqa: E402
-from gateway.app import create_app  # noqa: E402
+from gateway.server.app import create_app  # noqa: E402
 from gateway.settings import Settings, hash_api_key  # noqa: E402
 from tests.redis_server import free_port, running_redis  # noqa: E402
 

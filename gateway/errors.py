@@ -2,7 +2,7 @@
 
 One middleware turns them into `{"error": {"type", "message"}}`; handlers raise, never format.
 `outcome` names the error's class in the request accounting where its status alone does not
-(`gateway.accounting`); `detail` is for the log line only, never the client.
+(`gateway.obs.accounting`); `detail` is for the log line only, never the client.
 """
 
 from __future__ import annotations

@@ -145,7 +145,7 @@ class TenantConfig(BaseModel):
     # `router.full_context` is on and the corpus fits)? All that it controls: the gateway has
     # no per-user access rules; a tenant whose documents need them must not share one corpus.
     allow_full_context: bool = True
-    # Requests of every tenant endpoint, shared by every replica (gateway/quotas.py); over
+    # Requests of every tenant endpoint, shared by every replica (gateway/limits/quotas.py); over
     # it: 429 with Retry-After. None: no rate limit.
     rate_limit: RateLimit | None = None
     # USD of model calls per UTC day, checked before each call; spent: 429 naming it until
@@ -296,7 +296,7 @@ class CacheConfig(BaseModel):
 
 
 class QuotasConfig(BaseModel):
-    """Where the tenants' rate limits and budgets are kept (gateway/quotas.py)."""
+    """Where the tenants' rate limits and budgets are kept (gateway/limits/quotas.py)."""
 
     model_config = SECTION
 
@@ -357,7 +357,7 @@ class Settings(BaseSettings):
                     f"admin_api_key_sha256: the admin key is also tenant {tenant.id!r}'s API "
                     "key; give the admin a key of its own"
                 )
-        # With none configured, the one tenant is gateway.runtime's DEMO_TENANT.
+        # With none configured, the one tenant is gateway.core.runtime's DEMO_TENANT.
         known = {t.id for t in self.tenants} or {"demo"}
         for n, rule in enumerate(self.router.rules):
             if unknown := sorted(set(rule.when.tenants) - known):

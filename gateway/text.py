@@ -1,7 +1,7 @@
 """Client text, normalised once at the edge, before anything else reads it.
 
 Every text a client sends (a query, history and chat message contents, a document's title and
-text) passes `clean_text` while its request body is validated (`gateway.schemas.CleanStr`),
+text) passes `clean_text` while its request body is validated (`gateway.http.schemas.CleanStr`),
 so the cache key, the tokenizer, the classifier and the backends only ever see clean text:
 
 - a lone UTF-16 surrogate (JSON `"\\ud800"` without its pair) is not a character: the field is

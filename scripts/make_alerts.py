@@ -19,7 +19,7 @@ import yaml
 OUT = Path(__file__).resolve().parents[1] / "helm/querygate/files/alerts/querygate.yaml"
 RUNBOOK = "docs/runbook.md"
 
-# The answering endpoints (gateway/accounting.py ANSWERING; a test keeps the two equal).
+# The answering endpoints (gateway/obs/accounting.py ANSWERING; a test keeps the two equal).
 ANSWERING_ENDPOINTS = ("POST /v1/query", "POST /v1/chat/completions")
 # Every outcome of an answering request falls in exactly one of these (or is `ok`); a test checks
 # the partition. Ours count against the availability SLO. `cancelled` is ours: the middleware
@@ -40,7 +40,7 @@ CLIENT_CAUSED = (
 AVAILABILITY_TARGET = 0.995
 LATENCY_TARGET = 0.99
 # Per final route: the answer time the latency SLO holds it to. Each is a bucket bound of
-# querygate_request_duration_seconds (gateway/metrics.py; a test checks it).
+# querygate_request_duration_seconds (gateway/obs/metrics.py; a test checks it).
 LATENCY_TARGETS_S = {"direct": 2.5, "lookup": 5.0, "full_context": 10.0, "multihop": 30.0}
 
 

@@ -235,7 +235,7 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 "Active configuration version",
                 [(f"max by (version) (querygate_config_info{{{SEL}}}) == 1", "{{version}}")],
                 kind="table",
-                # Only value 1 is a version in use (gateway/metrics.py exports no other, but a
+                # Only value 1 is a version in use (gateway/obs/metrics.py exports no other, but a
                 # version replaced in a single process may linger at 0 in an older gateway).
                 description="The configuration version(s) some worker runs now (more than one "
                 "while a reload or rollout is under way).",

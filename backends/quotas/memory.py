@@ -1,7 +1,7 @@
 """Quotas held in this process: token buckets and daily spend per tenant.
 
 The store of a deployment with no Redis (each process enforces the limits on its own), and
-the fallback the gateway uses while Redis is unreachable (`gateway.quotas`). The bucket maths
+the fallback the gateway uses while Redis is unreachable (`gateway.limits.quotas`). The bucket maths
 is `refill_and_take`; the Redis store's script does the same sums on the server.
 """
 

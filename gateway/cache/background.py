@@ -18,7 +18,7 @@ from backends.redis_client import unbudgeted
 log = logging.getLogger(__name__)
 
 # At shutdown, how long the last writes get before they are cut (the quotas' spend gets as
-# long, gateway/quotas.py).
+# long, gateway/limits/quotas.py).
 DRAIN_S = 2.0
 
 

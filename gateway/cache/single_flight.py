@@ -31,7 +31,7 @@ from backends.cache.base import CacheStore
 from backends.errors import BackendError
 from backends.redis_client import request_spend, unbudgeted
 from gateway.cache.background import PROCESS_WRITES
-from gateway.guard import request_deadline
+from gateway.core.guard import request_deadline
 
 # How often a waiter in another process looks for the leader's answer.
 POLL_INTERVAL_S = 0.05

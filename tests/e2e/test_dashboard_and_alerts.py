@@ -18,8 +18,8 @@ import requests
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.accounting import ANSWERING
-from gateway.metrics import Metrics
+from gateway.obs.accounting import ANSWERING
+from gateway.obs.metrics import Metrics
 from scripts import make_alerts
 from scripts.make_dashboard import OUT as DASHBOARD
 from scripts.make_dashboard import render
@@ -126,7 +126,7 @@ def test_the_slo_counts_the_gateways_answering_endpoints_and_each_outcome_once()
     assert set(make_alerts.ANSWERING_ENDPOINTS) == ANSWERING
     ours, clients = set(make_alerts.OUR_FAILURES), set(make_alerts.CLIENT_CAUSED)
     assert not ours & clients and "ok" not in ours | clients
-    # a cancel with the client still connected is the gateway's (gateway/middleware.py)
+    # a cancel with the client still connected is the gateway's (gateway/http/middleware/outer.py)
     assert "cancelled" in ours and "disconnect" in clients
 
 

@@ -13,7 +13,7 @@ import pytest
 import requests
 import yaml
 
-from gateway.app import create_app
+from gateway.server.app import create_app
 from gateway.settings import Settings
 from tests.fixtures.gateway import ADMIN_KEY, REPO_ROOT, GatewayProcess
 

@@ -22,10 +22,10 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from backends.errors import BackendUnavailable
 from backends.retrieval.base import EmptyDocument, Vector
-from gateway.app import create_app
-from gateway.appkeys import METRICS, RUNTIME, SERVICES
-from gateway.reload import RELOADER
-from gateway.runtime import build_runtime
+from gateway.core.runtime import build_runtime
+from gateway.http.appkeys import METRICS, RUNTIME, SERVICES
+from gateway.server.app import create_app
+from gateway.server.reload import RELOADER
 from gateway.settings import Settings, hash_api_key
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -72,7 +72,7 @@ async def app_client(
 ) -> AsyncIterator[tuple[TestClient[Any, Any], ScriptedEmbedder]]:
     fake = ScriptedEmbedder()
     mp = pytest.MonkeyPatch()
-    mp.setattr("gateway.services.build_embedder", lambda config: fake)
+    mp.setattr("gateway.server.services.build_embedder", lambda config: fake)
     config: dict[str, Any] = dict(
         data_dir=tmp_path_factory.mktemp("admission"),
         server={
@@ -129,7 +129,7 @@ def request_lines(caplog: pytest.LogCaptureFixture, request_id: str) -> list[log
     return [
         r
         for r in caplog.records
-        if r.name == "gateway.accounting" and getattr(r, "request_id", None) == request_id
+        if r.name == "gateway.obs.accounting" and getattr(r, "request_id", None) == request_id
     ]
 
 

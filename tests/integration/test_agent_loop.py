@@ -23,12 +23,12 @@ from backends.llm.base import GenerationOptions, Message
 from backends.llm.litellm_tiers import LiteLLMTiers
 from backends.retrieval.base import Hit, SearchRequest
 from backends.retrieval.embedded import EmbeddedRetriever
+from gateway.core.pipeline import Pipeline, QueryRequest, Services
+from gateway.http.wire import QueryResult
 from gateway.ingest.pipeline import ingest_documents
 from gateway.ingest.readers import RawDocument, read_paths
-from gateway.metrics import Metrics
-from gateway.pipeline import Pipeline, QueryRequest, Services
+from gateway.obs.metrics import Metrics
 from gateway.settings import Settings, TenantConfig
-from gateway.wire import QueryResult
 from routers.classifier import HeuristicClassifier
 from routers.types import Generation, Route
 from tests.fixtures.gateway import DATA

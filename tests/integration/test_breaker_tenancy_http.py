@@ -1,5 +1,6 @@
 """A model's cooldown over HTTP, in process: one tenant whose questions make the upstream fail
-does not cool the model down for another. The tenant comes from the API key (gateway/limits.py)
+does not cool the model down for another. The tenant comes from the API key
+(gateway/http/middleware/limits.py)
 and reaches the breakers; litellm's real client path to the fake upstream process."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.app import create_app
+from gateway.server.app import create_app
 from gateway.settings import Settings, hash_api_key
 from tests.fixtures.upstream import calls_for
 

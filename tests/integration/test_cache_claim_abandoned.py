@@ -15,8 +15,8 @@ import pytest
 
 from backends.cache.redis import RedisCacheStore, lease_key
 from backends.redis_client import RedisConnection, RedisOptions, RequestSpend, request_spend
-from gateway.metrics import Metrics
-from gateway.response_cache import ResponseCache, StoreFailed
+from gateway.cache.response import ResponseCache, StoreFailed
+from gateway.obs.metrics import Metrics
 from gateway.settings import CacheConfig
 from tests.redis_server import RedisServer
 

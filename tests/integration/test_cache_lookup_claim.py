@@ -23,10 +23,10 @@ from backends.cache import redis as cache_redis
 from backends.cache.base import CachedEntry
 from backends.cache.redis import RedisCacheStore, lease_key
 from backends.redis_client import RedisConnection, RedisOptions
-from gateway.app import create_app
+from gateway.cache.response import ResponseCache
 from gateway.cache.single_flight import Shared
-from gateway.metrics import Metrics
-from gateway.response_cache import ResponseCache
+from gateway.obs.metrics import Metrics
+from gateway.server.app import create_app
 from gateway.settings import CacheConfig, Settings, hash_api_key
 from tests.redis_server import RedisServer
 

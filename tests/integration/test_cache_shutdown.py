@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.metrics import Metrics
-from gateway.pipeline import Pipeline, QueryRequest
-from gateway.services import open_services
+from gateway.core.pipeline import Pipeline, QueryRequest
+from gateway.obs.metrics import Metrics
+from gateway.server.services import open_services
 from gateway.settings import Settings, TenantConfig
 from routers.classifier import HeuristicClassifier
 from tests.fixtures.gateway import TcpProxy

@@ -18,9 +18,9 @@ from backends.cache.memory import MemoryCacheStore
 from backends.cache.redis import RedisCacheStore
 from backends.redis_client import RedisConnection, RedisOptions
 from backends.retrieval.embedded import EmbeddedRetriever
-from gateway.health import watch_dependencies
-from gateway.metrics import Metrics
-from gateway.pipeline import Services
+from gateway.core.health import watch_dependencies
+from gateway.core.pipeline import Services
+from gateway.obs.metrics import Metrics
 from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -95,7 +95,7 @@ async def test_the_cache_gauge_goes_to_0_while_redis_is_down_and_back_to_1_when_
     retriever: EmbeddedRetriever,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="gateway.health")
+    caplog.set_level(logging.INFO, logger="gateway.core.health")
     connection = RedisConnection(RedisOptions(redis_server.url, socket_timeout_s=0.2))
     await connection.start()
     metrics = Metrics()
@@ -122,7 +122,7 @@ async def test_the_cache_gauge_goes_to_0_while_redis_is_down_and_back_to_1_when_
 async def test_a_ping_raising_an_unexpected_exception_reports_down_and_the_watch_goes_on(
     retriever: EmbeddedRetriever, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="gateway.health")
+    caplog.set_level(logging.INFO, logger="gateway.core.health")
     breakable = BreakableRetriever(retriever)  # broken from the start
     metrics = Metrics()
     task = watch(breakable, MemoryCacheStore(), metrics)

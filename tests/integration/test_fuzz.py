@@ -30,9 +30,9 @@ from hypothesis.configuration import set_hypothesis_home_dir
 
 from backends.embeddings.minilm import MiniLMEmbedder
 from backends.retrieval.embedded import EmbeddedRetriever
-from gateway.app import create_app
 from gateway.ingest.pipeline import ingest_documents
 from gateway.ingest.readers import read_paths
+from gateway.server.app import create_app
 from gateway.settings import Settings, hash_api_key
 from tests.fixtures.gateway import DATA
 

@@ -1,5 +1,5 @@
 """An idle keep-alive connection is closed after 75 s, as `aiohttp.web.run_app` did before the
-gateway's own `run_app` (gateway/http_protocol.py): its `web.Server` left to the handler's
+gateway's own `run_app` (gateway/http/protocol.py): its `web.Server` left to the handler's
 default kept one for 3630 s, an fd per client that opened a connection and went quiet. Against
 a real `querygate serve` over a raw socket; waits out the timeout (~75 s)."""
 

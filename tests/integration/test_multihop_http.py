@@ -15,9 +15,9 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from backends.embeddings.minilm import MiniLMEmbedder
 from backends.retrieval.embedded import EmbeddedRetriever
-from gateway.app import create_app
 from gateway.ingest.pipeline import ingest_documents
 from gateway.ingest.readers import read_paths
+from gateway.server.app import create_app
 from gateway.settings import Settings, hash_api_key
 from tests.fixtures.gateway import DATA
 from tests.fixtures.upstream import calls_for

@@ -16,10 +16,10 @@ from backends.cache.memory import MemoryCacheStore
 from backends.llm.litellm_tiers import LiteLLMTiers
 from backends.retrieval.base import Vector
 from backends.retrieval.embedded import EmbeddedRetriever
-from gateway.metrics import Metrics
-from gateway.pipeline import Pipeline, QueryRequest, Services
+from gateway.core.pipeline import Pipeline, QueryRequest, Services
+from gateway.http.wire import QueryResult
+from gateway.obs.metrics import Metrics
 from gateway.settings import Settings, TenantConfig
-from gateway.wire import QueryResult
 from routers.classifier import HeuristicClassifier
 from routers.policy import RouteNotAllowed
 from routers.types import Route

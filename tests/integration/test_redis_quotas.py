@@ -19,8 +19,8 @@ import pytest
 from backends.errors import BackendError, BackendUnavailable, UpstreamError
 from backends.quotas.redis import RedisQuotaStore, applied_key, bucket_key, spend_key
 from backends.redis_client import RedisConnection, RedisOptions, RequestSpend, request_spend
-from gateway.metrics import Metrics
-from gateway.quotas import BudgetExceeded, Quotas, RateLimited, utc_day
+from gateway.limits.quotas import BudgetExceeded, Quotas, RateLimited, utc_day
+from gateway.obs.metrics import Metrics
 from gateway.settings import TenantConfig
 from tests.redis_server import RedisServer
 

@@ -23,13 +23,13 @@ from backends.llm.base import Message
 from backends.llm.litellm_tiers import LiteLLMTiers
 from backends.redis_client import RedisConnection, RedisOptions
 from backends.retrieval.embedded import EmbeddedRetriever
+from gateway.core.pipeline import Pipeline, QueryRequest, RequestContext, Services
+from gateway.http.streaming import release_abandoned
+from gateway.http.wire import QueryResult
 from gateway.ingest.pipeline import ingest_documents
 from gateway.ingest.readers import read_paths
-from gateway.metrics import Metrics
-from gateway.pipeline import Pipeline, QueryRequest, RequestContext, Services
+from gateway.obs.metrics import Metrics
 from gateway.settings import Settings, TenantConfig
-from gateway.streaming import release_abandoned
-from gateway.wire import QueryResult
 from routers.classifier import HeuristicClassifier
 from tests.fixtures.gateway import DATA
 from tests.fixtures.upstream import calls_for

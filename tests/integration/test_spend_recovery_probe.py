@@ -1,6 +1,6 @@
 """After a Redis outage the health probe says Redis is back however much spend waited for it,
 against a real redis-server behind a forwarder adding 40 ms each way. The probe (`Quotas.ping`,
-under gateway.health's PROBE_TIMEOUT_S) sent every tenant-day's kept spend inside its own
+under gateway.core.health's PROBE_TIMEOUT_S) sent every tenant-day's kept spend inside its own
 timeout, one round trip each: with many tenants it timed out though Redis answered, so the
 quotas were reported down, and the timeout cut the sends half-way. The sends now run in a task
 of their own, which the probe waits for only briefly."""
@@ -15,9 +15,9 @@ import pytest
 
 from backends.quotas.redis import RedisQuotaStore
 from backends.redis_client import RedisConnection, RedisOptions
-from gateway.health import probe
-from gateway.metrics import Metrics
-from gateway.quotas import Quotas, utc_day
+from gateway.core.health import probe
+from gateway.limits.quotas import Quotas, utc_day
+from gateway.obs.metrics import Metrics
 from gateway.settings import TenantConfig
 from tests.fixtures.gateway import TcpProxy
 from tests.redis_server import RedisServer
@@ -71,7 +71,7 @@ async def test_a_bug_in_the_background_sends_still_reaches_the_probe(
     redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Sent inline, an unexpected exception in the sends failed the probe with its traceback
-    (gateway.health logs it as a bug); in a task of its own nothing read it."""
+    (gateway.core.health logs it as a bug); in a task of its own nothing read it."""
     connection = RedisConnection(RedisOptions(redis_server.url))
     await connection.start()
     try:

@@ -15,8 +15,8 @@ import pytest
 
 from backends.quotas.redis import RedisQuotaStore, applied_key, spend_key
 from backends.redis_client import RedisConnection, RedisOptions
-from gateway.metrics import Metrics
-from gateway.quotas import BudgetExceeded, Quotas, utc_day
+from gateway.limits.quotas import BudgetExceeded, Quotas, utc_day
+from gateway.obs.metrics import Metrics
 from gateway.settings import TenantConfig
 from tests.redis_server import RedisServer
 

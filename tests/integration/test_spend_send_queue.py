@@ -16,8 +16,8 @@ import pytest
 
 from backends.quotas.redis import RedisQuotaStore
 from backends.redis_client import RedisConnection, RedisOptions
-from gateway.metrics import Metrics
-from gateway.quotas import Quotas, utc_day
+from gateway.limits.quotas import Quotas, utc_day
+from gateway.obs.metrics import Metrics
 from gateway.settings import TenantConfig
 from tests.fixtures.gateway import TcpProxy
 from tests.redis_server import RedisServer

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from gateway.admin import REDACTED, redact_url, redacted_config
+from gateway.server.admin import REDACTED, redact_url, redacted_config
 from gateway.settings import Settings
 
 

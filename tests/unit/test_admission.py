@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from gateway.admission import Pool, Saturated, TenantOverShare
 from gateway.errors import DeadlineExceeded
-from gateway.metrics import Metrics
+from gateway.limits.admission import Pool, Saturated, TenantOverShare
+from gateway.obs.metrics import Metrics
 from gateway.settings import AdmissionConfig, PoolLimits
 
 CONFIG = AdmissionConfig(max_queue_wait_s=5, retry_after_s=2)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from gateway import heap
-from gateway.app import create_app
+from gateway.server import heap
+from gateway.server.app import create_app
 from gateway.settings import Settings
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.reload import RESTART_ONLY, fingerprint
+from gateway.server.reload import RESTART_ONLY, fingerprint
 from gateway.settings import Settings, hash_api_key, load_settings
 from tests.helm_chart import CHART, REPO, Doc, HelmFailed, notes, render, run_helm
 
@@ -520,7 +520,8 @@ def test_in_live_mode_a_reloadable_change_leaves_the_pods_alone(name: str) -> No
     )
 
 
-# One change per gateway.reload.RESTART_ONLY entry. host and data_dir are the chart's own (fixed);
+# One change per gateway.server.reload.RESTART_ONLY entry. host and data_dir are the chart's own
+# (fixed);
 # the port changes through containerPort.
 RESTART_CHANGES: dict[str, Doc] = {
     "server.port": {"containerPort": 9000},

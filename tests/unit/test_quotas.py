@@ -15,11 +15,10 @@ from pydantic import ValidationError
 from backends.errors import BackendUnavailable, UpstreamError
 from backends.llm.base import Completion, Message, StreamDelta, Tier, Usage
 from backends.quotas.memory import MemoryQuotaStore, refill_and_take
-from gateway.health import probes
-from gateway.metered_llm import MeteredLLM, estimate_usage
-from gateway.metrics import MULTIPROC_ENV, Metrics
-from gateway.pipeline import Services
-from gateway.quotas import (
+from gateway.core.health import probes
+from gateway.core.pipeline import Services
+from gateway.limits.metering import MeteredLLM, estimate_usage
+from gateway.limits.quotas import (
     BudgetedLLM,
     BudgetExceeded,
     Quotas,
@@ -30,6 +29,7 @@ from gateway.quotas import (
     utc_day,
     warn_if_per_worker,
 )
+from gateway.obs.metrics import MULTIPROC_ENV, Metrics
 from gateway.settings import QuotasConfig, TenantConfig
 
 DIGEST = "0" * 64

@@ -17,9 +17,9 @@ import pytest
 
 import backends.retrieval.embedded
 import backends.retrieval.opensearch
-import gateway.documents
+import gateway.http.handlers.documents
+import gateway.http.middleware.outer
 import gateway.ingest.chunker
-import gateway.middleware
 import gateway.text
 import routers.agent_tools
 import routers.features
@@ -45,8 +45,8 @@ MODULES: tuple[ModuleType, ...] = (
     backends.retrieval.embedded,
     backends.retrieval.opensearch,
     gateway.ingest.chunker,
-    gateway.documents,
-    gateway.middleware,
+    gateway.http.handlers.documents,
+    gateway.http.middleware.outer,
     gateway.text,
 )
 # Quadratic on their own; only ever run through the bounded functions tested below.

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gateway.reload import RESTART_ONLY, fingerprint, restart_only_changes
+from gateway.server.reload import RESTART_ONLY, fingerprint, restart_only_changes
 from gateway.settings import Settings, hash_api_key
 
 BASE: dict[str, Any] = {

@@ -18,11 +18,11 @@ from gateway.cache.keys import (
     normalise_query,
     options_digest,
 )
+from gateway.cache.response import ResponseCache, StoreFailed
 from gateway.cache.single_flight import Shared, SingleFlight
-from gateway.guard import request_deadline
-from gateway.metrics import Metrics
-from gateway.pipeline import replay_pieces
-from gateway.response_cache import ResponseCache, StoreFailed
+from gateway.core.guard import request_deadline
+from gateway.core.pipeline import replay_pieces
+from gateway.obs.metrics import Metrics
 from gateway.settings import CacheConfig, Settings, TenantConfig
 from routers.types import Route
 

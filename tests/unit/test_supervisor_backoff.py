@@ -7,8 +7,8 @@ import multiprocessing
 import socket
 import time
 
+from gateway.server.workers import Supervisor, WorkerSpec, _Worker
 from gateway.settings import Settings
-from gateway.workers import Supervisor, WorkerSpec, _Worker
 
 
 def _supervisor(sock: socket.socket) -> Supervisor:

@@ -8,8 +8,8 @@ import signal
 import socket
 import threading
 
+from gateway.server.workers import Supervisor, WorkerSpec, _Worker
 from gateway.settings import Settings
-from gateway.workers import Supervisor, WorkerSpec, _Worker
 
 
 def test_sighup_landing_while_the_loop_reads_a_workers_readiness_does_not_hang() -> None:

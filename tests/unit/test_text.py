@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from gateway.documents import DocumentBody
-from gateway.schemas import ChatBody, QueryBody
+from gateway.http.handlers.documents import DocumentBody
+from gateway.http.schemas import ChatBody, QueryBody
 from gateway.text import InvalidText, canonical_doc_id, clean_text, doc_id
 
 

@@ -1,0 +1,1 @@
+"""`querygate`'s command line: argparse, and one function per command."""

@@ -1,0 +1,426 @@
+"""`querygate`: serve, ingest, route, eval, config. Every command reads the same configuration
+(`config` reads the file it is given, or none)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import secrets
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import SecretStr
+
+from gateway.obs.logs import configure_logging
+from gateway.settings import ConfigError, Settings, load_settings
+
+if TYPE_CHECKING:
+    from gateway.ingest.background import BackgroundIngest
+    from gateway.server.workers import WorkerSpec
+
+log = logging.getLogger("querygate")
+
+DEMO_KEY_FILE = "demo_api_key"
+# What pydantic writes its JSON schemas in.
+JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    configure_logging(args.log_level)
+    if args.command == "config":
+        return _config(args)
+    try:
+        settings = load_settings(args.config)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    handler = {"serve": _serve, "ingest": _ingest, "route": _route, "eval": _eval}[args.command]
+    return handler(settings, args)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="querygate", description=__doc__)
+    parser.add_argument("--config", type=Path, help="YAML configuration file")
+    parser.add_argument("--log-level", default="INFO")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the gateway")
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+    serve.add_argument(
+        "--sample-corpus",
+        action="store_true",
+        help="ingest the offline Wikipedia sample for the demo tenant in the background while "
+        "serving (a no-op when done; with --workers N > 1, before serving)",
+    )
+    serve.add_argument(
+        "--workers",
+        type=_workers,
+        default=1,
+        help="worker processes on the one port (default 1; auto = one per core)",
+    )
+
+    ingest = sub.add_parser("ingest", help="add .md, .txt and .jsonl documents for a tenant")
+    ingest.add_argument("--tenant", required=True)
+    ingest.add_argument("paths", nargs="*", type=Path)
+    ingest.add_argument(
+        "--sample-corpus", action="store_true", help="the offline Wikipedia sample (10,033 pages)"
+    )
+    ingest.add_argument(
+        "--rechunk",
+        action="store_true",
+        help="rewrite unchanged documents too, with today's chunker (after an upgrade changed it)",
+    )
+
+    route = sub.add_parser("route", help="explain the routing decision for a question")
+    route.add_argument("question")
+    route.add_argument("--tenant", default="demo", help="whose routing rules apply")
+
+    evaluate = sub.add_parser(
+        "eval", help="measure this configuration's routing or retrieval on labelled questions"
+    )
+    kinds = evaluate.add_subparsers(dest="evaluation", required=True)
+    routes = kinds.add_parser(
+        "routes",
+        help='route accuracy on JSONL lines {"question", "route", "history"?}',
+        description="Classifier and policy only: no LLM is called, nothing is answered.",
+    )
+    routes.add_argument("file", type=Path)
+    routes.add_argument("--tenant", default="demo", help="whose routing rules apply")
+    routes.add_argument(
+        "--with-escalation",
+        action="store_true",
+        help="run each lookup's retrieval and evidence grade on the tenant's index; "
+        "escalated ones count as multihop",
+    )
+    retrieval = kinds.add_parser(
+        "retrieval",
+        help='recall@k and MRR@10 on JSONL lines {"question", "relevant": [doc_id, ...]}',
+        description="BM25, dense and fused search of the tenant's index, as a lookup makes it.",
+    )
+    retrieval.add_argument("file", type=Path)
+    retrieval.add_argument("--tenant", required=True)
+    retrieval.add_argument("--k", type=_positive, default=10, help="recall@k (default 10)")
+    for kind in (routes, retrieval):
+        kind.add_argument("--json", action="store_true", help="print the report as JSON")
+        kind.add_argument(
+            "--show", type=_positive, default=10, help="worst misroutes / misses to list"
+        )
+
+    config = sub.add_parser("config", help="the configuration's JSON schema, or check a file")
+    actions = config.add_subparsers(dest="action", required=True)
+    actions.add_parser("schema", help="print the configuration's JSON schema")
+    check = actions.add_parser(
+        "check",
+        help="validate a configuration file (with the QUERYGATE_* environment, as serve "
+        "reads it) without starting anything: exit 0 and OK, or 2 naming every bad field",
+    )
+    check.add_argument("file", type=Path)
+    return parser
+
+
+def _positive(value: str) -> int:
+    number = int(value)
+    if not 1 <= number <= 100:
+        raise argparse.ArgumentTypeError("want an integer from 1 to 100")
+    return number
+
+
+def _workers(value: str) -> int:
+    from gateway.server.workers import worker_count
+
+    try:
+        return worker_count(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def with_demo_key(settings: Settings, announce: bool = True) -> Settings:
+    """With no tenants configured, the demo tenant's key comes from the environment or is
+    generated once and kept in the data directory."""
+    if settings.tenants or settings.demo_api_key is not None:
+        return settings
+    path = settings.data_dir / DEMO_KEY_FILE
+    if path.exists():
+        key = path.read_text(encoding="utf-8").strip()
+        if announce:
+            print(f"demo tenant API key: stored in {path}", file=sys.stderr)
+    else:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        key = "qg-demo-" + secrets.token_urlsafe(24)
+        path.touch(mode=0o600)
+        path.write_text(key + "\n", encoding="utf-8")
+        print(f"demo tenant API key (shown once, kept in {path}): {key}", file=sys.stderr)
+    return settings.model_copy(update={"demo_api_key": SecretStr(key)})
+
+
+def _serve(settings: Settings, args: argparse.Namespace) -> int:
+    from gateway.core.runtime import DEMO_TENANT
+
+    if args.workers > 1:  # a SIGHUP before the supervisor is up must not end it
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    settings = _serve_settings(settings, args)  # the demo key is made here, once
+    if args.workers == 1:
+        ingest = None
+        if args.sample_corpus:
+            from gateway.ingest.background import BackgroundIngest
+            from gateway.ingest.wiki_sample import load_wiki_sample
+
+            # In the app's lifetime: the port opens at once and answers while it runs.
+            ingest = BackgroundIngest(DEMO_TENANT, load_wiki_sample)
+        return _run_app(settings, args, startup_ingest=ingest)
+    if args.sample_corpus:
+        # Workers are separate processes: the one writer ingests before they start.
+        asyncio.run(_ingest_async(settings, DEMO_TENANT, [], sample=True))
+    return _supervise(settings, args)
+
+
+def _supervise(settings: Settings, args: argparse.Namespace) -> int:
+    from gateway.server.workers import Supervisor, WorkerSpec, bind
+
+    server = settings.server
+    try:
+        sock = bind(server.host, server.port)
+    except OSError as exc:
+        print(f"cannot listen on {server.host}:{server.port}: {exc}", file=sys.stderr)
+        return 2
+    with sock:
+        port = int(sock.getsockname()[1])  # the one chosen when the config says 0
+        spec = WorkerSpec(args.config, args.host, port, args.log_level, settings)
+        return Supervisor(spec, sock, args.workers, server.shutdown_grace_s).run()
+
+
+def serve_worker(spec: WorkerSpec, sock: socket.socket, on_ready: Callable[[], None]) -> int:
+    """One worker of `serve --workers N` (in a fresh interpreter): the app on the shared socket."""
+    configure_logging(spec.log_level)
+    args = argparse.Namespace(config=spec.config_path, host=spec.host, port=spec.port)
+    try:
+        settings = _serve_settings(load_settings(spec.config_path), args, announce=False)
+    except ConfigError as exc:
+        # Edited since the supervisor read it: start on what it validated; the file watch
+        # reloads the next good edit.
+        log.error(
+            "config file refused; starting on the configuration the supervisor validated",
+            extra={"error": str(exc)},
+        )
+        settings = spec.settings
+    return _run_app(settings, args, sock=sock, on_ready=on_ready)
+
+
+def _run_app(
+    settings: Settings,
+    args: argparse.Namespace,
+    *,
+    sock: socket.socket | None = None,
+    on_ready: Callable[[], None] | None = None,
+    startup_ingest: BackgroundIngest | None = None,
+) -> int:
+    from aiohttp import web
+
+    from gateway.http.appkeys import RUNTIME
+    from gateway.http.protocol import run_app
+    from gateway.server.app import create_app
+
+    server = settings.server
+    app = create_app(
+        settings,
+        args.config,
+        lambda fresh: _serve_settings(fresh, args, False),
+        startup_ingest=startup_ingest,
+        freeze_heap=True,
+    )
+    if on_ready is not None:
+
+        async def ready(app: web.Application) -> None:  # runs after every backend has opened
+            on_ready()
+
+        app.on_startup.append(ready)
+    where: dict[str, Any] = {"sock": sock} if sock else {"host": server.host, "port": server.port}
+    try:
+        run_app(  # aiohttp's, with a deadline on request headers and JSON protocol errors
+            app,
+            **where,
+            # the active configuration's: a reload applies to the connections after it
+            header_read_timeout_s=lambda: (
+                app[RUNTIME].current.settings.server.header_read_timeout_s
+            ),
+            shutdown_timeout=server.shutdown_grace_s,
+            # A client that hangs up stops its request's work (an agent loop, model calls): nobody
+            # would read the answer, and the tenant would still pay for it.
+            handler_cancellation=True,
+            access_log=None,
+            print=lambda msg: log.info(msg),
+        )
+    except ConfigError as exc:
+        # found while starting the backends (e.g. an index layout that needs migrating)
+        print(exc, file=sys.stderr)
+        return 2
+    return 0
+
+
+def _serve_settings(
+    settings: Settings, args: argparse.Namespace, announce: bool = True
+) -> Settings:
+    """The demo key and --host/--port on top of the file; a reload applies them again."""
+    settings = with_demo_key(settings, announce)
+    server = settings.server.model_copy(
+        update={k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    )
+    return settings.model_copy(update={"server": server})
+
+
+def _ingest(settings: Settings, args: argparse.Namespace) -> int:
+    if not args.paths and not args.sample_corpus:
+        print("nothing to ingest: give paths or --sample-corpus", file=sys.stderr)
+        return 2
+    from gateway.ingest.readers import UnreadableInput
+
+    try:
+        report = asyncio.run(
+            _ingest_async(settings, args.tenant, args.paths, args.sample_corpus, args.rechunk)
+        )
+    except UnreadableInput as exc:
+        print(f"cannot ingest: {exc}", file=sys.stderr)
+        return 2
+    refused = report.pop("too_large_ids")
+    blank = report.pop("blank_ids")
+    print(json.dumps(report))
+    if blank:
+        # The API refuses such a text (422); here it means the document should not exist.
+        print(
+            "not ingested, blank text (white space or invisible characters only; a stored "
+            f"version is deleted): {', '.join(blank)}",
+            file=sys.stderr,
+        )
+    if refused:
+        print(
+            f"not ingested, more than server.max_document_chunks "
+            f"({settings.server.max_document_chunks}) chunks each: {', '.join(refused)}",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+async def _ingest_async(
+    settings: Settings, tenant: str, paths: list[Path], sample: bool, rechunk: bool = False
+) -> dict[str, Any]:
+    from backends.embeddings.bulk import bulk_embedder
+    from backends.embeddings.config import build_embedder
+    from gateway.ingest.background import IngestProgress, ProgressDisplay, ingest_shown
+    from gateway.ingest.readers import read_paths
+    from gateway.ingest.wiki_sample import load_wiki_sample
+    from gateway.server.services import build_retriever
+
+    embedder = build_embedder(settings.embeddings)
+    retriever = build_retriever(settings, embedder.dimension)
+    # Every core embeds (one batch each); this coroutine is the one writer.
+    bulk, parallel = bulk_embedder(embedder)
+    try:
+        docs = list(load_wiki_sample()) if sample else []
+        docs += list(read_paths(paths))
+        progress = IngestProgress(tenant, "sample corpus" if sample else "documents")
+        progress.total, progress.state = len(docs), "running"
+        progress.workers = getattr(bulk, "workers", 1)
+        display = ProgressDisplay(progress)
+        report = await ingest_shown(
+            progress,
+            display,
+            docs,
+            bulk,
+            retriever,
+            parallel,
+            rechunk=rechunk,
+            max_chunks=settings.server.max_document_chunks,
+        )
+        progress.state, progress.chunks = "done", report.chunks
+        display.update(final=True)
+    finally:
+        if bulk is not embedder:
+            await bulk.aclose()
+        await retriever.aclose()
+        await embedder.aclose()
+    return {
+        **report.as_dict(),
+        "too_large_ids": report.too_large_ids,
+        "blank_ids": report.blank_ids,
+    }
+
+
+def _route(settings: Settings, args: argparse.Namespace) -> int:
+    from backends.embeddings.config import build_embedder
+    from gateway.core.pipeline import configured_routes, policy_for
+    from gateway.core.runtime import build_classifier
+    from gateway.http.wire import decision_body
+    from routers.policy import decide
+
+    async def explain() -> dict[str, Any]:
+        embedder = build_embedder(settings.embeddings)
+        try:
+            vector = (await embedder.embed([args.question]))[0]
+        finally:
+            await embedder.aclose()
+        classifier = build_classifier(settings, embedder.model_id)
+        policy = policy_for(settings, args.tenant, configured_routes(settings))
+        classification = classifier.classify(args.question, vector)
+        return decision_body(decide(classification, "auto", args.question, policy))
+
+    print(json.dumps(asyncio.run(explain()), indent=2))
+    return 0
+
+
+def _config(args: argparse.Namespace) -> int:
+    if args.action == "schema":
+        schema = {"$schema": JSON_SCHEMA_DIALECT, **Settings.model_json_schema()}
+        print(json.dumps(schema, indent=2))
+        return 0
+    if not args.file.is_file():
+        print(f"cannot read {args.file}: no such file", file=sys.stderr)
+        return 2
+    try:
+        settings = load_settings(args.file)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    print(f"OK {args.file}: config version {settings.version}")
+    return 0
+
+
+def _eval(settings: Settings, args: argparse.Namespace) -> int:
+    from backends.errors import BackendError
+    from gateway.eval import evaluation
+
+    try:
+        if args.evaluation == "routes":
+            report = asyncio.run(
+                evaluation.evaluate_routes(
+                    settings,
+                    args.file,
+                    args.tenant,
+                    with_escalation=args.with_escalation,
+                    show=args.show,
+                )
+            )
+            text = evaluation.render_routes
+        else:
+            report = asyncio.run(
+                evaluation.evaluate_retrieval(
+                    settings, args.file, args.tenant, k=args.k, show=args.show
+                )
+            )
+            text = evaluation.render_retrieval
+    except (evaluation.EvalError, ConfigError) as exc:
+        print(f"cannot evaluate: {exc}", file=sys.stderr)
+        return 2
+    except BackendError as exc:
+        print(f"cannot evaluate: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(evaluation.finite(report), indent=2) if args.json else text(report))
+    return 0

@@ -1,0 +1,1 @@
+"""The request core, free of aiohttp: the pipeline's stages, routing, runtime and health."""

@@ -1,0 +1,1 @@
+"""`querygate eval`: routing and retrieval measured on an operator's labelled questions."""

@@ -1,0 +1,1 @@
+"""The HTTP surface: protocol, bodies, schemas, wire shapes, streaming, middleware, handlers."""

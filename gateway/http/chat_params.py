@@ -1,0 +1,105 @@
+"""The chat endpoint's OpenAI parameters: each one honoured, or refused with 400 naming it.
+
+Honoured on the model calls that write the answer (direct, lookup and full_context: the final
+call; multihop: every turn of the agent loop, since any turn may write the answer):
+`temperature`, `top_p`, `max_tokens` / `max_completion_tokens` (a cap: the call gets its own
+limit or this, whichever is lower; both given, the lower), `stop`, `seed`,
+`frequency_penalty`, `presence_penalty`. An extractive answer (no model) is not generated and
+takes none of them.
+
+Direct route only: `tools`, `tool_choice`, `parallel_tool_calls` and a `response_format` of
+`json_object` or `json_schema`. Every other route writes prose citing the tenant's documents,
+which neither a tool call nor a JSON document can be; there (and on `auto` when the question is
+not routed direct, and on a direct route without a model) the request gets 400 naming them
+before any work is done (`routers.executors.FromSources`).
+
+The handler takes `stream`, `stream_options.include_usage` (with `stream` only), and `user` /
+`safety_identifier` (written to the request's log line, never a metric label). The tool calls
+and results a client sends back after its question go to the model after it (direct only,
+like `tools`).
+
+Refused with 400 unless at the value that asks for nothing (null is always that value): `n`
+(1: one choice is all the gateway writes), `logprobs` (false), `top_logprobs`, `logit_bias`,
+`store` (false), `metadata`, `service_tier` ("auto", "default"), `modalities` (["text"]),
+`functions` and `function_call` (the deprecated form of tools: send `tools`). Any other
+parameter is refused naming it: never dropped without a word.
+
+A request with any generation parameter (or tool results) is answered afresh and not stored:
+the cache holds answers to the tier's own settings.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from backends.llm.base import NO_OPTIONS, GenerationOptions
+from gateway.errors import BadRequest, clip, listed
+from gateway.http.schemas import ChatBody
+
+# Parameters the gateway cannot honour, with the values that ask for nothing and why not.
+_REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "n": ((1,), "one choice is written per request; send n: 1 or leave it out"),
+    "logprobs": ((False,), "token log probabilities are not returned"),
+    "top_logprobs": ((0,), "token log probabilities are not returned"),
+    "logit_bias": (({},), "token biases are not supported (they would bend citation markers)"),
+    "store": ((False,), "completions are not stored for later retrieval"),
+    "metadata": (({},), "completions are not stored, so there is nothing to tag"),
+    "service_tier": (("auto", "default"), "the deployment's models serve every request"),
+    "modalities": ((["text"],), "answers are text only"),
+    "functions": ((), "the deprecated form of tools: send tools instead"),
+    "function_call": ((), "the deprecated form of tool_choice: send tool_choice instead"),
+}
+
+
+def refuse_unsupported(body: ChatBody) -> None:
+    """400 naming every parameter the gateway would otherwise have to ignore."""
+    problems = []
+    for name, value in sorted((body.model_extra or {}).items()):
+        if value is None:
+            continue
+        if name not in _REFUSED:
+            problems.append(f"{clip(name)}: not a parameter this endpoint supports")
+            continue
+        accepted, why = _REFUSED[name]
+        if not any(value == ok and type(value) is type(ok) for ok in accepted):
+            problems.append(f"{name}: {why}")
+    extra = body.stream_options.model_extra if body.stream_options is not None else None
+    problems += [f"stream_options.{clip(name)}: not supported" for name in sorted(extra or {})]
+    if body.stream_options is not None and not body.stream:
+        # OpenAI refuses it too; taken silently, include_usage would ask for nothing
+        problems.append("stream_options: only with stream: true")
+    if body.tools is None and body.tool_choice is not None:
+        problems.append("tool_choice: needs tools")
+    if body.tools is None and body.parallel_tool_calls is not None:
+        problems.append("parallel_tool_calls: needs tools")
+    if problems:
+        raise BadRequest(listed(problems))
+
+
+def generation_options(body: ChatBody) -> GenerationOptions:
+    """The request's parameters for the calls that write its answer (after
+    `refuse_unsupported`)."""
+    caps = [c for c in (body.max_tokens, body.max_completion_tokens) if c is not None]
+    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    response_format = body.response_format
+    if response_format is not None and response_format.type == "text":
+        response_format = None  # what every answer is anyway
+    tool_choice = body.tool_choice
+    options = GenerationOptions(
+        temperature=body.temperature,
+        top_p=body.top_p,
+        max_tokens=min(caps) if caps else None,
+        stop=stop,
+        seed=body.seed,
+        frequency_penalty=body.frequency_penalty,
+        presence_penalty=body.presence_penalty,
+        response_format=(
+            response_format.model_dump(exclude_none=True) if response_format else None
+        ),
+        tools=tuple(t.model_dump(exclude_none=True) for t in body.tools or ()),
+        tool_choice=(
+            tool_choice if isinstance(tool_choice, str | None) else tool_choice.model_dump()
+        ),
+        parallel_tool_calls=body.parallel_tool_calls,
+    )
+    return NO_OPTIONS if options == NO_OPTIONS else options

@@ -1,0 +1,1 @@
+"""The middleware chain, outermost first: request ids and outcomes, then limits."""

@@ -1,0 +1,155 @@
+"""The limits middleware: a deadline from arrival, the body read under its own timeout, then
+the tenant's admission to its pool (`gateway.limits.admission`). The tenant's rate limit (and, for
+an
+answering endpoint, its budget: `gateway.limits.quotas`) is taken right after its key is checked,
+before the body is read or any other work.
+
+Every endpoint that does work has a deadline and a body-read timeout; the endpoints in `POOLS`
+are admitted to a pool too. `/admin/reload` has both limits but bypasses admission (an operator
+must be able to raise the limits of a full process). /healthz, /readyz and /metrics are not
+limited at all: they answer at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.typedefs import Middleware
+from aiohttp.web_protocol import RequestPayloadError
+
+from backends.llm.base import calling_tenant
+from backends.redis_client import RequestSpend, request_spend
+from gateway.core.guard import DEADLINE_RETRY_AFTER_S, request_deadline
+from gateway.errors import (
+    BadRequest,
+    ClientGone,
+    DeadlineExceeded,
+    PayloadTooLarge,
+    RequestTimeout,
+)
+from gateway.http.appkeys import RUNTIME, SERVICES
+from gateway.limits.admission import Admission
+from gateway.limits.quotas import current_tenant
+from gateway.obs.accounting import ANSWERING, current_record, endpoint_of
+from gateway.settings import ServerConfig
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+# The class of work of each admitted endpoint.
+POOLS = {
+    "POST /v1/query": "queries",
+    "POST /v1/chat/completions": "queries",
+    "POST /v1/route": "queries",
+    "PUT /v1/documents/{doc_id}": "writes",
+    "DELETE /v1/documents/{doc_id}": "writes",
+}
+# Limited but not admitted: the admin key is checked before the body is read.
+ADMIN = frozenset({"POST /admin/reload"})
+UNDECODABLE_BODY = "the request body cannot be decoded (its Content-Encoding or chunked framing)"
+
+
+def _timeout_s(server: ServerConfig, kind: str | None) -> float:
+    return server.write_timeout_s if kind == "writes" else server.request_timeout_s
+
+
+def limits_middleware(admission: Admission) -> Middleware:
+    """Deadline from arrival, body read under its own timeout, then the tenant's admission.
+
+    The body is read before admission so a slow client holds no slot while it trickles; the
+    tenant (or the admin key) is checked before the body so an unknown key costs no read.
+    """
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        record = current_record.get()
+        endpoint = record.endpoint if record else endpoint_of(request)
+        kind = POOLS.get(endpoint)
+        if kind is None and endpoint not in ADMIN:
+            return await handler(request)
+        runtime = request.app[RUNTIME].current
+        server = runtime.settings.server
+        timeout_s = _timeout_s(server, kind)
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        deadline_token = request_deadline.set(deadline)
+        # The request's Redis calls share one time budget (backends.redis_client).
+        spend_token = request_spend.set(RequestSpend())
+        tenant_token = llm_tenant_token = None
+        try:
+            authorization = request.headers.get("Authorization")
+            if kind is None:
+                runtime.check_admin(authorization)
+                await read_body(request, min(server.body_read_timeout_s, timeout_s))
+                return await _within(deadline, handler, request)
+            tenant = runtime.tenant_for(authorization)
+            if record is not None:
+                record.tenant = tenant.id
+            if (quotas := request.app[SERVICES].quotas) is not None:
+                await quotas.admit(tenant, answering=endpoint in ANSWERING)
+            tenant_token = current_tenant.set(tenant)
+            # the model breakers count failures per tenant (backends.llm.litellm_tiers)
+            llm_tenant_token = calling_tenant.set(tenant.id)
+            await read_body(request, min(server.body_read_timeout_s, timeout_s))
+            config = server.admission
+            limits = config.writes if kind == "writes" else config.queries
+            async with admission.pool(kind).admit(tenant.id, deadline, limits, config):
+                if kind == "queries":
+                    # The handlers' own guards end at `deadline` (request_deadline).
+                    return await handler(request)
+                return await _within(deadline, handler, request)
+        finally:
+            if tenant_token is not None:
+                current_tenant.reset(tenant_token)
+            if llm_tenant_token is not None:
+                calling_tenant.reset(llm_tenant_token)
+            request_deadline.reset(deadline_token)
+            request_spend.reset(spend_token)
+
+    return middleware
+
+
+async def _within(deadline: float, handler: Handler, request: web.Request) -> web.StreamResponse:
+    """The handler, cut at `deadline` (503). A TimeoutError of the handler's own is not ours
+    to rename: it goes on as what it is."""
+    timeout = asyncio.timeout_at(deadline)
+    try:
+        async with timeout:
+            return await handler(request)
+    except TimeoutError as exc:
+        if not timeout.expired():
+            raise
+        raise DeadlineExceeded(
+            "the request deadline passed", retry_after_s=DEADLINE_RETRY_AFTER_S
+        ) from exc
+
+
+async def read_body(request: web.Request, timeout_s: float) -> bytes:
+    """The whole body (cached: `request.read()` returns it again), or the error to answer.
+
+    The one place a body read becomes an HTTP error; a library's detail goes to the log only.
+    """
+    declared = request.content_length
+    if declared is not None and declared > request.client_max_size and not _encoded(request):
+        # Refused before a byte of it is read: waiting for a body that will be refused anyway
+        # held the connection (and a slot) for body_read_timeout_s when the client stalled.
+        raise PayloadTooLarge(f"request body over {request.client_max_size} bytes")
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await request.read()
+    except TimeoutError as exc:
+        raise RequestTimeout(f"the request body did not arrive within {timeout_s:g} s") from exc
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise PayloadTooLarge(f"request body over {request.client_max_size} bytes") from exc
+    except ConnectionError as exc:
+        raise ClientGone("the client closed the connection during the body") from exc
+    except HttpProcessingError as exc:  # a corrupt gzip/deflate body, a broken chunked body
+        raise BadRequest(UNDECODABLE_BODY, detail=exc.message) from exc
+    except RequestPayloadError as exc:  # how aiohttp's reader reports the same (zlib's error)
+        raise BadRequest(UNDECODABLE_BODY, detail=str(exc)) from exc
+
+
+def _encoded(request: web.Request) -> bool:
+    """A compressed body's declared length is not the length the limit applies to."""
+    return request.headers.get("Content-Encoding", "identity").lower() != "identity"

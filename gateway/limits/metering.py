@@ -1,0 +1,174 @@
+"""Every model call counted and costed, whichever stage or route makes it.
+
+`MeteredLLM` wraps the LLM seam once per pipeline: the rewrite, the routes' final answers and
+each turn of the agent loop all go through it, streamed or not, so no caller has to remember
+to record a call, and a failed call is counted as one too.
+
+A call cut before its usage arrived is still costed (`estimate_usage`): a stream that ends
+without its final delta (the client hung up and the request was cancelled, or the upstream
+failed after some text) is charged its prompt plus the text received so far (one that failed
+before any text is not: the upstream answered nothing); a completion
+cancelled while it waits is charged its prompt (its completion is unknown: the upstream may
+bill more than that). Those tokens are counted here, at the tier's prices (the dearest model
+of its chain), not reported by the upstream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import aclosing
+from typing import Any, Protocol
+
+from backends.errors import BackendError
+from backends.llm.base import (
+    LLM,
+    NO_OPTIONS,
+    Completion,
+    GenerationOptions,
+    Message,
+    StreamDelta,
+    Tier,
+    Usage,
+    WrappedLLM,
+)
+from gateway.obs.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+class Priced(Protocol):
+    def prices(self, tier: Tier) -> tuple[float, float]: ...
+
+
+def count_tokens(model: str, messages: Sequence[Message] = (), text: str = "") -> int:
+    """Tokens of `messages` (or of `text`) as litellm counts them when an upstream reports no
+    usage (backends.llm.litellm_tiers); about 4 characters a token if that fails."""
+    if not messages and not text:
+        return 0
+    try:
+        import litellm
+
+        if messages:
+            wire = [{"role": m.role, "content": m.content} for m in messages]
+            return int(litellm.token_counter(model=model, messages=wire))
+        return int(litellm.token_counter(model=model, text=text))
+    except Exception:  # a tokenizer that cannot load must not lose the charge
+        log.debug("token count failed; estimating from characters", exc_info=True)
+        chars = sum(len(m.content) for m in messages) + len(text)
+        return math.ceil(chars / 4)
+
+
+def estimate_usage(
+    llm: Priced, tier: Tier, messages: Sequence[Message], text: str, model: str = ""
+) -> Usage:
+    """The usage of a call whose upstream never reported it: its prompt plus the completion
+    text received so far, at the tier's prices."""
+    prompt = count_tokens(model, messages=messages)
+    completion = count_tokens(model, text=text)
+    per_prompt, per_completion = llm.prices(tier)
+    return Usage(prompt, completion, prompt * per_prompt + completion * per_completion)
+
+
+async def settled(
+    stream: AsyncIterator[StreamDelta],
+    on_done: Callable[[StreamDelta], Awaitable[None]],
+    on_cut: Callable[[str, str], None],
+    on_failed: Callable[[], None] = lambda: None,
+) -> AsyncGenerator[StreamDelta, None]:
+    """`stream` relayed, its cost settled once: `on_done` with the final delta, or, cut before
+    its usage came (cancelled, closed, failed after some text), `on_cut` with the text so far
+    and the model. `on_cut` must not await, so a cancellation cannot lose it. A call that failed
+    before any text was not answered: neither is called (`on_failed` is)."""
+    parts: list[str] = []
+    model = ""
+    done = failed = False
+    try:
+        async for delta in stream:
+            if delta.done:
+                done = True
+                await on_done(delta)
+            else:
+                parts.append(delta.text)
+                model = delta.model or model
+            yield delta
+    except BackendError:
+        failed = True
+        on_failed()
+        raise
+    finally:
+        if not done and (parts or not failed):
+            on_cut("".join(parts), model)
+
+
+class MeteredLLM(WrappedLLM):
+    def __init__(self, inner: LLM, metrics: Metrics) -> None:
+        super().__init__(inner)
+        self._metrics = metrics
+
+    async def complete(
+        self,
+        tier: Tier,
+        messages: list[Message],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        max_tokens: int | None = None,
+        route: str = "",
+        options: GenerationOptions = NO_OPTIONS,
+    ) -> Completion:
+        try:
+            completion = await self._inner.complete(
+                tier, messages, tools=tools, max_tokens=max_tokens, route=route, options=options
+            )
+        except BackendError:
+            self._failed(tier)
+            raise
+        except asyncio.CancelledError:
+            self._cut(tier, "-", estimate_usage(self._inner, tier, messages, ""), route)
+            raise
+        self._answered(tier, completion.model, completion.usage, route)
+        return completion
+
+    async def stream(
+        self,
+        tier: Tier,
+        messages: list[Message],
+        *,
+        max_tokens: int | None = None,
+        route: str = "",
+        options: GenerationOptions = NO_OPTIONS,
+    ) -> AsyncIterator[StreamDelta]:
+        async def done(delta: StreamDelta) -> None:
+            self._answered(tier, delta.model, delta.usage or Usage(), route)
+
+        def cut(text: str, model: str) -> None:
+            usage = estimate_usage(self._inner, tier, messages, text, model)
+            self._cut(tier, model or "-", usage, route)
+
+        stream = self._inner.stream(
+            tier, messages, max_tokens=max_tokens, route=route, options=options
+        )
+        async with aclosing(settled(stream, done, cut, lambda: self._failed(tier))) as deltas:
+            async for delta in deltas:
+                yield delta
+
+    def _answered(self, tier: str, model: str, usage: Usage, route: str) -> None:
+        m = self._metrics
+        m.llm_requests.labels(tier, model, "ok").inc()
+        m.llm_tokens.labels(tier, model, "prompt").inc(usage.prompt_tokens)
+        m.llm_tokens.labels(tier, model, "completion").inc(usage.completion_tokens)
+        m.llm_cost.labels(tier, model, route).inc(usage.cost_usd)
+
+    def _cut(self, tier: str, model: str, usage: Usage, route: str) -> None:
+        """A call that ended without its usage: its estimated tokens and cost (its outcome,
+        if it failed, is counted by `_failed`)."""
+        m = self._metrics
+        m.llm_tokens.labels(tier, model, "prompt").inc(usage.prompt_tokens)
+        m.llm_tokens.labels(tier, model, "completion").inc(usage.completion_tokens)
+        m.llm_cost.labels(tier, model, route).inc(usage.cost_usd)
+
+    def _failed(self, tier: str) -> None:
+        # Which model failed last is the tier's business; "-" keeps the label set bounded.
+        self._metrics.llm_requests.labels(tier, "-", "error").inc()

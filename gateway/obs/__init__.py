@@ -1,0 +1,1 @@
+"""Observability: request accounting, logs, metrics and stage timings."""

@@ -1,0 +1,33 @@
+"""Stage timings: one clock per request, read into the response and the stage histogram."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from gateway.obs.metrics import Metrics
+
+
+class StageTimer:
+    def __init__(self, metrics: Metrics, started: float | None = None) -> None:
+        """`started`: a `time.perf_counter()` reading to count from (the request's arrival)."""
+        self._metrics = metrics
+        self._started = time.perf_counter() if started is None else started
+        self.stages_ms: dict[str, float] = {}
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            elapsed = time.perf_counter() - start
+            self._metrics.stage_duration.labels(name).observe(elapsed)
+            self.stages_ms[name] = round(self.stages_ms.get(name, 0.0) + elapsed * 1000, 3)
+
+    def elapsed_s(self) -> float:
+        return time.perf_counter() - self._started
+
+    def report(self) -> dict[str, float]:
+        return {**self.stages_ms, "total": round(self.elapsed_s() * 1000, 3)}

@@ -1,0 +1,1 @@
+"""Running the gateway: the app factory, its services, live reload, workers."""
