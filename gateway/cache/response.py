@@ -33,8 +33,8 @@ from backends.cache.base import CachedEntry, CacheStore, CorruptEntry
 from backends.errors import BackendError
 from backends.retrieval.base import Vector
 from gateway.cache import guards
+from gateway.cache.entry import answer_from_cache
 from gateway.cache.single_flight import LEASE_S, Lease, Payload, SingleFlight
-from gateway.http.wire import answer_from_cache
 from gateway.obs.metrics import Metrics
 from gateway.settings import CacheConfig
 from routers.types import Route

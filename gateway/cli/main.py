@@ -7,26 +7,19 @@ import argparse
 import asyncio
 import json
 import logging
-import secrets
 import signal
-import socket
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-from pydantic import SecretStr
 
 from gateway.obs.logs import configure_logging
 from gateway.settings import ConfigError, Settings, load_settings
 
 if TYPE_CHECKING:
-    from gateway.ingest.background import BackgroundIngest
-    from gateway.server.workers import WorkerSpec
+    pass
 
 log = logging.getLogger("querygate")
 
-DEMO_KEY_FILE = "demo_api_key"
 # What pydantic writes its JSON schemas in.
 JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 
@@ -142,31 +135,14 @@ def _workers(value: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
-def with_demo_key(settings: Settings, announce: bool = True) -> Settings:
-    """With no tenants configured, the demo tenant's key comes from the environment or is
-    generated once and kept in the data directory."""
-    if settings.tenants or settings.demo_api_key is not None:
-        return settings
-    path = settings.data_dir / DEMO_KEY_FILE
-    if path.exists():
-        key = path.read_text(encoding="utf-8").strip()
-        if announce:
-            print(f"demo tenant API key: stored in {path}", file=sys.stderr)
-    else:
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
-        key = "qg-demo-" + secrets.token_urlsafe(24)
-        path.touch(mode=0o600)
-        path.write_text(key + "\n", encoding="utf-8")
-        print(f"demo tenant API key (shown once, kept in {path}): {key}", file=sys.stderr)
-    return settings.model_copy(update={"demo_api_key": SecretStr(key)})
-
-
 def _serve(settings: Settings, args: argparse.Namespace) -> int:
     from gateway.core.runtime import DEMO_TENANT
+    from gateway.server import run
 
     if args.workers > 1:  # a SIGHUP before the supervisor is up must not end it
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    settings = _serve_settings(settings, args)  # the demo key is made here, once
+    options = run.ServeOptions(args.config, args.host, args.port, args.log_level, args.workers)
+    settings = run.serve_settings(settings, options)  # the demo key is made here, once
     if args.workers == 1:
         ingest = None
         if args.sample_corpus:
@@ -175,105 +151,11 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
 
             # In the app's lifetime: the port opens at once and answers while it runs.
             ingest = BackgroundIngest(DEMO_TENANT, load_wiki_sample)
-        return _run_app(settings, args, startup_ingest=ingest)
+        return run.serve_one(settings, options, ingest)
     if args.sample_corpus:
         # Workers are separate processes: the one writer ingests before they start.
         asyncio.run(_ingest_async(settings, DEMO_TENANT, [], sample=True))
-    return _supervise(settings, args)
-
-
-def _supervise(settings: Settings, args: argparse.Namespace) -> int:
-    from gateway.server.workers import Supervisor, WorkerSpec, bind
-
-    server = settings.server
-    try:
-        sock = bind(server.host, server.port)
-    except OSError as exc:
-        print(f"cannot listen on {server.host}:{server.port}: {exc}", file=sys.stderr)
-        return 2
-    with sock:
-        port = int(sock.getsockname()[1])  # the one chosen when the config says 0
-        spec = WorkerSpec(args.config, args.host, port, args.log_level, settings)
-        return Supervisor(spec, sock, args.workers, server.shutdown_grace_s).run()
-
-
-def serve_worker(spec: WorkerSpec, sock: socket.socket, on_ready: Callable[[], None]) -> int:
-    """One worker of `serve --workers N` (in a fresh interpreter): the app on the shared socket."""
-    configure_logging(spec.log_level)
-    args = argparse.Namespace(config=spec.config_path, host=spec.host, port=spec.port)
-    try:
-        settings = _serve_settings(load_settings(spec.config_path), args, announce=False)
-    except ConfigError as exc:
-        # Edited since the supervisor read it: start on what it validated; the file watch
-        # reloads the next good edit.
-        log.error(
-            "config file refused; starting on the configuration the supervisor validated",
-            extra={"error": str(exc)},
-        )
-        settings = spec.settings
-    return _run_app(settings, args, sock=sock, on_ready=on_ready)
-
-
-def _run_app(
-    settings: Settings,
-    args: argparse.Namespace,
-    *,
-    sock: socket.socket | None = None,
-    on_ready: Callable[[], None] | None = None,
-    startup_ingest: BackgroundIngest | None = None,
-) -> int:
-    from aiohttp import web
-
-    from gateway.http.appkeys import RUNTIME
-    from gateway.http.protocol import run_app
-    from gateway.server.app import create_app
-
-    server = settings.server
-    app = create_app(
-        settings,
-        args.config,
-        lambda fresh: _serve_settings(fresh, args, False),
-        startup_ingest=startup_ingest,
-        freeze_heap=True,
-    )
-    if on_ready is not None:
-
-        async def ready(app: web.Application) -> None:  # runs after every backend has opened
-            on_ready()
-
-        app.on_startup.append(ready)
-    where: dict[str, Any] = {"sock": sock} if sock else {"host": server.host, "port": server.port}
-    try:
-        run_app(  # aiohttp's, with a deadline on request headers and JSON protocol errors
-            app,
-            **where,
-            # the active configuration's: a reload applies to the connections after it
-            header_read_timeout_s=lambda: (
-                app[RUNTIME].current.settings.server.header_read_timeout_s
-            ),
-            shutdown_timeout=server.shutdown_grace_s,
-            # A client that hangs up stops its request's work (an agent loop, model calls): nobody
-            # would read the answer, and the tenant would still pay for it.
-            handler_cancellation=True,
-            access_log=None,
-            print=lambda msg: log.info(msg),
-        )
-    except ConfigError as exc:
-        # found while starting the backends (e.g. an index layout that needs migrating)
-        print(exc, file=sys.stderr)
-        return 2
-    return 0
-
-
-def _serve_settings(
-    settings: Settings, args: argparse.Namespace, announce: bool = True
-) -> Settings:
-    """The demo key and --host/--port on top of the file; a reload applies them again."""
-    settings = with_demo_key(settings, announce)
-    server = settings.server.model_copy(
-        update={k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
-    )
-    return settings.model_copy(update={"server": server})
+    return run.supervise(settings, options)
 
 
 def _ingest(settings: Settings, args: argparse.Namespace) -> int:

@@ -41,6 +41,7 @@ from backends.llm.base import (
 )
 from backends.retrieval.base import Hit, Retriever, Vector
 from gateway.cache import policy as cache_policy
+from gateway.cache.entry import answer_from_cache, answer_to_cache
 from gateway.cache.guards import MAX_SEMANTIC_CHARS
 from gateway.cache.keys import (
     CacheScope,
@@ -52,7 +53,7 @@ from gateway.cache.keys import (
 )
 from gateway.cache.response import ResponseCache, SemanticLookup, StoreFailed
 from gateway.cache.single_flight import Lease, Payload, Shared
-from gateway.http.wire import QueryResult, answer_from_cache, answer_to_cache, rewrite_fields
+from gateway.core.result import QueryResult, rewrite_fields
 from gateway.limits.metering import MeteredLLM, estimate_usage
 from gateway.limits.quotas import Quotas
 from gateway.obs.accounting import current_record

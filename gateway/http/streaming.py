@@ -17,9 +17,10 @@ from aiohttp import web
 from backends.errors import BackendError, BackendUnavailable, UpstreamError
 from gateway.core.guard import request_guard
 from gateway.core.pipeline import Pipeline, QueryRequest, RequestContext
+from gateway.core.result import QueryResult
 from gateway.core.runtime import Runtime
 from gateway.http.appkeys import SERVICES
-from gateway.http.wire import QueryResult, query_body
+from gateway.http.wire import query_body
 from gateway.obs.accounting import current_record, failure_of
 from gateway.settings import ServerConfig
 from routers.types import Generation

@@ -1,56 +1,14 @@
-"""JSON shapes the gateway speaks: the /v1/query body and the cached form of an answer."""
+"""JSON shapes the gateway speaks: the /v1/query body, its debug block and routing decisions."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
+from gateway.core.result import QueryResult, rewrite_fields
 from routers.generation import usage_total
 from routers.policy import RouteDecision
-from routers.types import Answer, Citation, Route
-
-
-@dataclass(frozen=True, slots=True)
-class QueryResult:
-    id: str
-    answer: Answer
-    # The question as answered; `original_query` is what the client sent when it was rewritten.
-    query: str
-    original_query: str | None
-    route_reason: str
-    decision: RouteDecision | None
-    cache: str  # miss | exact | semantic: the tier that answered
-    timings_ms: dict[str, float]
-    config_version: str
-    # For `debug`: the lookup's result and what the semantic tier compared (None: no lookup).
-    cache_debug: dict[str, Any] | None = None
-
-
-def answer_to_cache(answer: Answer, route_reason: str) -> dict[str, Any]:
-    return {
-        "answer": answer.text,
-        "route": answer.route.value,
-        "route_reason": route_reason,
-        "escalated": answer.escalated,
-        "extractive": answer.extractive,
-        "citations": [asdict(c) for c in answer.citations],
-    }
-
-
-def answer_from_cache(payload: dict[str, Any]) -> tuple[Answer, str]:
-    """A cached answer costs nothing now: its usage is empty. Raises ValueError for a payload
-    that is not one `answer_to_cache` wrote."""
-    try:
-        answer = Answer(
-            text=str(payload["answer"]),
-            route=Route(payload["route"]),
-            citations=tuple(Citation(**c) for c in payload["citations"]),
-            extractive=bool(payload["extractive"]),
-            escalated=bool(payload["escalated"]),
-        )
-        return answer, str(payload["route_reason"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"not a cached answer: {exc!r}") from exc
+from routers.types import Answer
 
 
 def query_body(result: QueryResult, debug: bool = False) -> dict[str, Any]:
@@ -113,13 +71,6 @@ def _answer_body(result: QueryResult) -> dict[str, Any]:
         "config_version": result.config_version,
         **rewrite_fields(result),
     }
-
-
-def rewrite_fields(result: QueryResult) -> dict[str, str]:
-    """Present only when the question was rewritten: what was sent and what was answered."""
-    if result.original_query is None:
-        return {}
-    return {"original_query": result.original_query, "rewritten_query": result.query}
 
 
 def decision_body(decision: RouteDecision) -> dict[str, Any]:

@@ -25,6 +25,8 @@ from prometheus_client import (
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from gateway.obs import pool
+
 # Set by `serve --workers N` for every worker: metrics then live in files there, and a scrape
 # of any worker reports the sum over all of them.
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -275,9 +277,7 @@ class _WorkerPool:
     gauge then holds for every pod)."""
 
     def collect(self) -> Iterator[Metric]:
-        from gateway.server.workers import pool_counts  # gateway.server.workers imports this module
-
-        counts = pool_counts() or (1, 1)
+        counts = pool.pool_counts() or (1, 1)
         family = GaugeMetricFamily(
             "querygate_workers",
             "Worker processes of serve --workers N: serving (alive and ready) and expected "

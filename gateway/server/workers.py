@@ -43,6 +43,7 @@ from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gateway.obs import pool
 from gateway.obs.metrics import MULTIPROC_ENV
 
 if TYPE_CHECKING:
@@ -58,8 +59,6 @@ _FIRST_PAUSE_S = 0.5  # before replacing one that died starting; doubles each ti
 _CRASH_WINDOW_S = 60.0
 _MAX_CRASH_PAUSE_S = 30.0  # the longest pause before a replacement, of either kind
 
-# In a worker: the supervisor's counts, [serving, expected] (shared memory it alone writes).
-_pool: Any = None
 # Past the drain itself: the time a worker needs to close its backends.
 _STOP_MARGIN_S = 5.0
 
@@ -98,14 +97,6 @@ def bind(host: str, port: int) -> socket.socket:
         sock.close()
         raise
     return sock
-
-
-def pool_counts() -> tuple[int, int] | None:
-    """In a worker of `serve --workers N`: the workers serving (alive and ready) and N, as the
-    supervisor counted them at most 0.2 s ago; None in a single process."""
-    if _pool is None:
-        return None
-    return int(_pool[0]), int(_pool[1])
 
 
 @dataclass(slots=True)
@@ -334,8 +325,7 @@ def _mark_dead(pid: int) -> None:
 
 def run_worker(spec: WorkerSpec, sock: socket.socket, ready: Event, counts: Any) -> None:
     """A worker's whole life; the process exit code says how it ended."""
-    from gateway.cli.main import serve_worker
+    from gateway.server.run import serve_worker  # run imports this module
 
-    global _pool
-    _pool = counts
+    pool.share(counts)
     raise SystemExit(serve_worker(spec, sock, ready.set))

@@ -24,7 +24,7 @@ from backends.llm.litellm_tiers import LiteLLMTiers
 from backends.retrieval.base import Hit, SearchRequest
 from backends.retrieval.embedded import EmbeddedRetriever
 from gateway.core.pipeline import Pipeline, QueryRequest, Services
-from gateway.http.wire import QueryResult
+from gateway.core.result import QueryResult
 from gateway.ingest.pipeline import ingest_documents
 from gateway.ingest.readers import RawDocument, read_paths
 from gateway.obs.metrics import Metrics

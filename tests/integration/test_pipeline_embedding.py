@@ -17,7 +17,7 @@ from backends.llm.litellm_tiers import LiteLLMTiers
 from backends.retrieval.base import Vector
 from backends.retrieval.embedded import EmbeddedRetriever
 from gateway.core.pipeline import Pipeline, QueryRequest, Services
-from gateway.http.wire import QueryResult
+from gateway.core.result import QueryResult
 from gateway.obs.metrics import Metrics
 from gateway.settings import Settings, TenantConfig
 from routers.classifier import HeuristicClassifier

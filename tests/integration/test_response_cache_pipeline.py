@@ -24,8 +24,8 @@ from backends.llm.litellm_tiers import LiteLLMTiers
 from backends.redis_client import RedisConnection, RedisOptions
 from backends.retrieval.embedded import EmbeddedRetriever
 from gateway.core.pipeline import Pipeline, QueryRequest, RequestContext, Services
+from gateway.core.result import QueryResult
 from gateway.http.streaming import release_abandoned
-from gateway.http.wire import QueryResult
 from gateway.ingest.pipeline import ingest_documents
 from gateway.ingest.readers import read_paths
 from gateway.obs.metrics import Metrics

@@ -18,6 +18,7 @@ from aiohttp import web
 
 from backends.llm.base import NO_OPTIONS, Message, ToolCall
 from gateway.core.pipeline import QueryRequest
+from gateway.core.result import QueryResult, rewrite_fields
 from gateway.errors import Unprocessable
 from gateway.http.appkeys import RUNTIME
 from gateway.http.chat_params import generation_options, refuse_unsupported
@@ -25,7 +26,6 @@ from gateway.http.handlers.models import deployment_models, model_not_found
 from gateway.http.handlers.query import answer, cache_control, check_limits, parse_body
 from gateway.http.schemas import ChatBody, ChatMessage
 from gateway.http.streaming import sse, stream_answer
-from gateway.http.wire import QueryResult, rewrite_fields
 from gateway.obs.accounting import current_record
 from gateway.text import is_blank
 from routers.generation import usage_total

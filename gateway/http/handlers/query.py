@@ -14,16 +14,17 @@ from backends.llm.base import Message
 from gateway.core.guard import request_guard
 from gateway.core.health import READINESS
 from gateway.core.pipeline import QueryRequest
+from gateway.core.result import QueryResult
 from gateway.core.runtime import Runtime
 from gateway.errors import BadRequest, Unprocessable, clip, listed
 from gateway.http.appkeys import METRICS, RUNTIME
 from gateway.http.middleware.limits import read_body
 from gateway.http.schemas import QueryBody, RouteBody
 from gateway.http.streaming import stream_query
-from gateway.http.wire import QueryResult, decision_body, query_body
+from gateway.http.wire import decision_body, query_body
 from gateway.ingest.background import INGEST
+from gateway.obs.pool import pool_counts
 from gateway.obs.timing import StageTimer
-from gateway.server.workers import pool_counts
 
 Model = TypeVar("Model", bound=BaseModel)
 

@@ -1,0 +1,32 @@
+"""What the pipeline hands the HTTP layer: one answered question and how it was answered."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from routers.policy import RouteDecision
+from routers.types import Answer
+
+
+@dataclass(frozen=True, slots=True)
+class QueryResult:
+    id: str
+    answer: Answer
+    # The question as answered; `original_query` is what the client sent when it was rewritten.
+    query: str
+    original_query: str | None
+    route_reason: str
+    decision: RouteDecision | None
+    cache: str  # miss | exact | semantic: the tier that answered
+    timings_ms: dict[str, float]
+    config_version: str
+    # For `debug`: the lookup's result and what the semantic tier compared (None: no lookup).
+    cache_debug: dict[str, Any] | None = None
+
+
+def rewrite_fields(result: QueryResult) -> dict[str, str]:
+    """Present only when the question was rewritten: what was sent and what was answered."""
+    if result.original_query is None:
+        return {}
+    return {"original_query": result.original_query, "rewritten_query": result.query}
