@@ -195,10 +195,10 @@ def _chunks(
 async def _surely_too_large(text: str, window: TokenWindow | None, max_chunks: int) -> bool:
     """True when `text` has more tokens than `max_chunks` whole windows could hold, so it
     would make more chunks: found with one pass of the tokenizer, far cheaper than chunking
-    it. Every token but a heading's lands in a
-    chunk (headings go to the context line of their section's chunks; a text of huge headings
-    alone is refused here rather than as empty). A token covers at least one character, so a
-    text shorter than that many tokens is chunked, then counted, without this pass."""
+    it. Every token but a heading's lands in a chunk (headings go to the context line of their
+    section's chunks; a text of huge headings alone is refused here rather than as empty). A
+    token covers at least one character, so a text shorter than that many tokens is chunked,
+    then counted, without this pass."""
     if window is None or len(text) <= max_chunks * window.max_tokens:
         return False
     return await asyncio.to_thread(window.count, text) > max_chunks * window.max_tokens
