@@ -1,5 +1,6 @@
 """Chunk sizes of the Wikipedia sample (or files given), by the model's own tokenizer: the word
-estimate at its 350 target (before) vs chunks fitted to the embedder's 256-token window (now).
+estimate at its 350 target (`fit_window: false`) vs chunks fitted to the embedder's 256-token
+window (the default).
 
     .venv/bin/python bench/chunk_sizes.py [paths ...]
 
@@ -27,12 +28,12 @@ def main() -> int:
     docs = list(read_paths(paths)) if paths else load_wiki_sample()
     window = MiniLMEmbedder().token_window
     whole = load_tokenizer(default_model_path(), None)
-    before = ChunkingConfig(fit_window=False)
+    estimated = ChunkingConfig(fit_window=False)
     print(f"{len(docs):,} documents; window {window.max_tokens} tokens incl. [CLS]/[SEP]")
     print(f"{'chunking':34} {'chunks':>7} {'p50':>5} {'p95':>5} {'max':>6} {'> window':>9}")
     for name, kwargs in (
-        ("before: word estimate, target 350", {"config": before, "count": approx_tokens}),
-        ("now: model tokenizer, window 256", {"window": window}),
+        ("word estimate, target 350", {"config": estimated, "count": approx_tokens}),
+        ("model tokenizer, window 256", {"window": window}),
     ):
         texts = [
             c.embedding_text

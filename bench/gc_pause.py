@@ -1,5 +1,4 @@
-"""How long one full garbage collection stalls a worker, before and after
-`gateway.server.heap.freeze`.
+"""How long a full GC stalls a worker, before and after `gateway.server.heap.freeze`.
 
     .venv/bin/python bench/gc_pause.py [--rounds 3]
 

@@ -60,8 +60,8 @@ TENANT_KEYS = {**KEYS, "initech": "key-initech-0004", "umbrella": "key-umbrella-
 DEADLINE_S = 10.0
 CLIENT_TIMEOUT_S = DEADLINE_S + 5  # past the gateway's own deadline: a timeout is its fault
 RAMP = (0.5, 1.0, 1.5, 2.0, 3.0)
-# What admission answers when it sheds (gateway.limits.admission): any other 429 or 503 is a
-# failure.
+# What admission answers when it sheds (gateway.limits.admission): any other 429 or 503
+# is a failure.
 REFUSALS = frozenset({"429 rate_limited", "503 overloaded", "503 deadline_exceeded"})
 GAUGE_RE = re.compile(r'^querygate_admission_(inflight|queued)\{pool="queries"\} (\S+)$', re.M)
 

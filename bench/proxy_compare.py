@@ -6,11 +6,11 @@
                                                             # figures section
 
 One command from a clean checkout: the LiteLLM proxy (`litellm[proxy]==1.108.7`, the version
-issue 11 measured; not a project dependency) is installed into `bench/.venv-litellm` on first
-use. Processes, each its own: the fake OpenAI-compatible upstream (tests/fake_upstream), the
-LiteLLM proxy with one worker (once without and once with its in-memory cache), and
-`querygate serve` with 1 and with 2 workers (cache off, and cache on: in-process memory,
-semantic tier on), all pointing at that upstream.
+docs/benchmarks.md reports; not a project dependency) is installed into `bench/.venv-litellm`
+on first use. Processes, each its own: the fake OpenAI-compatible upstream
+(tests/fake_upstream), the LiteLLM proxy with one worker (once without and once with its
+in-memory cache), and `querygate serve` with 1 and with 2 workers (cache off, and cache on:
+in-process memory, semantic tier on), all pointing at that upstream.
 
 For each concurrency (1, 32, 128), path and streaming flag, every system gets the same number
 of requests from one aiohttp client (closed loop: `c` workers, each sends its next request when

@@ -22,7 +22,7 @@ Per variant of the feature rows:
   threshold chosen together, nested the same way.
 
 Variants: the shipped rows (names_in_top2); names read from the best passage only, possessives
-unread (the grade before 2026-12-01); the shipped rows plus a set size ("top 5", "five
+unread; the shipped rows plus a set size ("top 5", "five
 tallest") or a plural target ("the teams that") indicator.
 """
 
@@ -170,7 +170,7 @@ def _word(token: str) -> str:
 
 
 def names_in_best(query: str, hits: list[Hit]) -> float:
-    """The feature before 2026-12-01: names and numbers found in the best passage, as typed."""
+    """The variant of names_in_top2: names and numbers found in the best passage, as typed."""
     wanted = {_word(w) for w in _NAME_OR_NUMBER.findall(query)}
     if not wanted:
         return 1.0

@@ -92,19 +92,19 @@ class ServerConfig(BaseModel):
     max_query_chars: int = Field(default=8_000, gt=0)
     max_history_messages: int = Field(default=50, ge=0)
     request_timeout_s: float = Field(default=60.0, gt=0)
-    # PUT/DELETE /v1/documents: a 500k-character document embeds in ~25 s alone on 2 cores.
+    # PUT/DELETE /v1/documents: a large document takes tens of seconds to embed on 2 cores.
     write_timeout_s: float = Field(default=120.0, gt=0)
     # A document making more chunks than this is refused (PUT: 413; `querygate ingest`: named,
-    # exit 1) before any embedding: each chunk costs about the same to embed (~70 ms of CPU),
-    # and punctuation-dense text makes ~4x the chunks of prose per byte, so one write could
-    # hold the shared embedder for minutes. 1 MiB of English prose (the Wikipedia sample's
-    # text) makes 1,253 chunks; 500k characters of "a-a-..." 1,985.
+    # exit 1) before any embedding: each chunk costs about the same to embed, and
+    # punctuation-dense text makes several times the chunks of prose per byte, so one write
+    # could hold the shared embedder for minutes. The default takes 1 MiB of English prose
+    # (README, "Using it", has the figures).
     max_document_chunks: int = Field(default=1_500, gt=0)
     # A request body that has not fully arrived by then gets 408 (slow clients hold no slot).
     body_read_timeout_s: float = Field(default=10.0, gt=0)
     # A request's headers not complete this long after its first byte (a connection's first
     # request: after connecting) get 408 and the connection closed: a client sending headers
-    # slowly, or half of them, held a connection and its file descriptor for 75 s (the
+    # slowly, or half of them, would hold a connection and its file descriptor for 75 s (the
     # keep-alive timeout, which still applies to an idle connection between requests).
     header_read_timeout_s: float = Field(default=10.0, gt=0)
     admission: AdmissionConfig = AdmissionConfig()
@@ -155,8 +155,8 @@ class TenantConfig(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _deprecated_per_user_access(cls, data: Any) -> Any:
-        """`per_user_access: true` was the old spelling of `allow_full_context: false`: it
-        still loads, with a warning, since it promised more than it ever did."""
+        """`per_user_access: true` is the deprecated spelling of `allow_full_context: false`:
+        it loads, with a warning, since it promises more than it does."""
         if not isinstance(data, dict) or "per_user_access" not in data:
             return data
         data = dict(data)
@@ -248,12 +248,9 @@ class SemanticCacheConfig(BaseModel):
 
     enabled: bool = True
     # 0.96: the lowest threshold at which, with the guards, no hard negative of FanOutQA dev's
-    # tuning part hits (0 of 5,155 sibling sub-questions, 0 of 1,872 parent/sub pairs; 39
-    # would without the guards); held out: 0 of 864 and 0 of 316 (95% upper bounds 0.35% and
-    # 0.95%), 93.4% of meaning-preserving rewrites served. 0.95 let a parent hit its own
-    # sub-question (1 of 1,872 tuning pairs), 0.97 serves 82% of rewrites
-    # (`python bench/cache_eval.py`). Direct and full_context have no such data and take the
-    # lookup's value.
+    # tuning part hits; 0.95 lets a parent hit its own sub-question, 0.97 serves fewer
+    # meaning-preserving rewrites (`python bench/cache_eval.py`; README, "Response cache").
+    # Direct and full_context have no such data and take the lookup's value.
     thresholds: dict[Route, float] = Field(
         default_factory=lambda: {route: DEFAULT_SEMANTIC_THRESHOLD for route in Route}
     )

@@ -74,9 +74,9 @@ def is_blank(value: str) -> bool:
     space, format characters (Cf) and combining marks, so every mark has no base (a mark after
     a letter is content, and so is the letter), and the Hangul fillers.
 
-    `str.strip()` alone let "\u200b" or "\u200f\u0301" through as a question. Unassigned (Cn)
-    and private-use (Co) characters count as content: a newer Unicode or a font may give them
-    a glyph, and refusing text we cannot read is not ours to decide."""
+    `str.strip()` alone would let "\u200b" or "\u200f\u0301" through as a question.
+    Unassigned (Cn) and private-use (Co) characters count as content: a newer Unicode or a font
+    may give them a glyph, and refusing text we cannot read is not ours to decide."""
     return all(
         c.isspace() or c in _INVISIBLE_LETTERS or unicodedata.category(c) in _INVISIBLE_CATEGORIES
         for c in value

@@ -1,4 +1,5 @@
-"""The classifier seam and the first, heuristic classifier.
+"""The classifier seam and the heuristic classifier (`classifier: heuristic`, and the
+learned one's fallback without an embedding).
 
 A classifier reads the query text and its embedding (already computed once per request) and
 says direct | lookup | multihop with a confidence and the reasons that drove it. It must be
@@ -20,7 +21,7 @@ class Classifier(Protocol):
     def classify(self, text: str, vector: Vector | None) -> Classification: ...
 
 
-# Feature weights toward "needs several hops"; hand-set, replaced by the learned classifier.
+# Feature weights toward "needs several hops", set by hand (the learned classifier fits its own).
 _MULTIHOP_WEIGHTS = {
     "compare": 1.2,
     "chain": 1.2,

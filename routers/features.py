@@ -19,9 +19,9 @@ _IDENTIFIER = re.compile(
 # means retraining): any hyphen- or underscore-joined token with a digit in it (ZX-F92A8D, A1_B2).
 _CODE = re.compile(r"\b(?=[\w-]*\d)[A-Za-z0-9]+(?:[-_][A-Za-z0-9]+)+\b")
 # _CODE's lookahead rescans the rest of a hyphenated run from every word in it: quadratic in the
-# run's length ("a-" * 4000 took 0.86 s on the event loop). So it only sees runs of word
-# characters and hyphens (the most it can reach) of at most 64 characters: the same matches as on
-# the whole text for those, linear overall; a longer run is not an identifier.
+# run's length, on the event loop. So it only sees runs of word characters and hyphens (the most
+# it can reach) of at most 64 characters: the same matches as on the whole text for those, linear
+# overall; a longer run is not an identifier.
 _RUN = re.compile(r"[\w-]+")
 _MAX_CODE_RUN = 64
 _QUOTED = re.compile(r"\"[^\"]{2,}\"|'[^']{3,}'")

@@ -8,7 +8,7 @@ Two methods, chosen by `EscalationConfig.method`, behind one entry point, `asses
     RRF score says it, read against the best possible score: both arms rank the passage first,
     (lexical_weight + dense_weight) / (k + 1); a passage only one arm found scores about half.
 - learned: `routers.sufficiency`'s logistic regression over the evidence (best cosine, coverage,
-  the question's names in the best passage), the query and the classifier's verdict, against a
+  the question's names in the two best passages), the query and the classifier's verdict, against a
   threshold.
 """
 

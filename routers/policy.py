@@ -122,8 +122,8 @@ def decide(
 def needs_classification(requested: str, executable: frozenset[Route]) -> bool:
     """False when the request forces the direct route this deployment executes: no rule,
     threshold or classifier output can change a forced route, and direct needs no retrieval
-    weights, so the query's embedding and the classifier are not paid for (issue 11: 55% of
-    a forced request's CPU was the embedding)."""
+    weights, so the query's embedding (the dearest step of such a request: docs/benchmarks.md)
+    and the classifier are not paid for."""
     return not (requested == Route.DIRECT.value and Route.DIRECT in executable)
 
 
@@ -157,7 +157,7 @@ def lexical_reason(query: str, identifiers: list[str] | None = None) -> str | No
     """Why BM25 should count for more on this query, or None: it names identifiers, or it is
     written as keywords rather than a question (a keyword search is a lexical search). The
     policy then raises the lexical weight to `identifier_lexical_weight`; bench/retrieval_eval.py
-    measured both signals (docs/opensearch.md, "Fusion")."""
+    measures both signals (docs/opensearch.md, "Fusion")."""
     found = identifiers_in(query) if identifiers is None else identifiers
     if found:
         return f"identifiers {', '.join(found[:5])}"

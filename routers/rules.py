@@ -103,19 +103,10 @@ class EscalationConfig(BaseModel):
 
     model_config = SECTION
 
-    # On by default: it passed the bar set before measuring (on the held-out dev test part, a
-    # paired multihop-recall gain over the classifier alone with its interval above 0; out of
-    # domain, at most 1 of the 10 single-hop questions over tests/data/acme escalated). Features
-    # are scale-free (the first model read absolute BM25 scores and escalated 3 of 4 plain acme
-    # lookups). Refitted with issue 9's router under the minmax_peak fusion default, its
-    # threshold (0.372) chosen jointly with the router's multihop margin (1.2) out of fold on
-    # train+val (scripts/train_sufficiency.py). `python bench/escalation_eval.py`, held-out test
-    # part (48 multihop, 95 answerable lookups), 95% bootstrap CIs by parent:
-    #   multihop recall: router alone 0.854 [0.750,0.938]; + learned 0.958 [0.896,1.000],
-    #   paired gain +0.104 [0.021,0.188];
-    #   answerable lookups escalated 5.3% [1.4,8.7]; single-hop flagged by router or
-    #   escalation 10.5% [2.8,22.6] (the issue's 5% is not met); acme: 1 of 10 escalated.
-    # Price: 25.7% of questions whose page the corpus lacks escalate too; watch
+    # On by default: on the held-out dev test part it raises multihop recall over the classifier
+    # alone, and out of domain at most 1 of the 10 single-hop questions over tests/data/acme
+    # escalates (`bench/escalation_eval.py`; README, "The router, measured"). Its price: a
+    # question whose page the corpus lacks escalates too; watch
     # querygate_escalations_total{reason="learned_insufficient"}.
     enabled: bool = True
     # learned: the sufficiency model (routers/sufficiency.py) over both arms, the query and the
@@ -124,11 +115,9 @@ class EscalationConfig(BaseModel):
     # learned: escalate when P(insufficient) exceeds this; None takes the artifact's threshold,
     # tuned on val by scripts/train_sufficiency.py.
     max_insufficiency: float | None = Field(default=None, ge=0, le=1)
-    # signals, from the same run: on val, the grid point that escalates the most multihop
-    # questions (31.7%) while escalating at most 10% of answerable lookups (7.7%); the old
-    # 0.5/0.5 escalated 11.5% of them. Held-out test, had every question reached lookup: 9.5% of
-    # lookups, 39.6% of multihop. Agreement 0.95 asks that the best passage sit near the top of
-    # BOTH arms.
+    # signals: the grid point that, on val, escalates the most multihop questions while
+    # escalating at most 10% of answerable lookups. Agreement 0.95 asks that the best passage
+    # sit near the top of BOTH arms.
     min_coverage: float = Field(default=0.4, ge=0, le=1)
     min_agreement: float = Field(default=0.95, ge=0, le=2)
 

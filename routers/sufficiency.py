@@ -33,11 +33,11 @@ F64 = npt.NDArray[np.float64]
 DEFAULT_MODEL_PATH = Path(__file__).with_name("sufficiency_model.json")
 ARTIFACT_FORMAT = "querygate.sufficiency.logreg/1"
 
-# Only features whose range does not depend on the corpus: a model fitted on 10,033 Wikipedia
-# leads must read a tenant's handful of documents the same way. Absolute BM25 scores grow with
-# corpus statistics, and "distinct documents" / "both arms' share" of the hits depend on how the
-# corpus is chunked and whether it holds k chunks at all (on the 3-chunk tests/data/acme corpus
-# distinct_docs alone added +5 logits). The query's length is capped, see CONTENT_WORDS_CAP.
+# Only features whose range does not depend on the corpus: a model fitted on Wikipedia leads must
+# read a tenant's handful of documents the same way. Absolute BM25 scores grow with corpus
+# statistics, and "distinct documents" / "both arms' share" of the hits depend on how the corpus
+# is chunked and whether it holds k chunks at all (the 3-chunk tests/data/acme corpus is such a
+# case). The query's length is capped, see CONTENT_WORDS_CAP.
 SUFFICIENCY_FEATURES: tuple[str, ...] = (
     # the evidence
     "dense_top",  # best cosine among the hits (one embedding model's scale, checked at load)
@@ -50,23 +50,12 @@ SUFFICIENCY_FEATURES: tuple[str, ...] = (
     # the classifier
     "clf_multihop",
 )
-# Chosen out of fold on train+val (2026-11-30; answerable single-hop questions flagged at multihop
-# recall 0.95, scripts/train_sufficiency.py's folds): dropping dense_gap, bm25_lead, agreement,
-# tops_agree, clf_confidence and wh_words (each alone changed nothing) and adding names in the
-# best passage and back_references took 29 of 445 to 22 (over 11 other fold assignments too,
-# mean 29.7 -> 23.0), padded twins escalated as often (6.2%). Then (2026-12-01, same criterion;
-# `python bench/sufficiency_ablation.py`) names read without a possessive ("Obama's" is Obama)
-# and from the better of the two best passages: 22 -> 20 (nested over 5 fold assignments,
-# threshold chosen without the scored fold: 22.0 -> 19.4).
-# Tried and not kept: a top-3 hit's title words in the question and the share of the question's
-# words in the best passage (5.2%, but 2 of tests/data/acme's 10 single-hop questions escalated:
-# a tenant's titles are file names); numerals, superlatives, the classifier's log-odds, rank
-# agreement and score spreads of the arms; set sizes ("top 5") and plural targets ("the teams
-# that"), which raised the AUC (0.972 -> 0.982, 0.979) but not the operating point (nested 21.6,
-# 21.2); letting the grade overrule a moderately confident router (nested 19.4 either way).
-# Lighter twins (half weight) flag fewer but escalate more padded questions (8.5%).
-# FanOutQA's parents are long and its sub-questions short (length alone separates them, AUC
-# 0.995), so past a short question's length, more words must not read as "multi-hop".
+# The features are the set that flags the fewest answerable single-hop questions at multihop
+# recall 0.95, chosen out of fold on train+val (`bench/sufficiency_ablation.py`; the figures, and
+# what was tried and not kept, are in README's "The router, measured"). A tenant's titles are
+# file names, so a hit's title words are not a feature.
+# FanOutQA's parents are long and its sub-questions short (length alone separates them), so past
+# a short question's length, more words must not read as "multi-hop".
 CONTENT_WORDS_CAP = 6
 # Names (a capitalised word not opening a sentence, as routers.features counts entities) and
 # numbers: what a passage answering the question names too. Padding a question with chat adds

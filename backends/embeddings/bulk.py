@@ -6,8 +6,8 @@ core: `BulkEmbedder` runs each `embed` call on a thread of a pool with one threa
 `ingest_documents(..., parallel=workers)` keeps every core busy. In the serving process the
 pool's threads run at a lower scheduling priority (`nice`, per thread on Linux; +5 gives a
 query's thread about three times an ingest thread's share of a core), so a query arriving
-during the ingest is not starved by it. (+10 was tried first: on a machine shared with other
-busy processes it starved the ingest itself, 3 documents/s.)
+during the ingest is not starved by it; a larger increment, on a machine shared with other busy
+processes, starves the ingest itself.
 
 A call is run as slices of `slice_texts` texts, sorted by length first so that padding stays
 small: a slice is the unit that cannot be interrupted, so stopping the gateway waits for at

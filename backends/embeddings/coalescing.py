@@ -10,10 +10,10 @@ Two classes of work share the one encoder:
 - query-sized calls (at most `bulk_threshold` texts) coalesce into batches and always go first;
 - bulk calls (a document write's chunks) are cut into slices of `bulk_slice` texts and run one
   slice at a time, only when no query is waiting, round robin across bulk callers. A query
-  therefore waits for at most one slice, never for a whole 500-chunk document (measured before
-  this: a 450 KB PUT held the embedding thread for 25 s and other tenants' queries got 503s).
-  Slices of 16 chunks made queries under a write flood wait ~2 s on 2 cores; 4 keeps the
-  victim of tests/e2e/test_admission_load.py at p99 ~1.2 s.
+  therefore waits for at most one slice, never for a whole document (a large PUT's chunks hold
+  the encoder for tens of seconds, and other tenants' queries would get 503s). Slices are small
+  (4) because a query under a write flood waits for one: tests/e2e/test_admission_load.py
+  bounds the p99 of such a query.
 
 Isolation: texts are sanitised before batching (a lone UTF-16 surrogate, which the tokenizer
 refuses, becomes U+FFFD), and when a coalesced batch fails anyway each caller is retried alone,

@@ -113,7 +113,7 @@ def _layer_norm(x: F32, g: F32, b: F32) -> F32:
 def _erf(x: F32) -> F32:
     # numpy has no erf; Abramowitz & Stegun 7.1.26 is accurate to 1.5e-7, below float32 noise
     # for this model. BERT uses the exact (erf) GELU, not the tanh approximation. In-place
-    # steps: this runs over (tokens, 1536) floats per layer and was the pass's largest cost.
+    # steps: this runs over (tokens, 1536) floats per layer and is the pass's largest cost.
     a = np.abs(x)
     t = a * np.float32(0.3275911)
     t += 1
@@ -159,8 +159,8 @@ def _encode(w: _Weights, ids: I64, mask: F32) -> F32:
     batch, length = ids.shape
     x = w.word[ids] + w.position[:length] + w.token_type0
     # Dense layers run on a 2-D (batch * length, hidden) array: one large GEMM each, where a
-    # 3-D @ 2-D matmul issues one small GEMM per sequence (measured 1.2x slower on one BLAS
-    # thread, 7x with OpenBLAS's threads on a busy host).
+    # 3-D @ 2-D matmul issues one small GEMM per sequence (slower on one BLAS thread, several
+    # times slower with OpenBLAS's threads on a busy host).
     x = _layer_norm(x.reshape(batch * length, -1), w.ln_g, w.ln_b)
     # Broadcast over heads and query positions: padded keys are never attended to.
     key_bias = ((np.float32(1.0) - mask) * _MASKED_LOGIT)[:, None, None, :]
@@ -275,7 +275,7 @@ class MiniLMEmbedder:
         """Indices grouped by similar length, each group within the count and token budgets.
 
         Sorting keeps padding (wasted work) small; the token budget keeps a batch's activations
-        cache-sized, which measured ~2x faster than fixed batches of 32 long texts.
+        cache-sized, about twice as fast as fixed batches of 32 long texts.
         """
         order = sorted(range(len(ids_per_text)), key=lambda i: len(ids_per_text[i]))
         batches: list[list[int]] = []

@@ -26,8 +26,8 @@ _BACKEND = "embeddings"
 
 # No retries inside the SDK: the caller answers 503 with Retry-After rather than holding the
 # request through the SDK's backoff. litellm 1.110's OpenAI embedding path reads
-# `max_retries or litellm.DEFAULT_MAX_RETRIES`, so an explicit 0 still meant 2 retries (3 requests
-# per call against a 503, measured); its Azure path falls back to the same default. It is read
+# `max_retries or litellm.DEFAULT_MAX_RETRIES`, so an explicit 0 alone still means 2 retries (3
+# requests per call against a 503); its Azure path falls back to the same default. It is read
 # only on those embedding paths, so setting it changes nothing for chat completions.
 litellm.DEFAULT_MAX_RETRIES = 0  # type: ignore[attr-defined]  # not re-exported
 

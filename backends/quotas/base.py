@@ -1,11 +1,11 @@
 """The quota-store seam: per-tenant request rate and daily spend, shared by every process
 that shares the store (Redis), or held per process (memory).
 
-The gateway decides the limits and what a refusal looks like (gateway/limits/quotas.py); a store
-only keeps the counters, each update atomic. Errors raise `BackendError`:
-`BackendUnavailable` when the store cannot be reached or is too slow (the whole store is
-down), any other `BackendError` when one tenant's keys hold something unusable (that tenant
-only: `repair` fixes them).
+The gateway decides the limits and what a refusal looks like (gateway/limits/quotas.py); a
+store only keeps the counters, each update atomic. Errors raise `BackendError`:
+`BackendUnavailable` when the store cannot be reached or is too slow (the whole store is down),
+any other `BackendError` when one tenant's keys hold something unusable (that tenant only:
+`repair` fixes them).
 """
 
 from __future__ import annotations

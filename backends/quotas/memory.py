@@ -1,8 +1,8 @@
 """Quotas held in this process: token buckets and daily spend per tenant.
 
 The store of a deployment with no Redis (each process enforces the limits on its own), and
-the fallback the gateway uses while Redis is unreachable (`gateway.limits.quotas`). The bucket maths
-is `refill_and_take`; the Redis store's script does the same sums on the server.
+the fallback the gateway uses while Redis is unreachable (`gateway.limits.quotas`). The bucket
+maths is `refill_and_take`; the Redis store's script does the same sums on the server.
 """
 
 from __future__ import annotations

@@ -19,13 +19,11 @@ a (tenant, day)'s amounts one at a time, in order, and sends an amount that fail
 applied, its reply lost) again before any later one. So the script adds an amount only if its
 number is above the one recorded for its origin, and records it, in the same atomic script: a
 replay, however late and whatever other processes added meanwhile, is not counted twice, and
-what is kept per tenant and day is one field per process, not per amount. (The two earlier
-forms, `...:applied`, a hash field per amount all day, ~9 MB per 100k calls, and `...:ids`,
-a zset of the newest 1024 ids, which added a replay again once other replicas had added 1024
-amounts meanwhile, are no longer written: they expire with their day, and their ids, random,
-are never replayed by this version.) Both keys expire an hour after that UTC day ends (Redis
-keeps them that hour only for a process that records the last calls of the day a little late;
-the budget itself resets at 00:00 UTC, as a new day is a new key).
+what is kept per tenant and day is one field per process, not per amount (a field per amount
+grows with every call all day; a window of the newest ids counts a replay again once other
+replicas have added a window's worth meanwhile). Both keys expire an hour after that UTC day
+ends (Redis keeps them that hour only for a process that records the last calls of the day a
+little late; the budget itself resets at 00:00 UTC, as a new day is a new key).
 
 A key that holds something unusable (another type: WRONGTYPE; a spend that is not a number) is
 that tenant's problem, not Redis's: it raises `UpstreamError`, and `repair` rewrites only the

@@ -2,13 +2,12 @@
 
 aiohttp gives a connection its keep-alive timeout (75 s) to send a request and no deadline on the
 request's headers once bytes arrive, so a client sending half a header (or one byte a second)
-held a connection, its task and a file descriptor for over a minute; a few thousand of those
-from one client starve everyone. Here each request's headers must be complete within
+would hold a connection, its task and a file descriptor for over a minute; a few thousand of
+those from one client starve everyone. Here each request's headers must be complete within
 `server.header_read_timeout_s` of its first byte (the connection's first request: of connecting),
 else the connection is closed (with a 408 if any of them came). Bodies keep
 `server.body_read_timeout_s` (read in `gateway.http.middleware.limits`), answers and streams no
-limit from here,
-and an idle keep-alive connection (no byte of a next request) its 75 s.
+limit from here, and an idle keep-alive connection (no byte of a next request) its 75 s.
 
 The parser's own refusals (a malformed request line or header, a line over 8190 bytes, a bad
 chunk) never reach the middleware; they get the `{"error": {"type", "message"}}` body every
@@ -44,7 +43,7 @@ log = logging.getLogger(__name__)
 _QUOTED = re.compile(r":\s*(?:b['\"]|bytearray\()")
 _KINDS = {408: "request_timeout", 413: "payload_too_large"}
 # How long an idle keep-alive connection is kept: `web.run_app`'s. A `web.Server` left to its
-# own default keeps one 3630 s, so idle connections (one fd each) piled up for an hour.
+# own default keeps one 3630 s, so idle connections (one fd each) would pile up for an hour.
 KEEPALIVE_TIMEOUT_S = 75.0
 
 
@@ -87,11 +86,10 @@ class GatewayRequestHandler(RequestHandler):
     def _refuse_body(self, body: StreamReader, refusal: _ErrInfo) -> None:
         """The parser refused the body being read (a bad chunk size, a corrupt chunk): aiohttp
         queues that as a next request and leaves the body waiting for bytes that never come,
-        so the request hung until `body_read_timeout_s` (a 408 for a 400), then held the
+        so the request would hang until `body_read_timeout_s` (a 408 for a 400), then hold the
         connection another 10 s lingering on the body. The body's reader gets the error now
-        (`gateway.http.middleware.limits.read_body` answers 400) and the connection closes after
-        the answer:
-        where the next request would start is unknown."""
+        (`gateway.http.middleware.limits.read_body` answers 400) and the connection closes
+        after the answer: where the next request would start is unknown."""
         self._messages.pop()
         self._request_count -= 1
         self._last_payload = body

@@ -14,7 +14,6 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from backends.errors import BackendError, BackendUnavailable, UpstreamError
 from gateway.core.guard import request_guard
 from gateway.core.pipeline import Pipeline, QueryRequest, RequestContext
 from gateway.core.result import QueryResult
@@ -162,36 +161,18 @@ async def _open(request: web.Request, response: web.StreamResponse, fmt: StreamF
     await response.write(fmt.opening())
 
 
-# What a client reads when a stream fails after its headers went out: stable, and never the
-# text of a library's exception (it can carry hosts, keys' names, upstream bodies). The detail
-# goes to the request's one log line (the outcome middleware's), with the request id the client
-# got in `X-Request-Id`, and the request is counted with its real outcome, not its 200.
-STREAM_ERRORS: dict[type[BackendError], tuple[str, str]] = {
-    BackendUnavailable: ("unavailable", "a dependency is unavailable; try again"),
-    UpstreamError: ("upstream_error", "the model's upstream failed; try again"),
-}
-_BACKEND_ERROR = ("unavailable", "a dependency failed; try again")
-_INTERNAL_ERROR = ("internal_error", "the answer failed; try again")
-
-
 async def _end_with_error(response: web.StreamResponse, fmt: StreamFormat, exc: Exception) -> None:
-    """Headers are out: the stream ends with an error event, never a silent cut."""
+    """Headers are out: the stream ends with an error event, never a silent cut.
+
+    The event says what `gateway.errors`' table tells a stream; the detail goes to the
+    request's one log line (with the id the client got in `X-Request-Id`), and the request is
+    counted with its real outcome, not its 200."""
     if isinstance(exc, ConnectionError):
         raise exc  # the client went away: nobody to tell
     failure = failure_of(exc, client_gone=False)
     if (record := current_record.get()) is not None:
         record.failure = failure
-    if failure.outcome == "client_error":
-        kind, message = failure.kind, failure.message  # written for the client
-    elif isinstance(exc, BackendError):
-        kind, message = next(
-            (v for cls, v in STREAM_ERRORS.items() if isinstance(exc, cls)), _BACKEND_ERROR
-        )
-    elif failure.bug is None:
-        kind, message = failure.kind, failure.message  # written for the client
-    else:
-        kind, message = _INTERNAL_ERROR
-    await response.write(fmt.error(kind, message))
+    await response.write(fmt.error(*failure.streamed))
     await response.write_eof()
 
 

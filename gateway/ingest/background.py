@@ -1,12 +1,12 @@
 """An ingest that runs inside the serving process, while the gateway answers.
 
 `querygate serve --sample-corpus` opens its port at once and ingests the sample in the
-background: one task in the app's lifetime, the only writer of the index during it, embedding on
-every core (`backends.embeddings.bulk`, a little below the queries' priority). Queries meanwhile are
-answered from what is indexed so far; `/readyz` says how far (`"ingest"`: documents done and
-total, rate, ETA), and so does stderr: a progress bar when it is a terminal, a log line every
-`log_every_s` seconds otherwise. A later start finds every document unchanged and is done in
-seconds.
+background: one task in the app's lifetime, the only writer of the index during it, embedding
+on every core (`backends.embeddings.bulk`, a little below the queries' priority). Queries
+meanwhile are answered from what is indexed so far; `/readyz` says how far (`"ingest"`:
+documents done and total, rate, ETA), and so does stderr: a progress bar when it is a terminal,
+a log line every `log_every_s` seconds otherwise. A later start finds every document unchanged
+and is done in seconds.
 """
 
 from __future__ import annotations

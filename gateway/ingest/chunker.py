@@ -118,9 +118,8 @@ def _fit(text: str, budget: int, count: TokenCounter) -> str:
     if count(text) <= budget:
         return text
     words = text.split()
-    # The most words that fit, at least one. Dropping them one at a time and counting the rest
-    # each time was quadratic: a 8,000-character heading took 5 CPU-seconds, a PUT's 500,000
-    # hours.
+    # The most words that fit, at least one, searched for: dropping them one at a time and
+    # counting the rest each time is quadratic in a long heading's length.
     kept = max(1, _longest(len(words), lambda k: count(" ".join(words[:k])) <= budget))
     return _cut(" ".join(words[:kept]), budget, count)[0]
 
@@ -151,8 +150,7 @@ def _cut(text: str, budget: int, count: TokenCounter) -> list[str]:
     for a single word longer than a chunk, which no separator splits.
 
     Each piece's bisection starts from a prefix found by doubling, not from the whole rest:
-    tokenizing the rest for every piece was quadratic (a 60,000-character "a-a-..." took
-    6.7 CPU-seconds, 500,000 characters minutes)."""
+    tokenizing the rest for every piece is quadratic in the word's length."""
     pieces: list[str] = []
     while text:
         low, high = 1, min(len(text), max(budget, 2))
@@ -209,8 +207,8 @@ def sections(text: str, title: str) -> list[tuple[tuple[str, ...], str]]:
 def heading(line: str) -> tuple[int, str] | None:
     r"""(level, text) of a markdown heading line ("## Title ##" -> (2, "Title")), else None.
 
-    The closing sequence is stripped here, not by the pattern: `(.+?)\s*#*\s*$` backtracked
-    cubically on a long run of spaces (a heading line with 8,000 took minutes, holding the GIL).
+    The closing sequence is stripped here, not by the pattern: `(.+?)\s*#*\s*$` backtracks
+    cubically on a long run of spaces, holding the GIL.
     """
     match = HEADING.match(line)
     if match is None:
@@ -255,9 +253,8 @@ def _merge(pieces: Iterator[_Piece], config: ChunkingConfig, count: TokenCounter
     """Greedy packing of pieces into chunks of at most target tokens, with overlap.
 
     The greedy rule: append the next piece while `count(chunk + joiner + piece)` stays within
-    target. Counting every such candidate made a chunk of n words cost n tokenizer passes over
-    it (500,000 characters of "a-b a-b ...": 13 CPU-seconds, 150 times the text through the
-    tokenizer). `_fitting` finds the same pieces with about three counts per chunk."""
+    target. Counting every such candidate would make a chunk of n words cost n tokenizer passes
+    over it; `_fitting` finds the same pieces with about three counts per chunk."""
     target = config.target_tokens
     buffer: list[_Piece] = []  # pieces read from `pieces` and not yet in a chunk
     current, tokens = "", 0  # the chunk being filled, and its count
@@ -363,9 +360,8 @@ def _fitting(
 
 def _tail(text: str, budget: int, count: TokenCounter) -> str:
     """The end of a chunk to repeat at the start of the next: whole sentences if they fit."""
-    # The most sentences (else words) from the end that fit: adding them one by one and counting
-    # each time was quadratic in what counts no tokens (a chunk ending in 12,000 zero-width
-    # spaces took 18 CPU-seconds).
+    # The most sentences (else words) from the end that fit, searched for: adding them one by
+    # one and counting each time is quadratic in what counts no tokens (zero-width spaces).
     sentences = _SENTENCE_END.split(text)
     n = len(sentences)
     kept = _longest(n, lambda k: count(" ".join(sentences[n - k :])) <= budget)

@@ -170,10 +170,9 @@ async def _prepare(
     if max_chunks is not None and await _surely_too_large(raw.text, window, max_chunks):
         _refuse(raw.doc_id, report, max_chunks)
         return None
-    # Pure-Python work that grows with the text (500,000 characters of one-letter words: ~2.5 s
-    # of CPU): off the loop, so a large PUT does not stall every other request. Chunks are
-    # made one at a time and the document is refused at the first past the cap: chunking it
-    # whole first cost up to 13 CPU-seconds of the shared worker for a 413.
+    # Pure-Python work that grows with the text (seconds of CPU for a large PUT): off the loop,
+    # so it does not stall every other request. Chunks are made one at a time and the document
+    # is refused at the first past the cap, so a 413 costs no more than the cap's chunks.
     chunks = await asyncio.to_thread(_chunks, raw, chunking, window, max_chunks)
     if max_chunks is not None and len(chunks) > max_chunks:
         _refuse(raw.doc_id, report, max_chunks)
@@ -195,11 +194,11 @@ def _chunks(
 
 async def _surely_too_large(text: str, window: TokenWindow | None, max_chunks: int) -> bool:
     """True when `text` has more tokens than `max_chunks` whole windows could hold, so it
-    would make more chunks: found with one pass of the tokenizer (500k characters: ~0.5 s of
-    CPU) instead of chunking it (5 s for "a-a-..."). Every token but a heading's lands in a
-    chunk (headings go to the context line of their section's chunks; a text of huge headings
-    alone is refused here rather than as empty). A token covers at least one character, so a
-    text shorter than that many tokens is chunked, then counted, without this pass."""
+    would make more chunks: found with one pass of the tokenizer, far cheaper than chunking
+    it. Every token but a heading's lands in a chunk (headings go to the context line of their
+    section's chunks; a text of huge headings alone is refused here rather than as empty). A
+    token covers at least one character, so a text shorter than that many tokens is chunked,
+    then counted, without this pass."""
     if window is None or len(text) <= max_chunks * window.max_tokens:
         return False
     return await asyncio.to_thread(window.count, text) > max_chunks * window.max_tokens

@@ -56,7 +56,7 @@ def read_file(path: Path, root: Path) -> Iterator[RawDocument]:
         return
     relative = path.relative_to(root).as_posix()
     # The title is looked for in the text as it will be stored: a heading of control
-    # characters only ("# \x01") is blank once cleaned, and taken raw it refused the file.
+    # characters only ("# \x01") is blank once cleaned, and taken raw it would refuse the file.
     text = _clean(f"{path}", "text", text)
     yield _document(f"{path}", relative, title_of(text, path.stem), text)
 

@@ -7,7 +7,7 @@ error event) adds to it, and every request, ok or not, ends with one `account` c
 increment and one log line. `failure_of` maps an exception to its outcome (a small closed set:
 ok, client_error, body_timeout, shed_tenant, shed_process, rate_limited, budget_exceeded,
 deadline, unavailable, upstream_error, disconnect, cancelled, error) and to the JSON error the
-client gets.
+client gets, by `gateway.errors`' table.
 """
 
 from __future__ import annotations
@@ -22,9 +22,8 @@ from typing import Any
 from aiohttp import web
 from aiohttp.web_urldispatcher import SystemRoute
 
-from backends.errors import BackendUnavailable, UpstreamError, UpstreamRefused
-from backends.retrieval.base import EmptyDocument
-from gateway.errors import ClientGone, GatewayError
+from gateway import errors
+from gateway.errors import Failure, status_outcome
 from gateway.obs.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -33,29 +32,6 @@ log = logging.getLogger(__name__)
 # counted there too (route "none"), so that counter covers every outcome of an answer.
 ANSWERING = frozenset({"POST /v1/query", "POST /v1/chat/completions"})
 _WARNED = frozenset({"deadline", "unavailable", "upstream_error", "shed_process"})
-NO_PASSAGE = "text: no passage to index (headings only?); add body text"
-REFUSED_AS_INVALID = (
-    "the model refused this request as invalid: check its parameters, tools and messages "
-    "(the model's reason is in the gateway's log under this request id)"
-)
-
-
-@dataclass(frozen=True, slots=True)
-class Failure:
-    """How a request failed: its outcome, the JSON error the client gets, what the log says."""
-
-    outcome: str
-    status: int
-    kind: str
-    message: str  # written for the client
-    error: str | None  # for the log line (may carry a library's detail)
-    retry_after_s: int | None = None
-    bug: BaseException | None = None  # ours: its traceback goes to the log line
-
-    def response(self) -> web.Response:
-        if self.outcome == "disconnect":
-            return web.Response(status=499)  # nobody reads it
-        return error_response(self.status, self.kind, self.message, self.retry_after_s)
 
 
 @dataclass(slots=True)
@@ -98,42 +74,21 @@ def error_response(
     return web.json_response(body, status=status, headers=headers)
 
 
-def status_outcome(status: int) -> str:
-    if status == 503:
-        return "unavailable"
-    if status >= 500:
-        return "error"
-    if status >= 400:
-        return "client_error"
-    return "ok"
-
-
 def failure_of(exc: Exception, client_gone: bool) -> Failure:
-    """The failure an exception means. `client_gone`: the client's connection is closed."""
-    if isinstance(exc, GatewayError):
-        error = exc.message if exc.detail is None else f"{exc.message}: {exc.detail}"
-        outcome = exc.outcome or status_outcome(exc.status)
-        return Failure(outcome, exc.status, exc.type, exc.message, error, exc.retry_after_s)
-    if isinstance(exc, EmptyDocument):  # the backend's refusal, before any write
-        return Failure("client_error", 422, "validation_error", NO_PASSAGE, str(exc))
-    if isinstance(exc, BackendUnavailable):
-        # The detail (a client library's text) goes to the log line, never to the client.
-        message = f"{exc.backend} is unavailable; try again"
-        return Failure("unavailable", 503, "unavailable", message, str(exc), exc.retry_after_s)
-    record = current_record.get()
-    if isinstance(exc, UpstreamRefused) and record is not None and record.client_shaped:
-        return Failure("client_error", 400, "bad_request", REFUSED_AS_INVALID, str(exc))
-    if isinstance(exc, UpstreamError):
-        message = f"{exc.backend} answered with an error; try again"
-        return Failure("upstream_error", 503, "upstream_error", message, str(exc), 5)
+    """The failure an exception means for the current request (`gateway.errors.failure_of`,
+    and aiohttp's own HTTP exceptions). `client_gone`: the client's connection is closed."""
     if isinstance(exc, web.HTTPException):  # aiohttp's own: 404, 405, 413
         kind = _HTTP_KINDS.get(exc.status, "bad_request")
         return Failure(status_outcome(exc.status), exc.status, kind, exc.reason, exc.reason)
-    if isinstance(exc, ClientGone) or (isinstance(exc, ConnectionError) and client_gone):
-        return Failure("disconnect", 499, "disconnect", "", None)
-    # Anything else (a ConnectionError not on the client's connection included) is our bug.
-    message = "internal error; see the gateway log"
-    return Failure("error", 500, "internal_error", message, "internal error", bug=exc)
+    record = current_record.get()
+    client_shaped = record is not None and record.client_shaped
+    return errors.failure_of(exc, client_gone=client_gone, client_shaped=client_shaped)
+
+
+def failure_response(failure: Failure) -> web.Response:
+    if failure.outcome == "disconnect":
+        return web.Response(status=499)  # nobody reads it
+    return error_response(failure.status, failure.kind, failure.message, failure.retry_after_s)
 
 
 _HTTP_KINDS = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}

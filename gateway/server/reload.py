@@ -1,11 +1,11 @@
 """Live configuration: re-read the file, validate it whole, swap one reference.
 
 Three triggers share one ConfigReloader: a poll of the file (a change is applied once two polls
-in a row read the same file), SIGHUP, and `POST /admin/reload`.
-Its lock serialises them, so two reloads never interleave. Handlers read `app[RUNTIME].current`
-once per request, so a request finishes on the Runtime it started with while new requests get
-the new one. A configuration that fails validation, or that changes what only a restart can
-apply, is refused and the old one keeps running.
+in a row read the same file), SIGHUP, and `POST /admin/reload`. Its lock serialises them, so two
+reloads never interleave. Handlers read `app[RUNTIME].current` once per request, so a request
+finishes on the Runtime it started with while new requests get the new one. A configuration
+that fails validation, or that changes what only a restart can apply, is refused and the old
+one keeps running.
 """
 
 from __future__ import annotations
@@ -139,8 +139,8 @@ class ConfigReloader:
         """A reload when the file differs from the one last read and has read the same on
         two polls in a row; None otherwise. A writer that truncates and rewrites in place
         (not an atomic rename) leaves a part of the file for a moment, often valid YAML: a
-        tenant list cut short would have been applied, its other tenants refused, until the
-        next poll."""
+        tenant list cut short would be applied, its other tenants refused, until the next
+        poll."""
         async with self._lock:
             if self._path is None:
                 return None

@@ -4,7 +4,8 @@
 this deployment can execute it: the names `GET /v1/models` lists). The last user message is
 the query, earlier messages the history. Route, citations and cost come back in an extra
 `querygate` field that OpenAI clients ignore. Every OpenAI parameter is honoured or refused
-with 400 naming it (gateway/http/chat_params.py); client tools' calls come back in OpenAI's shape.
+with 400 naming it (gateway/http/chat_params.py); client tools' calls come back in OpenAI's
+shape.
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ One id, one document: the id is the path after `/v1/documents/`, percent-decoded
 and canonical (`gateway.text.canonical_doc_id`, the rules the CLI's ingest applies too), so
 every spelling of it reaches the same document and the answer names it canonically; an id
 breaking a rule is refused with 422 naming it, and so is a blank text or a title sent blank
-(`gateway.text.is_blank`). A document with no passage (headings only) is
-refused with 422 before anything is written, and one making more than
-`server.max_document_chunks` chunks with 413 before any embedding (the stored version stays).
+(`gateway.text.is_blank`). A document with no passage (headings only) is refused with 422
+before anything is written, and one making more than `server.max_document_chunks` chunks with
+413 before any embedding (the stored version stays).
 """
 
 from __future__ import annotations

@@ -16,13 +16,14 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from gateway.errors import status_outcome
 from gateway.obs.accounting import (
     RequestRecord,
     account,
     current_record,
     endpoint_of,
     failure_of,
-    status_outcome,
+    failure_response,
 )
 from gateway.obs.logs import request_id_var
 from gateway.obs.metrics import Metrics
@@ -84,7 +85,7 @@ def error_middleware(metrics: Metrics) -> Middleware:
                 raise  # a redirect is an answer
             failure = failure_of(exc, client_gone=_client_gone(request))
             outcome, error, bug = failure.outcome, failure.error, failure.bug
-            response = failure.response()
+            response = failure_response(failure)
         finally:
             metrics.inflight.dec()
             current_record.reset(token)
