@@ -10,8 +10,6 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from aiohttp import web
-
 from backends.errors import BackendError
 from gateway.core.pipeline import Services
 from gateway.obs.metrics import Metrics
@@ -143,6 +141,3 @@ class Readiness:
             return checks
         finally:
             self._inflight = None
-
-
-READINESS = web.AppKey("readiness", Readiness)

@@ -19,8 +19,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, TextIO
 
-from aiohttp import web
-
 from backends.embeddings.base import Embedder
 from backends.embeddings.bulk import SERVING_NICE, bulk_embedder
 from backends.retrieval.base import Retriever
@@ -204,6 +202,3 @@ class BackgroundIngest:
         progress.state = "done"
         self._display.update(final=True)
         log.info("ingest done", extra={**progress.snapshot(), **report.as_dict()})
-
-
-INGEST = web.AppKey("ingest", BackgroundIngest)

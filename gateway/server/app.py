@@ -9,9 +9,9 @@ from pathlib import Path
 
 from aiohttp import web
 
-from gateway.core.health import READINESS, Readiness, watch_dependencies
+from gateway.core.health import Readiness, watch_dependencies
 from gateway.core.runtime import Runtime, build_runtime
-from gateway.http.appkeys import METRICS, RUNTIME, SERVICES, RuntimeHolder
+from gateway.http.appkeys import INGEST, METRICS, READINESS, RUNTIME, SERVICES, RuntimeHolder
 from gateway.http.handlers.chat import handle_chat_completions
 from gateway.http.handlers.documents import handle_delete_document, handle_put_document
 from gateway.http.handlers.models import handle_model, handle_models
@@ -24,7 +24,7 @@ from gateway.http.handlers.query import (
 )
 from gateway.http.middleware.limits import limits_middleware
 from gateway.http.middleware.outer import error_middleware, request_id_middleware
-from gateway.ingest.background import INGEST, BackgroundIngest
+from gateway.ingest.background import BackgroundIngest
 from gateway.limits.admission import Admission
 from gateway.obs.metrics import Metrics
 from gateway.server import heap

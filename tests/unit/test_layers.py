@@ -122,3 +122,21 @@ def test_every_import_points_down_the_layers() -> None:
 )
 def test_the_walk_sees_lazy_and_plain_imports(source: str, expected: list[str]) -> None:
     assert upward("gateway.core.x", ast.parse(source), is_package=False) == expected
+
+
+# The request core and what it stands on know nothing of the HTTP framework: they are driven
+# by plain arguments, so they run (and are tested) without a server.
+FRAMEWORK_FREE = ("gateway.core", "gateway.cache", "gateway.limits", "gateway.ingest", "routers")
+
+
+def test_the_core_does_not_import_the_http_framework() -> None:
+    found = []
+    for path in _sources():
+        module = _module_name(path)
+        if module.startswith(FRAMEWORK_FREE):
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            imported = _imported(tree, module, path.name == "__init__.py")
+            found += [
+                f"{module} imports {t}" for t in sorted(imported) if t.split(".")[0] == "aiohttp"
+            ]
+    assert found == []

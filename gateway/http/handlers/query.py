@@ -12,17 +12,15 @@ from pydantic import BaseModel, ValidationError
 
 from backends.llm.base import Message
 from gateway.core.guard import request_guard
-from gateway.core.health import READINESS
 from gateway.core.pipeline import QueryRequest
 from gateway.core.result import QueryResult
 from gateway.core.runtime import Runtime
 from gateway.errors import BadRequest, Unprocessable, clip, listed
-from gateway.http.appkeys import METRICS, RUNTIME
+from gateway.http.appkeys import INGEST, METRICS, READINESS, RUNTIME
 from gateway.http.middleware.limits import read_body
 from gateway.http.schemas import QueryBody, RouteBody
 from gateway.http.streaming import stream_query
 from gateway.http.wire import decision_body, query_body
-from gateway.ingest.background import INGEST
 from gateway.obs.pool import pool_counts
 from gateway.obs.timing import StageTimer
 
