@@ -42,7 +42,7 @@ if str(REPO) not in sys.path:
 
 from aiohttp.test_utils import TestClient, TestServer  # noqa: E402
 
-from backends.cache import redis as cache_redis  # noqa: E402
+from backends.cache import redis_scripts as cache_scripts  # noqa: E402
 from backends.quotas import redis as quota_redis  # noqa: E402
 from bench.gateway_overhead import fake_upstream  # noqa: E402
 from gateway.server.app import create_app  # noqa: E402
@@ -53,7 +53,7 @@ from tests.redis_server import free_port, running_redis  # noqa: E402
 def script_names() -> dict[str, str]:
     """SHA1 of every Lua script the stores register -> a readable name."""
     names: dict[str, str] = {}
-    for module in (cache_redis, quota_redis):
+    for module in (cache_scripts, quota_redis):
         for attr, value in vars(module).items():
             if isinstance(value, str) and "redis.call" in value:
                 names[hashlib.sha1(value.encode()).hexdigest()] = attr.strip("_").lower()

@@ -4,14 +4,14 @@ Exact entries sit in one insertion-ordered dict per tenant, so writing past the 
 evicts that tenant's oldest entries and no one else's; a read never reorders or extends one
 (the TTL is fixed when it is written).
 
-`nearest` must not scan a tenant's entries. Vectors are bucketed by random-hyperplane LSH
-(SimHash): `tables` independent tables of `bits` sign bits each, one bucket per (tenant, scope,
-table, signature), each bucket keeping its newest `bucket_cap` keys. A probe reads its own
-bucket in every table, so it scores at most `tables * bucket_cap` candidates (one matrix
-product) whatever the tenant holds. Two unit vectors at cosine c fall in one table's bucket
-with probability (1 - arccos(c)/pi) ** bits; with the default 16 tables of 12 bits (the Redis
-store buckets differently: 12 bands of 16 bits probed one bit away, see backends/cache/redis.py),
-at least one table shares it with probability 0.995 at c = 0.95 and 0.93 at c = 0.90.
+`nearest` must not scan a tenant's entries. Vectors are bucketed by the random-hyperplane LSH
+of `backends.cache.lsh`: `tables` independent tables (its bands) of `bits` sign bits each, one
+bucket per (tenant, scope, table, signature), each bucket keeping its newest `bucket_cap` keys.
+A probe reads its own bucket in every table, so it scores at most `tables * bucket_cap`
+candidates (one matrix product) whatever the tenant holds. Two unit vectors at cosine c fall in
+one table's bucket with probability (1 - arccos(c)/pi) ** bits; with the default 16 tables of
+12 bits (the Redis store uses 12 bands of 16 bits, probed one bit away), at least one table
+shares it with probability 0.995 at c = 0.95 and 0.93 at c = 0.90.
 Measured by `python bench/cache_eval.py` (1k to 100k entries in one tenant): a near-duplicate
 is rarely missed, and a miss only costs a recomputed answer.
 
@@ -29,13 +29,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
 from backends.cache.base import CachedEntry, Neighbour, unit_vector
+from backends.cache.lsh import LshScheme
 from backends.errors import BackendUnavailable
 from backends.retrieval.base import Vector
-
-_SEED = 20261130  # fixed: every process buckets a vector alike
 
 
 @dataclass(slots=True)
@@ -63,8 +61,8 @@ class MemoryCacheStore:
         # `cache.max_entries` at start, which a reload cannot change.
         self._ceiling = max_entries
         self._clock = clock
-        self._tables, self._bits, self._bucket_cap = tables, bits, bucket_cap
-        self._planes: npt.NDArray[np.float32] | None = None
+        self._lsh = LshScheme(tables, bits)
+        self._bucket_cap = bucket_cap
         self._tenants: dict[str, OrderedDict[str, _Stored]] = {}
         self._buckets: dict[tuple[str, str, int], OrderedDict[str, None]] = {}
         # (tenant, key) -> (owner token, expiry); `_owned` holds the tokens this store took.
@@ -209,15 +207,6 @@ class MemoryCacheStore:
             del self._tenants[tenant]
 
     def _signature(self, unit: Vector) -> tuple[int, ...]:
-        """One bucket number per table: the signs of `bits` random projections."""
-        if self._planes is None or self._planes.shape[1] != unit.shape[0]:
-            rng = np.random.default_rng(_SEED)
-            shape = (self._tables * self._bits, unit.shape[0])
-            self._planes = rng.standard_normal(shape).astype(np.float32)
-        signs = (self._planes @ unit) > 0
-        weights = 1 << np.arange(self._bits)
-        per_table = signs.reshape(self._tables, self._bits)
-        return tuple(
-            table * (1 << self._bits) + int(np.dot(row, weights))
-            for table, row in enumerate(per_table)
-        )
+        """One bucket number per table, unique across the tables."""
+        buckets, _ = self._lsh.buckets(unit)
+        return tuple((table << self._lsh.bits) | int(b) for table, b in enumerate(buckets))

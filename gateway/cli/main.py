@@ -277,7 +277,7 @@ def _config(args: argparse.Namespace) -> int:
 
 def _eval(settings: Settings, args: argparse.Namespace) -> int:
     from backends.errors import BackendError
-    from gateway.eval import evaluation
+    from gateway import eval as evaluation
 
     try:
         if args.evaluation == "routes":

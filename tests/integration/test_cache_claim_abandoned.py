@@ -13,7 +13,8 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from backends.cache.redis import RedisCacheStore, lease_key
+from backends.cache.redis import RedisCacheStore
+from backends.cache.redis_scripts import lease_key
 from backends.redis_client import RedisConnection, RedisOptions, RequestSpend, request_spend
 from gateway.cache.response import ResponseCache, StoreFailed
 from gateway.obs.metrics import Metrics

@@ -19,9 +19,10 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from backends.cache import redis as cache_redis
+from backends.cache import redis_scripts
 from backends.cache.base import CachedEntry
-from backends.cache.redis import RedisCacheStore, lease_key
+from backends.cache.redis import RedisCacheStore
+from backends.cache.redis_scripts import lease_key
 from backends.redis_client import RedisConnection, RedisOptions
 from gateway.cache.response import ResponseCache
 from gateway.cache.single_flight import Shared
@@ -32,7 +33,7 @@ from tests.redis_server import RedisServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 
-CANDIDATES_SHA = hashlib.sha1(cache_redis._CANDIDATES.encode()).hexdigest()
+CANDIDATES_SHA = hashlib.sha1(redis_scripts.CANDIDATES.encode()).hexdigest()
 
 
 class Monitor:

@@ -18,7 +18,8 @@ import pytest
 import pytest_asyncio
 
 from backends.cache.base import CachedEntry, CorruptEntry
-from backends.cache.redis import RedisCacheStore, lease_key, tenant_keys
+from backends.cache.redis import RedisCacheStore
+from backends.cache.redis_scripts import lease_key, tenant_keys
 from backends.errors import BackendUnavailable
 from backends.redis_client import RedisConnection, RedisOptions
 from backends.retrieval.base import Vector

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from backends.retrieval.embedded import EmbeddedRetriever
-from gateway.eval.evaluation import EvalError, read_retrieval_examples, read_route_examples
+from gateway.eval.errors import EvalError
+from gateway.eval.examples import read_retrieval_examples, read_route_examples
 from gateway.ingest.pipeline import ingest_documents
 from gateway.ingest.readers import RawDocument, UnreadableInput, read_paths
 from tests.unit.test_ingest import FakeEmbedder
