@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from backends.errors import BackendError
-from gateway.core.pipeline import Services
+from gateway.core.services import Services
 from gateway.obs.metrics import Metrics
 
 log = logging.getLogger(__name__)

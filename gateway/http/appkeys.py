@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from gateway.core.pipeline import Services
 from gateway.core.runtime import Runtime
+from gateway.core.services import Services
 from gateway.obs.metrics import Metrics
 
 

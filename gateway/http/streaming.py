@@ -16,7 +16,8 @@ from aiohttp import web
 
 from backends.errors import BackendError, BackendUnavailable, UpstreamError
 from gateway.core.guard import request_guard
-from gateway.core.pipeline import Pipeline, QueryRequest, RequestContext
+from gateway.core.pipeline import Pipeline
+from gateway.core.request import QueryRequest, RequestContext
 from gateway.core.runtime import Runtime
 from gateway.http.appkeys import SERVICES
 from gateway.http.wire import QueryResult, query_body

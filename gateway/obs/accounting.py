@@ -2,7 +2,7 @@
 
 The outcome middleware (`gateway.http.middleware.outer`) opens a `RequestRecord` in a context
 variable;
-whatever runs for the request (admission, the pipeline's `_observe`, a stream that ends with an
+whatever runs for the request (admission, the finisher's `_observe`, a stream that ends with an
 error event) adds to it, and every request, ok or not, ends with one `account` call: one counter
 increment and one log line. `failure_of` maps an exception to its outcome (a small closed set:
 ok, client_error, body_timeout, shed_tenant, shed_process, rate_limited, budget_exceeded,

@@ -23,7 +23,9 @@ from backends.llm.base import GenerationOptions, Message
 from backends.llm.litellm_tiers import LiteLLMTiers
 from backends.retrieval.base import Hit, SearchRequest
 from backends.retrieval.embedded import EmbeddedRetriever
-from gateway.core.pipeline import Pipeline, QueryRequest, Services
+from gateway.core.pipeline import Pipeline
+from gateway.core.request import QueryRequest
+from gateway.core.services import Services
 from gateway.http.wire import QueryResult
 from gateway.ingest.pipeline import ingest_documents
 from gateway.ingest.readers import RawDocument, read_paths

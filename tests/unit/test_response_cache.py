@@ -20,8 +20,8 @@ from gateway.cache.keys import (
 )
 from gateway.cache.response import ResponseCache, StoreFailed
 from gateway.cache.single_flight import Shared, SingleFlight
+from gateway.core.finish import replay_pieces
 from gateway.core.guard import request_deadline
-from gateway.core.pipeline import replay_pieces
 from gateway.obs.metrics import Metrics
 from gateway.settings import CacheConfig, Settings, TenantConfig
 from routers.types import Route

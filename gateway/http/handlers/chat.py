@@ -17,7 +17,7 @@ from typing import Any, Literal
 from aiohttp import web
 
 from backends.llm.base import NO_OPTIONS, Message, ToolCall
-from gateway.core.pipeline import QueryRequest
+from gateway.core.request import QueryRequest
 from gateway.errors import Unprocessable
 from gateway.http.appkeys import RUNTIME
 from gateway.http.chat_params import generation_options, refuse_unsupported

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ValidationError
 from backends.llm.base import Message
 from gateway.core.guard import request_guard
 from gateway.core.health import READINESS
-from gateway.core.pipeline import QueryRequest
+from gateway.core.request import QueryRequest
 from gateway.core.runtime import Runtime
 from gateway.errors import BadRequest, Unprocessable, clip, listed
 from gateway.http.appkeys import METRICS, RUNTIME
