@@ -7,6 +7,25 @@ One middleware turns them into `{"error": {"type", "message"}}`; handlers raise,
 
 from __future__ import annotations
 
+from typing import Literal
+
+# How a request ended, in the request accounting (`gateway.obs.accounting`): a metric label.
+Outcome = Literal[
+    "ok",
+    "client_error",
+    "body_timeout",
+    "shed_tenant",
+    "shed_process",
+    "rate_limited",
+    "budget_exceeded",
+    "deadline",
+    "unavailable",
+    "upstream_error",
+    "disconnect",
+    "cancelled",
+    "error",
+]
+
 
 def clip(text: str, limit: int = 64) -> str:
     """A client's own string (a model name, a field's name) as an error message quotes it:
@@ -24,7 +43,7 @@ def listed(problems: list[str], limit: int = 10) -> str:
 class GatewayError(Exception):
     status = 500
     type = "internal_error"
-    outcome: str | None = None  # None: the outcome of `status`
+    outcome: Outcome | None = None  # None: the outcome of `status`
 
     def __init__(
         self, message: str, *, retry_after_s: int | None = None, detail: str | None = None
@@ -81,6 +100,10 @@ class RequestTimeout(GatewayError):
     status = 408
     type = "request_timeout"
     outcome = "body_timeout"
+
+
+# When a client whose request ran out of time may try again.
+DEADLINE_RETRY_AFTER_S = 5
 
 
 class DeadlineExceeded(ServiceUnavailable):

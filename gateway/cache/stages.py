@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from backends.cache.base import CacheStore
 from backends.embeddings.base import Embedder, token_window
@@ -28,8 +28,8 @@ from gateway.cache.keys import (
     history_digest,
     options_digest,
 )
-from gateway.cache.response import ResponseCache, SemanticLookup, StoreFailed
-from gateway.cache.single_flight import Lease, Payload, Shared
+from gateway.cache.response import LookupResult, ResponseCache, SemanticLookup, StoreFailed
+from gateway.cache.single_flight import HitTier, Lease, Payload, Shared
 from gateway.http.wire import answer_from_cache, answer_to_cache
 from gateway.obs.metrics import Metrics
 from gateway.obs.timing import StageTimer
@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 
 # A hit: the cached answer and the route reason it was stored with.
 Served = tuple[Answer, str]
+# The tier that answered a request: none (a miss, computed), or the one it was found in.
+CacheTier = Literal["miss"] | HitTier
 
 
 class Asked(Protocol):
@@ -76,8 +78,8 @@ class CacheState:
     key: str | None = None
     scope: str | None = None
     question: str | None = None
-    tier: str = "miss"  # the tier that answered it: miss, exact, semantic
-    result: str | None = None  # the lookup result counted, once
+    tier: CacheTier = "miss"
+    result: LookupResult | None = None  # the lookup result counted, once
     looking: bool = False  # the exact tier missed cleanly: the semantic tier may look
     # The question's vector may be compared (not too long, no token its embedder did not
     # know): else it is looked up and stored for the exact tier only.
@@ -135,10 +137,13 @@ class CacheStages:
         """Whether the semantic tier will compare the question's embedding."""
         return self.response.semantic_enabled and state.key is not None
 
-    async def exact(self, state: CacheState, asked: Asked, timer: StageTimer) -> Served | None:
+    async def exact(
+        self, state: CacheState, asked: Asked, timer: StageTimer, deadline: float | None
+    ) -> Served | None:
         """The exact tier. An exact hit needs no embedding: answer before paying for one. A
-        miss waits for the same question's answer when another request is computing it, or
-        leads that computation itself."""
+        miss waits for the same question's answer when another request is computing it (as
+        `SingleFlight` bounds the wait by the request's `deadline`, a loop time), or leads
+        that computation itself."""
         if not self.response.enabled:
             return None
         if asked.original_query is None and looks_like_followup(asked.query, asked.history):
@@ -162,7 +167,9 @@ class CacheStages:
                 self._count(state, "bypass")
                 return None
             try:
-                state.flight, found = await self.response.exact_or_lead(asked.tenant.id, state.key)
+                state.flight, found = await self.response.exact_or_lead(
+                    asked.tenant.id, state.key, deadline=deadline
+                )
             except (StoreFailed, BackendError) as exc:
                 if isinstance(exc, BackendError):  # the claim; StoreFailed is logged already
                     log.warning("cache claim failed, serving uncached", extra={"error": str(exc)})
@@ -281,13 +288,13 @@ class CacheStages:
         window = token_window(self._embedder)
         return window is None or window.unknown is None or window.unknown(question) == 0
 
-    def _hit(self, state: CacheState, payload: Payload, tier: str) -> Served:
+    def _hit(self, state: CacheState, payload: Payload, tier: HitTier) -> Served:
         served = answer_from_cache(payload)
         state.tier, state.key, state.shared = tier, None, Shared(payload, tier)
         self._count(state, tier)
         return served
 
-    def _count(self, state: CacheState, result: str) -> None:
+    def _count(self, state: CacheState, result: LookupResult) -> None:
         if state.result is None:
             state.result = result
             self.response.count(result)

@@ -20,7 +20,6 @@ from gateway.core.request import RequestContext
 from gateway.core.services import Services
 from gateway.http.wire import QueryResult, rewrite_fields
 from gateway.limits.metering import MeteredLLM, estimate_usage
-from gateway.obs.accounting import current_record
 from routers.generation import CitationStream, clients_fault, finish, usage_total, with_usage
 from routers.types import Answer, Generation
 
@@ -200,13 +199,12 @@ class Finisher:
             "answer_ms": result.timings_ms["total"],
             **rewrite_fields(result),
         }
-        record = current_record.get()
-        if record is None:  # not over HTTP (CLI, benchmarks): the answer is the log line
+        if ctx.scope is None:  # not over HTTP (CLI, benchmarks): the answer is the log line
             log.info("answered", extra=fields)
             return
         # Over HTTP the middleware writes the request's one log line, with these fields.
-        record.answered = True
-        record.fields.update(fields)
+        ctx.scope.record.answered = True
+        ctx.scope.record.fields.update(fields)
 
 
 def _streamed_completion(

@@ -18,11 +18,11 @@ from gateway.cache.stages import CacheStages, Served
 from gateway.core.finish import Finisher
 from gateway.core.request import Outcome, QueryRequest, RequestContext
 from gateway.core.routing import registry_config
+from gateway.core.scope import RequestScope
 from gateway.core.services import Services
 from gateway.core.stages import RouteStages
 from gateway.http.wire import QueryResult
 from gateway.limits.metering import MeteredLLM
-from gateway.obs.accounting import current_record
 from gateway.obs.timing import StageTimer
 from gateway.settings import Settings
 from routers.agent import AgentDeps
@@ -85,13 +85,15 @@ class Pipeline:
         self._route.count_decision(ctx.decision)
         return ctx.decision
 
-    async def prepare(self, request: QueryRequest) -> RequestContext:
-        """Every stage up to the final model call; `complete` or `stream` finishes it."""
+    async def prepare(
+        self, request: QueryRequest, scope: RequestScope | None = None
+    ) -> RequestContext:
+        """Every stage up to the final model call; `complete` or `stream` finishes it.
+        `scope`: the request's over HTTP (None from the CLI, benchmarks and tests)."""
         # From the request's arrival: the time it queued for admission is part of its latency
         # (the route latency SLO and its alerts would not see an overloaded worker otherwise).
-        record = current_record.get()
-        arrived = record.started if record is not None else None
-        ctx = RequestContext(request, StageTimer(self._s.metrics, arrived))
+        arrived = scope.record.started if scope is not None else None
+        ctx = RequestContext(request, StageTimer(self._s.metrics, arrived), scope)
         try:
             for stage in self._stages:
                 if (outcome := await stage(ctx)) is not None:
@@ -127,7 +129,9 @@ class Pipeline:
             await self.release(ctx)
 
     async def _cached(self, ctx: RequestContext) -> Outcome | None:
-        return _served(ctx, await self._cache.exact(ctx.cache, ctx.request, ctx.timer))
+        deadline = ctx.scope.deadline if ctx.scope is not None else None
+        found = await self._cache.exact(ctx.cache, ctx.request, ctx.timer, deadline)
+        return _served(ctx, found)
 
     async def _cached_semantic(self, ctx: RequestContext) -> Outcome | None:
         found = await self._cache.semantic(ctx.cache, ctx.request, ctx.vector, ctx.timer)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from backends.llm.base import NO_OPTIONS, GenerationOptions, Message, Usage
 from backends.retrieval.base import Hit, Vector
 from gateway.cache.stages import CacheState
+from gateway.core.scope import RequestScope
 from gateway.obs.timing import StageTimer
 from gateway.settings import TenantConfig
 from routers.policy import RouteDecision
@@ -42,6 +43,8 @@ class RequestContext:
 
     request: QueryRequest
     timer: StageTimer
+    # None outside HTTP (the CLI, benchmarks, tests): no deadline, no record to account on.
+    scope: RequestScope | None = None
     # Model calls made before the route's own (the follow-up rewrite).
     usage_before: dict[str, Usage] = field(default_factory=dict)
     # The cache stages' findings: key, scope, the tier that answered, the single flight.

@@ -1,11 +1,14 @@
-"""Typed keys into the aiohttp application: what lives as long as the app."""
+"""Typed keys into aiohttp's mappings: what lives as long as the app, and what one request's
+middleware hands to its handler."""
 
 from __future__ import annotations
 
 from aiohttp import web
 
 from gateway.core.runtime import Runtime
+from gateway.core.scope import RequestScope
 from gateway.core.services import Services
+from gateway.obs.accounting import RequestRecord
 from gateway.obs.metrics import Metrics
 
 
@@ -19,3 +22,8 @@ class RuntimeHolder:
 METRICS = web.AppKey("metrics", Metrics)
 SERVICES = web.AppKey("services", Services)
 RUNTIME = web.AppKey("runtime", RuntimeHolder)
+
+# Every request's accounting record, from the outcome middleware.
+RECORD = web.RequestKey("record", RequestRecord)
+# The scope of a limited request (`limits_middleware`): its tenant, deadline and record.
+SCOPE = web.RequestKey("scope", RequestScope)

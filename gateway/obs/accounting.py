@@ -1,13 +1,11 @@
 """Request accounting: what each request's outcome is, its counter increment and log line.
 
-The outcome middleware (`gateway.http.middleware.outer`) opens a `RequestRecord` in a context
-variable;
-whatever runs for the request (admission, the finisher's `_observe`, a stream that ends with an
-error event) adds to it, and every request, ok or not, ends with one `account` call: one counter
-increment and one log line. `failure_of` maps an exception to its outcome (a small closed set:
-ok, client_error, body_timeout, shed_tenant, shed_process, rate_limited, budget_exceeded,
-deadline, unavailable, upstream_error, disconnect, cancelled, error) and to the JSON error the
-client gets.
+The outcome middleware (`gateway.http.middleware.outer`) opens a `RequestRecord` for each
+request and puts it on the request (the `RequestScope` carries it into the core); whatever runs
+for the request (admission, the finisher's `_observe`, a stream that ends with an error event)
+adds to it, and every request, ok or not, ends with one `account` call: one counter
+increment and one log line. `failure_of` maps an exception to its outcome (the closed set
+`gateway.errors.Outcome`) and to the JSON error the client gets.
 """
 
 from __future__ import annotations
@@ -15,7 +13,6 @@ from __future__ import annotations
 import logging
 import re
 import time
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +21,7 @@ from aiohttp.web_urldispatcher import SystemRoute
 
 from backends.errors import BackendUnavailable, UpstreamError, UpstreamRefused
 from backends.retrieval.base import EmptyDocument
-from gateway.errors import ClientGone, GatewayError
+from gateway.errors import ClientGone, GatewayError, Outcome
 from gateway.obs.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -32,7 +29,9 @@ log = logging.getLogger(__name__)
 # Endpoints whose answers the pipeline counts in querygate_requests_total; their failures are
 # counted there too (route "none"), so that counter covers every outcome of an answer.
 ANSWERING = frozenset({"POST /v1/query", "POST /v1/chat/completions"})
-_WARNED = frozenset({"deadline", "unavailable", "upstream_error", "shed_process"})
+_WARNED: frozenset[Outcome] = frozenset(
+    {"deadline", "unavailable", "upstream_error", "shed_process"}
+)
 NO_PASSAGE = "text: no passage to index (headings only?); add body text"
 REFUSED_AS_INVALID = (
     "the model refused this request as invalid: check its parameters, tools and messages "
@@ -44,7 +43,7 @@ REFUSED_AS_INVALID = (
 class Failure:
     """How a request failed: its outcome, the JSON error the client gets, what the log says."""
 
-    outcome: str
+    outcome: Outcome
     status: int
     kind: str
     message: str  # written for the client
@@ -77,9 +76,6 @@ class RequestRecord:
         return time.perf_counter() - self.started
 
 
-current_record: ContextVar[RequestRecord | None] = ContextVar("request_record", default=None)
-
-
 def endpoint_of(request: web.Request) -> str:
     """The method and route template: a closed set (unknown paths are 'unmatched')."""
     route = request.match_info.route
@@ -98,7 +94,7 @@ def error_response(
     return web.json_response(body, status=status, headers=headers)
 
 
-def status_outcome(status: int) -> str:
+def status_outcome(status: int) -> Outcome:
     if status == 503:
         return "unavailable"
     if status >= 500:
@@ -108,8 +104,9 @@ def status_outcome(status: int) -> str:
     return "ok"
 
 
-def failure_of(exc: Exception, client_gone: bool) -> Failure:
-    """The failure an exception means. `client_gone`: the client's connection is closed."""
+def failure_of(exc: Exception, *, client_gone: bool, client_shaped: bool = False) -> Failure:
+    """The failure an exception means. `client_gone`: the client's connection is closed;
+    `client_shaped`: the request's `RequestRecord.client_shaped`."""
     if isinstance(exc, GatewayError):
         error = exc.message if exc.detail is None else f"{exc.message}: {exc.detail}"
         outcome = exc.outcome or status_outcome(exc.status)
@@ -120,8 +117,7 @@ def failure_of(exc: Exception, client_gone: bool) -> Failure:
         # The detail (a client library's text) goes to the log line, never to the client.
         message = f"{exc.backend} is unavailable; try again"
         return Failure("unavailable", 503, "unavailable", message, str(exc), exc.retry_after_s)
-    record = current_record.get()
-    if isinstance(exc, UpstreamRefused) and record is not None and record.client_shaped:
+    if isinstance(exc, UpstreamRefused) and client_shaped:
         return Failure("client_error", 400, "bad_request", REFUSED_AS_INVALID, str(exc))
     if isinstance(exc, UpstreamError):
         message = f"{exc.backend} answered with an error; try again"
@@ -144,7 +140,7 @@ def account(
     request_id: str | None,
     record: RequestRecord,
     status: int,
-    outcome: str,
+    outcome: Outcome,
     error: str | None = None,
     bug: BaseException | None = None,
 ) -> None:
