@@ -446,8 +446,10 @@ async def latency(
     from backends.llm.litellm_tiers import LiteLLMTiers
     from backends.redis_client import RedisConnection, RedisOptions
     from backends.retrieval.embedded import EmbeddedRetriever
-    from gateway.core.pipeline import Pipeline, QueryRequest, Services
+    from gateway.core.pipeline import Pipeline
+    from gateway.core.request import QueryRequest
     from gateway.core.runtime import build_classifier
+    from gateway.core.services import Services
     from gateway.ingest.pipeline import ingest_documents
     from gateway.ingest.readers import read_paths
     from gateway.obs.metrics import Metrics

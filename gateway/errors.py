@@ -41,9 +41,27 @@ the message of the JSON error and, where it differs, of a stream's error event):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from backends.errors import BackendError, BackendUnavailable, UpstreamError, UpstreamRefused
 from backends.retrieval.base import EmptyDocument
+
+# How a request ended, in the request accounting (`gateway.obs.accounting`): a metric label.
+Outcome = Literal[
+    "ok",
+    "client_error",
+    "body_timeout",
+    "shed_tenant",
+    "shed_process",
+    "rate_limited",
+    "budget_exceeded",
+    "deadline",
+    "unavailable",
+    "upstream_error",
+    "disconnect",
+    "cancelled",
+    "error",
+]
 
 
 def clip(text: str, limit: int = 64) -> str:
@@ -62,7 +80,7 @@ def listed(problems: list[str], limit: int = 10) -> str:
 class GatewayError(Exception):
     status = 500
     type = "internal_error"
-    outcome: str | None = None  # None: the outcome of `status`
+    outcome: Outcome | None = None  # None: the outcome of `status`
 
     def __init__(
         self, message: str, *, retry_after_s: int | None = None, detail: str | None = None
@@ -121,6 +139,10 @@ class RequestTimeout(GatewayError):
     outcome = "body_timeout"
 
 
+# When a client whose request ran out of time may try again.
+DEADLINE_RETRY_AFTER_S = 5
+
+
 class DeadlineExceeded(ServiceUnavailable):
     """The request's own deadline passed before it was answered."""
 
@@ -136,7 +158,7 @@ class ClientGone(ConnectionResetError):
 class Failure:
     """How a request failed: its outcome, the JSON error the client gets, what the log says."""
 
-    outcome: str
+    outcome: Outcome
     status: int
     kind: str
     message: str  # written for the client
@@ -152,7 +174,7 @@ class Failure:
         return self.in_stream or (self.kind, self.message)
 
 
-def status_outcome(status: int) -> str:
+def status_outcome(status: int) -> Outcome:
     if status == 503:
         return "unavailable"
     if status >= 500:
@@ -185,15 +207,23 @@ def failure_of(exc: Exception, *, client_gone: bool, client_shaped: bool) -> Fai
     if isinstance(exc, BackendUnavailable):
         message = f"{exc.backend} is unavailable; try again"
         streamed = ("unavailable", "a dependency is unavailable; try again")
-        kind = "unavailable"
-        return Failure(kind, 503, kind, message, str(exc), exc.retry_after_s, in_stream=streamed)
+        return Failure(
+            "unavailable",
+            503,
+            "unavailable",
+            message,
+            str(exc),
+            exc.retry_after_s,
+            in_stream=streamed,
+        )
     if isinstance(exc, UpstreamRefused) and client_shaped:
         return Failure("client_error", 400, "bad_request", _REFUSED_AS_INVALID, str(exc))
     if isinstance(exc, UpstreamError):
         message = f"{exc.backend} answered with an error; try again"
         streamed = ("upstream_error", "the model's upstream failed; try again")
-        kind = "upstream_error"
-        return Failure(kind, 503, kind, message, str(exc), 5, in_stream=streamed)
+        return Failure(
+            "upstream_error", 503, "upstream_error", message, str(exc), 5, in_stream=streamed
+        )
     if isinstance(exc, ClientGone) or (isinstance(exc, ConnectionError) and client_gone):
         return Failure("disconnect", 499, "disconnect", "", None)
     # Anything else (a ConnectionError not on the client's connection included) is our bug.

@@ -51,7 +51,7 @@ from routers.agent_tools import (
 from routers.generation import NOT_FOUND, clients_fault, failure_kind, finish, with_usage
 from routers.lookup import extractive_text
 from routers.prompts import AGENT_FINAL, AGENT_SYSTEM, format_sources
-from routers.types import AgentStep, Answer, Citation, Generation, Route, RouteContext
+from routers.types import AgentStep, Answer, Cap, Citation, Generation, Route, RouteContext
 
 # For text the upstream has not counted yet. English runs ~4 characters a token; 3 leaves a
 # margin for code and identifiers (not for CJK text, which can run near 1).
@@ -139,7 +139,7 @@ class _Budget:
         self.last_prompt_tokens = usage.prompt_tokens
         self.pending_chars = 0
 
-    def breaks(self, prompt_tokens: int, prices: tuple[float, float] | None = None) -> str | None:
+    def breaks(self, prompt_tokens: int, prices: tuple[float, float] | None = None) -> Cap | None:
         """The cap a call with this prompt (and the step completion limit) could break, at the
         loop tier's prices or those given (another tier's)."""
         completion = self.config.step_max_tokens
@@ -154,7 +154,7 @@ class _Budget:
     def next_prompt_tokens(self) -> int:
         return self.last_prompt_tokens + self.pending_chars // _CHARS_PER_TOKEN
 
-    def cap_reached(self) -> str | None:
+    def cap_reached(self) -> Cap | None:
         if self.tool_turns >= self.config.max_steps:
             return "steps"
         if self.tool_calls >= self.config.max_tool_calls:
@@ -193,7 +193,7 @@ class _Run:
 
     async def execute(self) -> Answer | Generation:
         loop_s = self.config.deadline_s * (1 - self.config.final_share)
-        cap: str | None = None
+        cap: Cap | None = None
         try:
             async with asyncio.timeout(loop_s):
                 while (cap := self.budget.cap_reached()) is None:
@@ -281,7 +281,7 @@ class _Run:
         )
 
     def _generation(
-        self, messages: list[Message], cap: str | None = None, timeout_s: float | None = None
+        self, messages: list[Message], cap: Cap | None = None, timeout_s: float | None = None
     ) -> Generation:
         escalation = self.ctx.escalation
         return Generation(
@@ -303,7 +303,7 @@ class _Run:
             options=self.ctx.options,
         )
 
-    def _failed_at(self, cap: str) -> Answer:
+    def _failed_at(self, cap: Cap) -> Answer:
         """The answer if the final call at a cap fails (the pipeline makes it, and logs it)."""
         note = (
             f"degraded: the {self.tier} tier failed writing the answer at the {cap} cap; "
@@ -311,12 +311,12 @@ class _Run:
         )
         return self._quoted_answer(note, cap)
 
-    def _notes(self, cap: str | None) -> tuple[str, ...]:
+    def _notes(self, cap: Cap | None) -> tuple[str, ...]:
         escalation = self.ctx.escalation
         notes = (escalation.note,) if escalation else ()
         return (*notes, f"the agent stopped at its {cap} cap") if cap else notes
 
-    def _at_cap(self, cap: str) -> Answer | Generation:
+    def _at_cap(self, cap: Cap) -> Answer | Generation:
         if not self.book.citations:
             return self._plain(
                 f"{NOT_FOUND} The searches found no relevant passage before the {cap} cap.", cap
@@ -341,7 +341,7 @@ class _Run:
             Message("user", self.ctx.query),
         ]
 
-    def _stopped(self, cap: str, unaffordable: str | None = None) -> Answer:
+    def _stopped(self, cap: Cap, unaffordable: Cap | None = None) -> Answer:
         """The plain answer at a cap: where it stopped, citing the best-scored passages."""
         why = f"the {cap} cap" + (
             f" (a final answer could pass the {unaffordable} cap)" if unaffordable else ""
@@ -405,7 +405,7 @@ class _Run:
             None,
         )
 
-    def _quoted_answer(self, note: str, cap: str | None) -> Answer:
+    def _quoted_answer(self, note: str, cap: Cap | None) -> Answer:
         best = tuple(sorted(self.book.citations, key=lambda c: -c.score)[:_BEST_PASSAGES])
         answer = self._plain(extractive_text(best), cap, best)
         return replace(answer, notes=(*answer.notes, note), extractive=True, degraded="extractive")
@@ -422,7 +422,7 @@ class _Run:
             },
         )
 
-    def _plain(self, text: str, cap: str | None, citations: tuple[Citation, ...] = ()) -> Answer:
+    def _plain(self, text: str, cap: Cap | None, citations: tuple[Citation, ...] = ()) -> Answer:
         escalation = self.ctx.escalation
         return Answer(
             text=text,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from backends.llm.base import NO_OPTIONS, GenerationOptions, Message, Tier, ToolCall, Usage
 from backends.retrieval.base import Hit, Vector
@@ -18,6 +18,12 @@ class Route(StrEnum):
     LOOKUP = "lookup"
     MULTIHOP = "multihop"
     FULL_CONTEXT = "full_context"
+
+
+# The agent loop's cap that stopped it (a metric label).
+Cap = Literal["steps", "tool_calls", "tokens", "cost", "deadline"]
+# How an answer was made when the agent's model failed: by another tier, or quoted.
+Degraded = Literal["fallback_tier", "extractive"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,10 +103,10 @@ class Answer:
     usage_estimated: bool = False
     # The agent loop's turns (multihop only), for `debug`, and the cap that stopped it.
     steps: tuple[AgentStep, ...] = ()
-    cap: str | None = None
+    cap: Cap | None = None
     # The agent's model failed mid-loop and this answer was made from the passages it had
     # found: "fallback_tier" (another tier wrote it) or "extractive" (quoted). A metric label.
-    degraded: str | None = None
+    degraded: Degraded | None = None
     # The client's own tools the model called (direct only), and why the model stopped:
     # stop, length (cut at the token limit) or tool_calls.
     tool_calls: tuple[ToolCall, ...] = ()
@@ -134,7 +140,7 @@ class Generation:
     notes: tuple[str, ...] = ()
     # Seconds the final call may take (the agent's deadline); None: the request's deadline.
     timeout_s: float | None = None
-    cap: str | None = None
+    cap: Cap | None = None
     # Completion limit of the call; None: the tier's own.
     max_tokens: int | None = None
     # Earlier calls' usage was estimated.

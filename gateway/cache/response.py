@@ -28,18 +28,22 @@ import contextlib
 import json
 import logging
 from dataclasses import dataclass, field
+from typing import Literal
 
 from backends.cache.base import CachedEntry, CacheStore, CorruptEntry
 from backends.errors import BackendError
 from backends.retrieval.base import Vector
 from gateway.cache import guards
 from gateway.cache.entry import answer_from_cache
-from gateway.cache.single_flight import LEASE_S, Lease, Payload, SingleFlight
+from gateway.cache.single_flight import LEASE_S, HitTier, Lease, Payload, SingleFlight
 from gateway.obs.metrics import Metrics
 from gateway.settings import CacheConfig
 from routers.types import Route
 
 log = logging.getLogger(__name__)
+
+# What one request's lookup counted (querygate_cache_lookups_total's `result`).
+LookupResult = Literal["exact", "semantic", "miss", "error", "bypass"]
 
 
 class StoreFailed(Exception):
@@ -83,7 +87,7 @@ class ResponseCache:
     def semantic_enabled(self) -> bool:
         return self._store is not None and self._config.semantic.enabled
 
-    def count(self, result: str) -> None:
+    def count(self, result: LookupResult) -> None:
         self._metrics.cache_lookups.labels(result).inc()
 
     async def exact(self, tenant: str, key: str) -> Payload | None:
@@ -101,11 +105,12 @@ class ResponseCache:
         return await self._decoded(tenant, entry)
 
     async def exact_or_lead(
-        self, tenant: str, key: str
-    ) -> tuple[Lease | None, tuple[Payload, str] | None]:
+        self, tenant: str, key: str, *, deadline: float | None = None
+    ) -> tuple[Lease | None, tuple[Payload, HitTier] | None]:
         """The exact tier and single flight: the answer stored under `key` or the one a
         leader computing it shares (with its tier), else None and the lead this request now
-        holds (None: it computes unled). Raises StoreFailed, or BackendError for a claim."""
+        holds (None: it computes unled). `deadline`: the request's (a loop time), which bounds
+        a follower's wait. Raises StoreFailed, or BackendError for a claim."""
         flights = self.flights
         assert flights is not None
         if flights.leader_of(tenant, key) is not None:
@@ -114,10 +119,14 @@ class ResponseCache:
             if payload is not None:
                 return None, (payload, "exact")
             if (leader := flights.leader_of(tenant, key)) is not None:
-                shared = await flights.follow(leader)
+                shared = await flights.follow(leader, deadline=deadline)
                 return None, None if shared is None else (shared.payload, shared.tier)
         lease, payload = await flights.look_and_lead(
-            tenant, key, lambda: self._exact_or_claim(tenant, key), lambda: self.exact(tenant, key)
+            tenant,
+            key,
+            lambda: self._exact_or_claim(tenant, key),
+            lambda: self.exact(tenant, key),
+            deadline=deadline,
         )
         return lease, None if payload is None else (payload, "exact")
 

@@ -14,9 +14,9 @@ requests that came meanwhile.
 The store's claim is short (`LEASE_S`) and the leader renews it every third of that while it
 computes, so a leader that died (a killed process) holds up a popular question for seconds,
 not for a whole request timeout. A follower waits no longer than `single_flight_wait_s` and
-never past half of what is left of its own deadline: the other half is left to compute the
-answer itself. An in-process lead older than the request timeout (a leader whose request
-never reached `finish`) is dropped, not followed.
+never past half of what is left of its own deadline (the `deadline` its caller passes, a loop
+time): the other half is left to compute the answer itself. An in-process lead older than the
+request timeout (a leader whose request never reached `finish`) is dropped, not followed.
 """
 
 from __future__ import annotations
@@ -25,13 +25,12 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from backends.cache.base import CacheStore
 from backends.errors import BackendError
 from backends.redis_client import request_spend, unbudgeted
 from gateway.cache.background import PROCESS_WRITES
-from gateway.core.guard import request_deadline
 
 # How often a waiter in another process looks for the leader's answer.
 POLL_INTERVAL_S = 0.05
@@ -43,6 +42,8 @@ WAIT_SHARE = 0.5
 ABANDON_RETRY_S = 0.25
 
 Payload = dict[str, Any]
+# The tier a cached answer was found in.
+HitTier = Literal["exact", "semantic"]
 
 
 @dataclass(slots=True)
@@ -50,7 +51,7 @@ class Shared:
     """What a leader hands to its in-process followers: the cached form and its tier."""
 
     payload: Payload
-    tier: str
+    tier: HitTier
 
 
 @dataclass(slots=True)
@@ -98,25 +99,29 @@ class SingleFlight:
             return None
         return lease
 
-    def budget_s(self) -> float:
+    def budget_s(self, deadline: float | None = None) -> float:
         """How long a follower may wait: the configured wait, and never more than a share of
-        what is left of its deadline (the rest is for computing the answer itself)."""
+        what is left of its `deadline` (the rest is for computing the answer itself)."""
         wait = self._wait_s
-        deadline = request_deadline.get()
         if deadline is not None:
             wait = min(wait, WAIT_SHARE * (deadline - asyncio.get_running_loop().time()))
         return max(0.0, wait)
 
-    async def follow(self, lease: Lease) -> Shared | None:
+    async def follow(self, lease: Lease, *, deadline: float | None = None) -> Shared | None:
         """The in-process leader's answer, or None (it could not share one, or took too long)."""
         try:
-            async with asyncio.timeout(self.budget_s()):
+            async with asyncio.timeout(self.budget_s(deadline)):
                 return await asyncio.shield(lease.future)
         except TimeoutError:
             return None
 
     async def lead(
-        self, tenant: str, key: str, poll: Callable[[], Awaitable[Payload | None]]
+        self,
+        tenant: str,
+        key: str,
+        poll: Callable[[], Awaitable[Payload | None]],
+        *,
+        deadline: float | None = None,
     ) -> tuple[Lease, Payload | None]:
         """Lead the key's computation in this process, and across processes when the store's
         claim is free. When another process holds it, poll (`poll()` returns the stored
@@ -127,7 +132,7 @@ class SingleFlight:
         lease = self._register(tenant, key)
         try:
             claimed = await self._store.claim(tenant, key, self._lease_s)
-            return lease, await self._claimed_or_wait(lease, claimed, poll)
+            return lease, await self._claimed_or_wait(lease, claimed, poll, deadline)
         except BaseException:
             await self.finish(lease, None)
             raise
@@ -138,6 +143,8 @@ class SingleFlight:
         key: str,
         look: Callable[[], Awaitable[tuple[Payload | None, bool | None]]],
         poll: Callable[[], Awaitable[Payload | None]],
+        *,
+        deadline: float | None = None,
     ) -> tuple[Lease | None, Payload | None]:
         """`lead`, with the key's lookup and the store's claim in one call: `look()` returns
         the stored answer, or None and whether the claim was taken (None: not tried, as when
@@ -159,7 +166,7 @@ class SingleFlight:
                 return None, payload
             if claimed is None:
                 claimed = await self._store.claim(tenant, key, self._lease_s)
-            return lease, await self._claimed_or_wait(lease, claimed, poll)
+            return lease, await self._claimed_or_wait(lease, claimed, poll, deadline)
         except BaseException:
             await self.finish(lease, None)
             raise
@@ -170,7 +177,11 @@ class SingleFlight:
         return self._lease_s
 
     async def _claimed_or_wait(
-        self, lease: Lease, claimed: bool, poll: Callable[[], Awaitable[Payload | None]]
+        self,
+        lease: Lease,
+        claimed: bool,
+        poll: Callable[[], Awaitable[Payload | None]],
+        deadline: float | None,
     ) -> Payload | None:
         """After the first claim: keep it when taken, else wait for the claim's holder in
         another process (see `lead`). Returns the answer found stored, or None."""
@@ -179,7 +190,7 @@ class SingleFlight:
             self._keep(lease)
             return None
         loop = asyncio.get_running_loop()
-        until = loop.time() + self.budget_s()
+        until = loop.time() + self.budget_s(deadline)
         # The wait is bounded by `until`, not by the request's Redis time budget: two
         # calls every 50 ms spend 0.25 s in ~3 s at a 2 ms round trip, and the follower
         # gave up on the leader (computing the answer again, uncached).

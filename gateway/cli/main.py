@@ -238,7 +238,7 @@ async def _ingest_async(
 
 def _route(settings: Settings, args: argparse.Namespace) -> int:
     from backends.embeddings.config import build_embedder
-    from gateway.core.pipeline import configured_routes, policy_for
+    from gateway.core.routing import configured_routes, policy_for
     from gateway.core.runtime import build_classifier
     from gateway.http.wire import decision_body
     from routers.policy import decide

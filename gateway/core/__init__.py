@@ -1,1 +1,2 @@
-"""The request core, free of aiohttp: the pipeline's stages, routing, runtime and health."""
+"""The request core, free of aiohttp: the request's value objects and scope, the pipeline and
+its stages, finishing, routing, runtime and health."""

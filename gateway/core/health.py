@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from backends.errors import BackendError
-from gateway.core.pipeline import Services
+from gateway.core.services import Services
 from gateway.obs.metrics import Metrics
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import hmac
 from dataclasses import dataclass
 
-from gateway.core.pipeline import Pipeline, Services
+from gateway.core.pipeline import Pipeline
+from gateway.core.services import Services
 from gateway.errors import Forbidden, Unauthorized
 from gateway.settings import ConfigError, Settings, TenantConfig, hash_api_key
 from routers.classifier import Classifier, HeuristicClassifier

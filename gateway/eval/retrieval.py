@@ -35,7 +35,7 @@ async def evaluate_retrieval(
     settings: Settings, path: Path, tenant: str, *, k: int = 10, show: int = 10
 ) -> dict[str, Any]:
     from backends.embeddings.config import build_embedder
-    from gateway.core.pipeline import configured_routes, policy_for, registry_config
+    from gateway.core.routing import configured_routes, policy_for, registry_config
     from gateway.core.runtime import build_classifier
     from gateway.server.services import build_retriever
     from routers.policy import decide

@@ -73,7 +73,7 @@ async def evaluate_routes(
     show: int = 10,
 ) -> dict[str, Any]:
     from backends.embeddings.config import build_embedder
-    from gateway.core.pipeline import configured_routes, policy_for, registry_config
+    from gateway.core.routing import configured_routes, policy_for, registry_config
     from gateway.core.runtime import build_classifier
     from gateway.server.services import build_retriever
     from gateway.settings import ConfigError

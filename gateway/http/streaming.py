@@ -15,12 +15,14 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from gateway.core.guard import request_guard
-from gateway.core.pipeline import Pipeline, QueryRequest, RequestContext
+from gateway.core.pipeline import Pipeline
+from gateway.core.request import QueryRequest, RequestContext
 from gateway.core.result import QueryResult
 from gateway.core.runtime import Runtime
+from gateway.core.scope import RequestScope
 from gateway.http.appkeys import SERVICES
 from gateway.http.wire import query_body
-from gateway.obs.accounting import current_record, failure_of
+from gateway.obs.accounting import failure_of
 from gateway.settings import ServerConfig
 from routers.types import Generation
 
@@ -62,7 +64,11 @@ class QueryStreamFormat:
 
 
 async def stream_answer(
-    request: web.Request, runtime: Runtime, query: QueryRequest, fmt: StreamFormat
+    request: web.Request,
+    runtime: Runtime,
+    query: QueryRequest,
+    scope: RequestScope,
+    fmt: StreamFormat,
 ) -> web.StreamResponse:
     server = runtime.settings.server
     response = web.StreamResponse(
@@ -72,14 +78,14 @@ async def stream_answer(
             "X-Request-Id": query.id,
         }
     )
-    preparing = asyncio.ensure_future(_prepare(runtime, query, server.request_timeout_s))
+    preparing = asyncio.ensure_future(_prepare(runtime, query, scope))
     prepared: RequestContext | None = None
     try:
         prepared = await _await_keeping_alive(request, response, fmt, preparing, server)
     except Exception as exc:
         if not response.prepared:
             raise  # nothing sent yet: an ordinary JSON error with its status
-        await _end_with_error(response, fmt, exc)
+        await _end_with_error(response, fmt, exc, scope)
         return response
     finally:
         preparing.cancel()  # a no-op when done; stops the work when the client went away
@@ -98,14 +104,14 @@ async def stream_answer(
             await _open(request, response, fmt)
         try:
             async with (
-                request_guard(server.request_timeout_s - prepared.timer.elapsed_s()),
+                request_guard(scope.deadline),
                 contextlib.aclosing(runtime.pipeline.stream(prepared)) as items,
             ):
                 async for item in items:
                     chunk = fmt.delta(item) if isinstance(item, str) else fmt.done(item)
                     await response.write(chunk)
         except Exception as exc:
-            await _end_with_error(response, fmt, exc)
+            await _end_with_error(response, fmt, exc, scope)
             return response
     finally:
         # The stream's end (or a client gone before it began) ends the request's single-
@@ -132,9 +138,9 @@ def release_abandoned(pipeline: Pipeline, preparing: asyncio.Future[RequestConte
     preparing.add_done_callback(release)
 
 
-async def _prepare(runtime: Runtime, query: QueryRequest, deadline_s: float) -> RequestContext:
-    async with request_guard(deadline_s):
-        return await runtime.pipeline.prepare(query)
+async def _prepare(runtime: Runtime, query: QueryRequest, scope: RequestScope) -> RequestContext:
+    async with request_guard(scope.deadline):
+        return await runtime.pipeline.prepare(query, scope)
 
 
 async def _await_keeping_alive(
@@ -161,7 +167,9 @@ async def _open(request: web.Request, response: web.StreamResponse, fmt: StreamF
     await response.write(fmt.opening())
 
 
-async def _end_with_error(response: web.StreamResponse, fmt: StreamFormat, exc: Exception) -> None:
+async def _end_with_error(
+    response: web.StreamResponse, fmt: StreamFormat, exc: Exception, scope: RequestScope
+) -> None:
     """Headers are out: the stream ends with an error event, never a silent cut.
 
     The event says what `gateway.errors`' table tells a stream; the detail goes to the
@@ -169,14 +177,18 @@ async def _end_with_error(response: web.StreamResponse, fmt: StreamFormat, exc: 
     counted with its real outcome, not its 200."""
     if isinstance(exc, ConnectionError):
         raise exc  # the client went away: nobody to tell
-    failure = failure_of(exc, client_gone=False)
-    if (record := current_record.get()) is not None:
-        record.failure = failure
+    record = scope.record
+    failure = failure_of(exc, client_gone=False, client_shaped=record.client_shaped)
+    record.failure = failure
     await response.write(fmt.error(*failure.streamed))
     await response.write_eof()
 
 
 async def stream_query(
-    request: web.Request, runtime: Runtime, query: QueryRequest, debug: bool = False
+    request: web.Request,
+    runtime: Runtime,
+    query: QueryRequest,
+    scope: RequestScope,
+    debug: bool = False,
 ) -> web.StreamResponse:
-    return await stream_answer(request, runtime, query, QueryStreamFormat(debug))
+    return await stream_answer(request, runtime, query, scope, QueryStreamFormat(debug))

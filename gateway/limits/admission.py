@@ -27,8 +27,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
-from gateway.core.guard import DEADLINE_RETRY_AFTER_S
-from gateway.errors import DeadlineExceeded, ServiceUnavailable, TooManyRequests
+from gateway.errors import (
+    DEADLINE_RETRY_AFTER_S,
+    DeadlineExceeded,
+    ServiceUnavailable,
+    TooManyRequests,
+)
 from gateway.obs.metrics import Metrics
 from gateway.settings import AdmissionConfig, PoolLimits
 

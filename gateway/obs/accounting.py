@@ -1,13 +1,11 @@
 """Request accounting: what each request's outcome is, its counter increment and log line.
 
-The outcome middleware (`gateway.http.middleware.outer`) opens a `RequestRecord` in a context
-variable;
-whatever runs for the request (admission, the pipeline's `_observe`, a stream that ends with an
-error event) adds to it, and every request, ok or not, ends with one `account` call: one counter
-increment and one log line. `failure_of` maps an exception to its outcome (a small closed set:
-ok, client_error, body_timeout, shed_tenant, shed_process, rate_limited, budget_exceeded,
-deadline, unavailable, upstream_error, disconnect, cancelled, error) and to the JSON error the
-client gets, by `gateway.errors`' table.
+The outcome middleware (`gateway.http.middleware.outer`) opens a `RequestRecord` for each
+request and puts it on the request (the `RequestScope` carries it into the core); whatever runs
+for the request (admission, the finisher's `_observe`, a stream that ends with an error event)
+adds to it, and every request, ok or not, ends with one `account` call: one counter increment
+and one log line. `failure_of` maps an exception to its outcome (the closed set
+`gateway.errors.Outcome`) and to the JSON error the client gets, by `gateway.errors`' table.
 """
 
 from __future__ import annotations
@@ -15,7 +13,6 @@ from __future__ import annotations
 import logging
 import re
 import time
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +20,7 @@ from aiohttp import web
 from aiohttp.web_urldispatcher import SystemRoute
 
 from gateway import errors
-from gateway.errors import Failure, status_outcome
+from gateway.errors import Failure, Outcome, status_outcome
 from gateway.obs.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -31,7 +28,9 @@ log = logging.getLogger(__name__)
 # Endpoints whose answers the pipeline counts in querygate_requests_total; their failures are
 # counted there too (route "none"), so that counter covers every outcome of an answer.
 ANSWERING = frozenset({"POST /v1/query", "POST /v1/chat/completions"})
-_WARNED = frozenset({"deadline", "unavailable", "upstream_error", "shed_process"})
+_WARNED: frozenset[Outcome] = frozenset(
+    {"deadline", "unavailable", "upstream_error", "shed_process"}
+)
 
 
 @dataclass(slots=True)
@@ -53,9 +52,6 @@ class RequestRecord:
         return time.perf_counter() - self.started
 
 
-current_record: ContextVar[RequestRecord | None] = ContextVar("request_record", default=None)
-
-
 def endpoint_of(request: web.Request) -> str:
     """The method and route template: a closed set (unknown paths are 'unmatched')."""
     route = request.match_info.route
@@ -74,14 +70,13 @@ def error_response(
     return web.json_response(body, status=status, headers=headers)
 
 
-def failure_of(exc: Exception, client_gone: bool) -> Failure:
-    """The failure an exception means for the current request (`gateway.errors.failure_of`,
-    and aiohttp's own HTTP exceptions). `client_gone`: the client's connection is closed."""
+def failure_of(exc: Exception, *, client_gone: bool, client_shaped: bool = False) -> Failure:
+    """The failure an exception means (`gateway.errors.failure_of`, and aiohttp's own HTTP
+    exceptions). `client_gone`: the client's connection is closed; `client_shaped`: the
+    request's `RequestRecord.client_shaped`."""
     if isinstance(exc, web.HTTPException):  # aiohttp's own: 404, 405, 413
         kind = _HTTP_KINDS.get(exc.status, "bad_request")
         return Failure(status_outcome(exc.status), exc.status, kind, exc.reason, exc.reason)
-    record = current_record.get()
-    client_shaped = record is not None and record.client_shaped
     return errors.failure_of(exc, client_gone=client_gone, client_shaped=client_shaped)
 
 
@@ -99,7 +94,7 @@ def account(
     request_id: str | None,
     record: RequestRecord,
     status: int,
-    outcome: str,
+    outcome: Outcome,
     error: str | None = None,
     bug: BaseException | None = None,
 ) -> None:

@@ -24,8 +24,8 @@ from typing import Any, Literal
 
 from aiohttp import web
 
-from gateway.core.pipeline import Services
 from gateway.core.runtime import build_runtime
+from gateway.core.services import Services
 from gateway.http.appkeys import RUNTIME, SERVICES, RuntimeHolder
 from gateway.settings import ConfigError, Settings, load_settings
 

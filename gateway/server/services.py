@@ -19,7 +19,7 @@ from backends.retrieval.base import Retriever
 from backends.retrieval.embedded import EmbeddedRetriever
 from backends.retrieval.opensearch import OpenSearchRetriever, SharedChunksNotMigrated
 from gateway.cache.background import DRAIN_S, PROCESS_WRITES
-from gateway.core.pipeline import Services
+from gateway.core.services import Services
 from gateway.limits.quotas import BudgetedLLM, Quotas, warn_if_per_worker
 from gateway.obs.metrics import Metrics
 from gateway.settings import ConfigError, Settings

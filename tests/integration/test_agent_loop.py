@@ -23,8 +23,10 @@ from backends.llm.base import GenerationOptions, Message
 from backends.llm.litellm_tiers import LiteLLMTiers
 from backends.retrieval.base import Hit, SearchRequest
 from backends.retrieval.embedded import EmbeddedRetriever
-from gateway.core.pipeline import Pipeline, QueryRequest, Services
+from gateway.core.pipeline import Pipeline
+from gateway.core.request import QueryRequest
 from gateway.core.result import QueryResult
+from gateway.core.services import Services
 from gateway.ingest.pipeline import ingest_documents
 from gateway.ingest.readers import RawDocument, read_paths
 from gateway.obs.metrics import Metrics

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.core.pipeline import Pipeline, QueryRequest
+from gateway.core.pipeline import Pipeline
+from gateway.core.request import QueryRequest
 from gateway.obs.metrics import Metrics
 from gateway.server.services import open_services
 from gateway.settings import Settings, TenantConfig

@@ -19,7 +19,7 @@ from backends.cache.redis import RedisCacheStore
 from backends.redis_client import RedisConnection, RedisOptions
 from backends.retrieval.embedded import EmbeddedRetriever
 from gateway.core.health import watch_dependencies
-from gateway.core.pipeline import Services
+from gateway.core.services import Services
 from gateway.obs.metrics import Metrics
 from tests.redis_server import RedisServer
 

@@ -16,8 +16,10 @@ from backends.cache.memory import MemoryCacheStore
 from backends.llm.litellm_tiers import LiteLLMTiers
 from backends.retrieval.base import Vector
 from backends.retrieval.embedded import EmbeddedRetriever
-from gateway.core.pipeline import Pipeline, QueryRequest, Services
+from gateway.core.pipeline import Pipeline
+from gateway.core.request import QueryRequest
 from gateway.core.result import QueryResult
+from gateway.core.services import Services
 from gateway.obs.metrics import Metrics
 from gateway.settings import Settings, TenantConfig
 from routers.classifier import HeuristicClassifier

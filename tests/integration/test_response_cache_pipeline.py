@@ -23,8 +23,10 @@ from backends.llm.base import Message
 from backends.llm.litellm_tiers import LiteLLMTiers
 from backends.redis_client import RedisConnection, RedisOptions
 from backends.retrieval.embedded import EmbeddedRetriever
-from gateway.core.pipeline import Pipeline, QueryRequest, RequestContext, Services
+from gateway.core.pipeline import Pipeline
+from gateway.core.request import QueryRequest, RequestContext
 from gateway.core.result import QueryResult
+from gateway.core.services import Services
 from gateway.http.streaming import release_abandoned
 from gateway.ingest.pipeline import ingest_documents
 from gateway.ingest.readers import read_paths
@@ -112,7 +114,7 @@ def scripted(text: str, **directive: Any) -> str:
 async def ask(pipeline: Pipeline, request: QueryRequest) -> QueryResult:
     result = await pipeline.complete(await pipeline.prepare(request))
     # The answer is stored (and its claim released) by a task the answer does not wait for.
-    await pipeline._cache.drain()
+    await pipeline._cache.response.drain()
     return result
 
 
@@ -438,13 +440,14 @@ async def test_an_entry_that_does_not_decode_is_deleted_and_never_served(
     assert hit.cache == "exact"
     # Overwrite the stored answer with garbage under the same key and scope.
     probe = await pipeline.prepare(req(text, cache_lookup=False))
-    assert probe.key is not None and probe.scope is not None and probe.vector is not None
-    garbage = CachedEntry(probe.key, text, b'{"answer": 42', probe.vector)
-    await store[0].put("acme", probe.scope, garbage, ttl_s=60, max_entries=100)
+    found = probe.cache
+    assert found.key is not None and found.scope is not None and probe.vector is not None
+    garbage = CachedEntry(found.key, text, b'{"answer": 42', probe.vector)
+    await store[0].put("acme", found.scope, garbage, ttl_s=60, max_entries=100)
     await pipeline.release(probe)
     again = await ask(pipeline, req(text))
     assert again.cache == "miss"  # nor a semantic hit on the same garbage
-    assert await store[0].get("acme", probe.key) is not None  # stored afresh by that miss
+    assert await store[0].get("acme", found.key) is not None  # stored afresh by that miss
     assert (await ask(pipeline, req(text))).answer.text == first.answer.text
 
 
@@ -478,13 +481,13 @@ async def test_a_store_that_dies_is_served_around_and_counted(
 async def test_a_prepared_lead_that_no_stream_handler_took_is_released(build: Build) -> None:
     pipeline = build()
     ctx = await pipeline.prepare(req(unique("What voids the Acme warranty?")))
-    lease = ctx.flight
+    lease = ctx.cache.flight
     assert lease is not None  # it leads its key's single flight
     preparing: asyncio.Future[RequestContext] = asyncio.get_running_loop().create_future()
     release_abandoned(pipeline, preparing)  # the handler failed while preparation ran
     preparing.set_result(ctx)  # then preparation finished
     for _ in range(20):
         await asyncio.sleep(0.01)
-    assert ctx.flight is None and lease.done
-    flights = pipeline._cache.flights
+    assert ctx.cache.flight is None and lease.done
+    flights = pipeline._cache.response.flights
     assert flights is not None and flights.leader_of(lease.tenant, lease.key) is None

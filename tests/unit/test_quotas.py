@@ -16,7 +16,7 @@ from backends.errors import BackendUnavailable, UpstreamError
 from backends.llm.base import Completion, Message, StreamDelta, Tier, Usage
 from backends.quotas.memory import MemoryQuotaStore, refill_and_take
 from gateway.core.health import probes
-from gateway.core.pipeline import Services
+from gateway.core.services import Services
 from gateway.limits.metering import MeteredLLM, estimate_usage
 from gateway.limits.quotas import (
     BudgetedLLM,

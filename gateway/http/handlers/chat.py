@@ -18,16 +18,15 @@ from typing import Any, Literal
 from aiohttp import web
 
 from backends.llm.base import NO_OPTIONS, Message, ToolCall
-from gateway.core.pipeline import QueryRequest
+from gateway.core.request import QueryRequest
 from gateway.core.result import QueryResult, rewrite_fields
 from gateway.errors import Unprocessable
-from gateway.http.appkeys import RUNTIME
+from gateway.http.appkeys import RUNTIME, SCOPE
 from gateway.http.chat_params import generation_options, refuse_unsupported
 from gateway.http.handlers.models import deployment_models, model_not_found
 from gateway.http.handlers.query import answer, cache_control, check_limits, parse_body
 from gateway.http.schemas import ChatBody, ChatMessage
 from gateway.http.streaming import sse, stream_answer
-from gateway.obs.accounting import current_record
 from gateway.text import is_blank
 from routers.generation import usage_total
 
@@ -183,7 +182,7 @@ class ChatStreamFormat:
 
 async def handle_chat_completions(request: web.Request) -> web.StreamResponse:
     runtime = request.app[RUNTIME].current
-    tenant = runtime.tenant_for(request.headers.get("Authorization"))
+    scope = request[SCOPE]
     body = await parse_body(request, ChatBody)
     if body.model not in (models := deployment_models(runtime)):
         raise model_not_found(body.model, models)
@@ -192,18 +191,16 @@ async def handle_chat_completions(request: web.Request) -> web.StreamResponse:
     query_text, history, trailing = split_messages(body.messages)
     check_limits(runtime, query_text, len(history) + len(trailing))
     lookup, store = cache_control(request)
-    record = current_record.get()
     if options is not NO_OPTIONS or trailing:
         # an answer to the client's own parameters or tool results: not the cache's to give,
         # nor to keep
         lookup = store = False
-        if record is not None:
-            record.client_shaped = True
-    if record is not None and (body.user or body.safety_identifier):
-        record.fields["user"] = body.user or body.safety_identifier
+        scope.record.client_shaped = True
+    if body.user or body.safety_identifier:
+        scope.record.fields["user"] = body.user or body.safety_identifier
     query = QueryRequest(
         id=request["request_id"],
-        tenant=tenant,
+        tenant=scope.tenant,
         query=query_text,
         history=history,
         route=body.model,
@@ -215,8 +212,8 @@ async def handle_chat_completions(request: web.Request) -> web.StreamResponse:
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         fmt = ChatStreamFormat(query.id, body.model, include_usage)
-        return await stream_answer(request, runtime, query, fmt)
-    result = await answer(runtime, query)
+        return await stream_answer(request, runtime, query, scope, fmt)
+    result = await answer(runtime, query, scope)
     return web.json_response(
         {
             "id": f"chatcmpl-{query.id}",

@@ -14,8 +14,7 @@ from aiohttp import web
 
 from gateway.core.runtime import Runtime
 from gateway.errors import NotFound, clip
-from gateway.http.appkeys import RUNTIME
-from gateway.obs.accounting import current_record
+from gateway.http.appkeys import RECORD, RUNTIME
 from gateway.settings import TenantConfig
 from routers.types import Route
 
@@ -47,8 +46,7 @@ def _model(name: str) -> dict[str, object]:
 def _tenant_models(request: web.Request) -> tuple[str, ...]:
     runtime = request.app[RUNTIME].current
     tenant = runtime.tenant_for(request.headers.get("Authorization"))
-    if (record := current_record.get()) is not None:
-        record.tenant = tenant.id
+    request[RECORD].tenant = tenant.id
     return tenant_models(runtime, tenant)
 
 

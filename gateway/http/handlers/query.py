@@ -12,11 +12,12 @@ from pydantic import BaseModel, ValidationError
 
 from backends.llm.base import Message
 from gateway.core.guard import request_guard
-from gateway.core.pipeline import QueryRequest
+from gateway.core.request import QueryRequest
 from gateway.core.result import QueryResult
 from gateway.core.runtime import Runtime
+from gateway.core.scope import RequestScope
 from gateway.errors import BadRequest, Unprocessable, clip, listed
-from gateway.http.appkeys import INGEST, METRICS, READINESS, RUNTIME
+from gateway.http.appkeys import INGEST, METRICS, READINESS, RUNTIME, SCOPE
 from gateway.http.middleware.limits import read_body
 from gateway.http.schemas import QueryBody, RouteBody
 from gateway.http.streaming import stream_query
@@ -92,21 +93,21 @@ def cache_control(request: web.Request) -> tuple[bool, bool]:
     return not ("no-cache" in directives or pragma), "no-store" not in directives
 
 
-async def answer(runtime: Runtime, query: QueryRequest) -> QueryResult:
-    async with request_guard(runtime.settings.server.request_timeout_s):
-        prepared = await runtime.pipeline.prepare(query)
+async def answer(runtime: Runtime, query: QueryRequest, scope: RequestScope) -> QueryResult:
+    async with request_guard(scope.deadline):
+        prepared = await runtime.pipeline.prepare(query, scope)
         return await runtime.pipeline.complete(prepared)
 
 
 async def handle_query(request: web.Request) -> web.StreamResponse:
     runtime = request.app[RUNTIME].current
-    tenant = runtime.tenant_for(request.headers.get("Authorization"))
+    scope = request[SCOPE]
     body = await parse_body(request, QueryBody)
     check_limits(runtime, body.query, len(body.history))
     lookup, store = cache_control(request)
     query = QueryRequest(
         id=request["request_id"],
-        tenant=tenant,
+        tenant=scope.tenant,
         query=body.query,
         history=tuple(Message(m.role, m.content) for m in body.history),
         route=body.route,
@@ -114,21 +115,21 @@ async def handle_query(request: web.Request) -> web.StreamResponse:
         cache_store=store,
     )
     if body.stream:
-        return await stream_query(request, runtime, query, debug=body.debug)
-    result = await answer(runtime, query)
+        return await stream_query(request, runtime, query, scope, debug=body.debug)
+    result = await answer(runtime, query, scope)
     return web.json_response(query_body(result, debug=body.debug))
 
 
 async def handle_route(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME].current
-    tenant = runtime.tenant_for(request.headers.get("Authorization"))
+    scope = request[SCOPE]
     body = await parse_body(request, RouteBody)
     check_limits(runtime, body.query, 0)
     timer = StageTimer(request.app[METRICS])
     query = QueryRequest(
-        id=request["request_id"], tenant=tenant, query=body.query, route=body.route
+        id=request["request_id"], tenant=scope.tenant, query=body.query, route=body.route
     )
-    async with request_guard(runtime.settings.server.request_timeout_s):
+    async with request_guard(scope.deadline):
         decision = await runtime.pipeline.decide(query, timer)
     return web.json_response(
         {

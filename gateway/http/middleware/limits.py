@@ -22,18 +22,19 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from backends.llm.base import calling_tenant
 from backends.redis_client import RequestSpend, request_spend
-from gateway.core.guard import DEADLINE_RETRY_AFTER_S, request_deadline
+from gateway.core.scope import RequestScope
 from gateway.errors import (
+    DEADLINE_RETRY_AFTER_S,
     BadRequest,
     ClientGone,
     DeadlineExceeded,
     PayloadTooLarge,
     RequestTimeout,
 )
-from gateway.http.appkeys import RUNTIME, SERVICES
+from gateway.http.appkeys import RECORD, RUNTIME, SCOPE, SERVICES
 from gateway.limits.admission import Admission
 from gateway.limits.quotas import current_tenant
-from gateway.obs.accounting import ANSWERING, current_record, endpoint_of
+from gateway.obs.accounting import ANSWERING
 from gateway.settings import ServerConfig
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -64,8 +65,8 @@ def limits_middleware(admission: Admission) -> Middleware:
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        record = current_record.get()
-        endpoint = record.endpoint if record else endpoint_of(request)
+        record = request[RECORD]
+        endpoint = record.endpoint
         kind = POOLS.get(endpoint)
         if kind is None and endpoint not in ADMIN:
             return await handler(request)
@@ -73,7 +74,6 @@ def limits_middleware(admission: Admission) -> Middleware:
         server = runtime.settings.server
         timeout_s = _timeout_s(server, kind)
         deadline = asyncio.get_running_loop().time() + timeout_s
-        deadline_token = request_deadline.set(deadline)
         # The request's Redis calls share one time budget (backends.redis_client).
         spend_token = request_spend.set(RequestSpend())
         tenant_token = llm_tenant_token = None
@@ -84,8 +84,8 @@ def limits_middleware(admission: Admission) -> Middleware:
                 await read_body(request, min(server.body_read_timeout_s, timeout_s))
                 return await _within(deadline, handler, request)
             tenant = runtime.tenant_for(authorization)
-            if record is not None:
-                record.tenant = tenant.id
+            record.tenant = tenant.id
+            request[SCOPE] = RequestScope(tenant, deadline, record)
             if (quotas := request.app[SERVICES].quotas) is not None:
                 await quotas.admit(tenant, answering=endpoint in ANSWERING)
             tenant_token = current_tenant.set(tenant)
@@ -96,7 +96,7 @@ def limits_middleware(admission: Admission) -> Middleware:
             limits = config.writes if kind == "writes" else config.queries
             async with admission.pool(kind).admit(tenant.id, deadline, limits, config):
                 if kind == "queries":
-                    # The handlers' own guards end at `deadline` (request_deadline).
+                    # The handlers' own guards end at `deadline` (RequestScope.deadline).
                     return await handler(request)
                 return await _within(deadline, handler, request)
         finally:
@@ -104,7 +104,6 @@ def limits_middleware(admission: Admission) -> Middleware:
                 current_tenant.reset(tenant_token)
             if llm_tenant_token is not None:
                 calling_tenant.reset(llm_tenant_token)
-            request_deadline.reset(deadline_token)
             request_spend.reset(spend_token)
 
     return middleware

@@ -17,10 +17,10 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from gateway.errors import status_outcome
+from gateway.http.appkeys import RECORD
 from gateway.obs.accounting import (
     RequestRecord,
     account,
-    current_record,
     endpoint_of,
     failure_of,
     failure_response,
@@ -61,8 +61,7 @@ def error_middleware(metrics: Metrics) -> Middleware:
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        record = RequestRecord(endpoint_of(request))
-        token = current_record.set(record)
+        record = request[RECORD] = RequestRecord(endpoint_of(request))
         metrics.inflight.inc()
         request_id = request.get("request_id")
         error: str | None = None
@@ -83,12 +82,13 @@ def error_middleware(metrics: Metrics) -> Middleware:
         except Exception as exc:
             if isinstance(exc, web.HTTPException) and exc.status < 400:
                 raise  # a redirect is an answer
-            failure = failure_of(exc, client_gone=_client_gone(request))
+            failure = failure_of(
+                exc, client_gone=_client_gone(request), client_shaped=record.client_shaped
+            )
             outcome, error, bug = failure.outcome, failure.error, failure.bug
             response = failure_response(failure)
         finally:
             metrics.inflight.dec()
-            current_record.reset(token)
         if outcome in ("ok", "client_error") and _client_gone(request):
             outcome = "disconnect"  # the answer was ready, the client was not there for it
         account(metrics, request_id, record, response.status, outcome, error, bug)

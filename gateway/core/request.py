@@ -1,0 +1,57 @@
+"""The request as the core sees it: what was asked (`QueryRequest`) and what the stages learn
+about it on its way through the pipeline (`RequestContext`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from backends.llm.base import NO_OPTIONS, GenerationOptions, Message, Usage
+from backends.retrieval.base import Hit, Vector
+from gateway.cache.stages import CacheState
+from gateway.core.scope import RequestScope
+from gateway.obs.timing import StageTimer
+from gateway.settings import TenantConfig
+from routers.policy import RouteDecision
+from routers.types import Answer, Generation
+
+# What the stages end in: an answer, or the last model call that writes it.
+Outcome = Answer | Generation
+
+
+@dataclass(frozen=True, slots=True)
+class QueryRequest:
+    id: str
+    tenant: TenantConfig
+    query: str
+    history: tuple[Message, ...] = ()
+    route: str = "auto"
+    # Set when `query` is a rewrite of what the client sent.
+    original_query: str | None = None
+    # `Cache-Control: no-cache`: answer afresh (the answer may still be stored);
+    # `no-store`: do not store it.
+    cache_lookup: bool = True
+    cache_store: bool = True
+    # The client's parameters for the calls that write the answer (the chat endpoint's).
+    options: GenerationOptions = NO_OPTIONS
+    # What followed the question: the model's calls of the client's tools and their results.
+    trailing: tuple[Message, ...] = ()
+
+
+@dataclass(slots=True)
+class RequestContext:
+    """One request as it flows through the stages; each stage adds what it learns."""
+
+    request: QueryRequest
+    timer: StageTimer
+    # None outside HTTP (the CLI, benchmarks, tests): no deadline, no record to account on.
+    scope: RequestScope | None = None
+    # Model calls made before the route's own (the follow-up rewrite).
+    usage_before: dict[str, Usage] = field(default_factory=dict)
+    # The cache stages' findings: key, scope, the tier that answered, the single flight.
+    cache: CacheState = field(default_factory=CacheState)
+    vector: Vector | None = None
+    # None for a cache hit: nothing was decided.
+    decision: RouteDecision | None = None
+    corpus: tuple[Hit, ...] = ()
+    route_reason: str = ""
+    outcome: Outcome | None = None

@@ -1,0 +1,24 @@
+"""One request's scope: who asks, by when it must be answered, and its accounting record.
+
+The limits middleware builds it at the edge, once the tenant's key is checked; the handlers
+pass it to the guards and the pipeline, and what needs the deadline below the core gets it as
+a plain argument. What bounds or records a request is read from signatures, not from context
+variables (those are for log records only, `gateway.obs.logs`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.obs.accounting import RequestRecord
+from gateway.settings import TenantConfig
+
+
+@dataclass(frozen=True, slots=True)
+class RequestScope:
+    tenant: TenantConfig
+    # The loop time by which the request must be answered, from its arrival: the time spent
+    # reading its body and waiting for admission counts against it.
+    deadline: float
+    # The request's one counter increment and log line (mutable: what runs for it adds).
+    record: RequestRecord

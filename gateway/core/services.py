@@ -1,0 +1,24 @@
+"""The backends the request core uses, built once per process and shared by every pipeline."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from backends.cache.base import CacheStore
+from backends.embeddings.base import Embedder
+from backends.llm.base import LLM
+from backends.retrieval.base import Retriever
+from gateway.limits.quotas import Quotas
+from gateway.obs.metrics import Metrics
+
+
+@dataclass(frozen=True, slots=True)
+class Services:
+    """The backends, built once per process and shared by every pipeline (and config)."""
+
+    embedder: Embedder
+    retriever: Retriever
+    llm: LLM
+    cache_store: CacheStore | None
+    metrics: Metrics
+    quotas: Quotas | None = None  # the tenants' rate limits and budgets (gateway/limits/quotas.py)

@@ -1,0 +1,181 @@
+"""The pipeline's routing stages: the follow-up rewrite, the embedding, the route decision,
+the whole corpus (full context only) and the route's execution.
+
+Each stage takes the `RequestContext` and adds to it; `execute` returns the outcome. Routes are
+executors in a registry (`routers.executors`); a lookup that escalates is handed to the
+multihop executor here, so routes never call each other.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+import numpy as np
+
+from backends.errors import BackendError
+from backends.retrieval.base import Vector
+from gateway.cache.stages import CacheStages
+from gateway.core.request import Outcome, RequestContext
+from gateway.core.routing import TenantPolicies
+from gateway.core.services import Services
+from gateway.limits.metering import MeteredLLM
+from gateway.obs.timing import StageTimer
+from gateway.settings import Settings
+from gateway.text import InvalidText, clean_text
+from routers.classifier import Classifier
+from routers.executors import Registry
+from routers.full_context import corpus_chunks
+from routers.lookup import not_enough
+from routers.policy import (
+    RouteDecision,
+    decide,
+    decide_forced_direct,
+    needs_classification,
+    with_full_context,
+)
+from routers.rewrite import looks_like_followup, rewrite_followup
+from routers.types import Escalation, Route, RouteContext
+
+log = logging.getLogger(__name__)
+
+# What a route that reads no vector (direct, forced) gets when none was computed.
+NO_VECTOR: Vector = np.zeros(0, dtype=np.float32)
+
+
+class RouteStages:
+    def __init__(
+        self,
+        services: Services,
+        settings: Settings,
+        classifier: Classifier,
+        llm: MeteredLLM,
+        registry: Registry,
+        cache: CacheStages,
+    ) -> None:
+        self._s = services
+        self._settings = settings
+        self._classifier = classifier
+        self._llm = llm
+        self._registry = registry
+        self._cache = cache
+        self.routes = frozenset(registry)
+        self._policies = TenantPolicies(settings, self.routes)
+
+    async def rewrite(self, ctx: RequestContext) -> None:
+        request = ctx.request
+        wanted = self._settings.router.rewrite_followups and self._llm.has_tier("small")
+        if not wanted or not looks_like_followup(request.query, request.history):
+            return
+        with ctx.timer.stage("rewrite"):
+            try:
+                completion = await rewrite_followup(self._llm, request.query, request.history)
+            except BackendError as exc:
+                # The rewrite only sharpens the question; without it the original still works.
+                log.warning("follow-up rewrite failed", extra={"error": str(exc)})
+                return
+        ctx.usage_before = {completion.tier: completion.usage}
+        try:
+            # The model's text stands for the client's from here on: cleaned as the edge
+            # cleans the client's, or not used (a lone surrogate broke the tokenizer: a 500).
+            question = clean_text(completion.text).strip()
+        except InvalidText:
+            question = ""
+        if not question:
+            return
+        # The self-contained question replaces the turns it was rewritten from: the executors
+        # get the client's system messages and it, so its answer (and its cache key) does not
+        # depend on the conversation's wording. A conversation with tool calls keeps its
+        # turns (a tool result must follow its call; such a request is never cached).
+        history = request.history
+        if not any(m.role == "tool" or m.tool_calls for m in history):
+            history = tuple(m for m in history if m.role == "system")
+        ctx.request = replace(
+            request, query=question, original_query=request.query, history=history
+        )
+
+    async def embed(self, ctx: RequestContext) -> None:
+        semantic = self._cache.wants_vector(ctx.cache)
+        if not semantic and not needs_classification(ctx.request.route, self.routes):
+            return  # a forced direct route outside the semantic cache: nothing reads a vector
+        with ctx.timer.stage("embed"):
+            ctx.vector = (await self._s.embedder.embed([ctx.request.query]))[0]
+
+    async def decide_route(self, ctx: RequestContext) -> None:
+        request = ctx.request
+        if ctx.vector is None:  # see embed
+            with ctx.timer.stage("policy"):
+                ctx.decision = decide_forced_direct(self._policies.of(request.tenant))
+            return
+        with ctx.timer.stage("classify"):
+            classification = self._classifier.classify(request.query, ctx.vector)
+        with ctx.timer.stage("policy"):
+            ctx.decision = decide(
+                classification, request.route, request.query, self._policies.of(request.tenant)
+            )
+
+    async def whole_corpus(self, ctx: RequestContext) -> None:
+        """Read the tenant's every chunk only when the decision says full context may apply."""
+        assert ctx.decision is not None
+        if not ctx.decision.full_context_candidate:
+            return
+        assert ctx.vector is not None
+        with ctx.timer.stage("corpus"):
+            corpus = await corpus_chunks(
+                self._s.retriever,
+                ctx.request.tenant.id,
+                ctx.vector,
+                self._settings.router.full_context,
+            )
+        if corpus is not None:
+            ctx.corpus = tuple(corpus)
+            ctx.decision = with_full_context(ctx.decision)
+
+    async def execute(self, ctx: RequestContext) -> Outcome:
+        decision, request = ctx.decision, ctx.request
+        assert decision is not None
+        self.count_decision(decision)
+        ctx.route_reason = decision.explanation
+        route_ctx = RouteContext(
+            request.tenant.id,
+            request.query,
+            ctx.vector if ctx.vector is not None else NO_VECTOR,  # direct reads none
+            request.history,
+            decision,
+            corpus=ctx.corpus,
+            options=request.options,
+            trailing=request.trailing,
+        )
+        outcome = await self._run(decision.route, route_ctx, ctx.timer)
+        if isinstance(outcome, Escalation):
+            return await self._escalate(route_ctx, outcome, ctx.timer)
+        return outcome
+
+    def count_decision(self, decision: RouteDecision) -> None:
+        self._s.metrics.route_decisions.labels(decision.route.value, decision.reason).inc()
+
+    async def _run(
+        self, route: Route, route_ctx: RouteContext, timer: StageTimer
+    ) -> Outcome | Escalation:
+        stage = {Route.LOOKUP: "retrieve", Route.MULTIHOP: "agent"}.get(route, "plan")
+        with timer.stage(stage):
+            outcome = await self._registry[route](route_ctx)
+        if route is Route.LOOKUP:
+            self._s.metrics.retrieval_duration.labels(self._s.retriever.name, "hybrid").observe(
+                timer.stages_ms["retrieve"] / 1000
+            )
+        return outcome
+
+    async def _escalate(
+        self, route_ctx: RouteContext, escalation: Escalation, timer: StageTimer
+    ) -> Outcome:
+        """A lookup with thin evidence goes to multihop, or says honestly that it cannot."""
+        runs = Route.MULTIHOP in self._registry
+        to_route = Route.MULTIHOP.value if runs else "none"
+        self._s.metrics.escalations.labels(Route.LOOKUP.value, to_route, escalation.reason).inc()
+        if not runs:
+            return not_enough(escalation)
+        outcome = await self._run(Route.MULTIHOP, replace(route_ctx, escalation=escalation), timer)
+        if isinstance(outcome, Escalation):  # the agent never escalates; a registry mix-up
+            raise TypeError("the multihop executor returned an escalation")
+        return outcome
