@@ -16,7 +16,8 @@ from types import ModuleType
 import pytest
 
 import backends.retrieval.embedded
-import backends.retrieval.opensearch
+import backends.retrieval.opensearch.config
+import backends.retrieval.opensearch.queries
 import gateway.http.handlers.documents
 import gateway.http.middleware.outer
 import gateway.ingest.chunker
@@ -43,7 +44,8 @@ MODULES: tuple[ModuleType, ...] = (
     routers.prompts,
     routers.agent_tools,
     backends.retrieval.embedded,
-    backends.retrieval.opensearch,
+    backends.retrieval.opensearch.config,
+    backends.retrieval.opensearch.queries,
     gateway.ingest.chunker,
     gateway.http.handlers.documents,
     gateway.http.middleware.outer,
