@@ -18,7 +18,7 @@ Layout in the cluster, all named from `OpenSearchConfig.alias` (say `qg`):
 
 With `tenancy: index_per_tenant`, `ensure_index` refuses to start while the shared alias (the
 `shared` layout) still holds chunks: serving would start every tenant empty (`migrate.py`
-moves them, `python -m backends.retrieval.opensearch migrate-tenancy CONFIG`).
+moves them, `querygate --config CONFIG opensearch migrate-tenancy`).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class SharedChunksNotMigrated(UpstreamError):
             f"tenancy is index_per_tenant but the shared alias {alias!r} holds {chunks} chunks "
             "(written with tenancy: shared); every tenant would start empty. Either set "
             "retrieval.opensearch.tenancy: shared to keep serving them, or move them with "
-            "`python -m backends.retrieval.opensearch migrate-tenancy CONFIG` (gateways "
+            "`querygate --config CONFIG opensearch migrate-tenancy` (gateways "
             "stopped; idempotent, resumable), or delete that alias's indices and re-ingest",
         )
         self.alias = alias
