@@ -15,7 +15,7 @@ from types import ModuleType
 
 import pytest
 
-import backends.retrieval.embedded
+import backends.retrieval.embedded.search
 import backends.retrieval.opensearch.config
 import backends.retrieval.opensearch.queries
 import gateway.http.handlers.documents
@@ -43,7 +43,7 @@ MODULES: tuple[ModuleType, ...] = (
     routers.grading,
     routers.prompts,
     routers.agent_tools,
-    backends.retrieval.embedded,
+    backends.retrieval.embedded.search,
     backends.retrieval.opensearch.config,
     backends.retrieval.opensearch.queries,
     gateway.ingest.chunker,
