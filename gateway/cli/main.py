@@ -34,7 +34,13 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
-    handler = {"serve": _serve, "ingest": _ingest, "route": _route, "eval": _eval}[args.command]
+    handler = {
+        "serve": _serve,
+        "ingest": _ingest,
+        "route": _route,
+        "eval": _eval,
+        "opensearch": _opensearch,
+    }[args.command]
     return handler(settings, args)
 
 
@@ -106,6 +112,13 @@ def _parser() -> argparse.ArgumentParser:
         kind.add_argument(
             "--show", type=_positive, default=10, help="worst misroutes / misses to list"
         )
+
+    opensearch = sub.add_parser("opensearch", help="operations on the OpenSearch indices")
+    opensearch.add_subparsers(dest="operation", required=True).add_parser(
+        "migrate-tenancy",
+        help="move a tenancy: shared deployment's chunks into one index per tenant "
+        "(index_per_tenant); stop the gateways first; idempotent and resumable",
+    )
 
     config = sub.add_parser("config", help="the configuration's JSON schema, or check a file")
     actions = config.add_subparsers(dest="action", required=True)
@@ -272,6 +285,27 @@ def _config(args: argparse.Namespace) -> int:
         print(exc, file=sys.stderr)
         return 2
     print(f"OK {args.file}: config version {settings.version}")
+    return 0
+
+
+def _opensearch(settings: Settings, args: argparse.Namespace) -> int:
+    """`opensearch migrate-tenancy`, the one operation: prints the tenants and chunks moved."""
+    from backends.errors import BackendError
+    from backends.retrieval.opensearch import migrate_tenancy
+
+    config = settings.retrieval.opensearch
+    if config.tenancy != "index_per_tenant":
+        print(
+            "retrieval.opensearch.tenancy must be index_per_tenant to migrate to it",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        copied = asyncio.run(migrate_tenancy(config))
+    except BackendError as exc:
+        print(f"cannot migrate: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps({"tenants": len(copied), "chunks": sum(copied.values())}))
     return 0
 
 

@@ -11,6 +11,7 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Literal
 
 import aiohttp
@@ -40,6 +41,7 @@ from backends.retrieval.opensearch import (
 from tests.fixtures import tenancy
 from tests.fixtures.documents import chunk_ids, make_doc
 from tests.fixtures.embeddings import unit_vector as fixture_unit_vector
+from tests.fixtures.gateway import run_cli
 from tests.fixtures.opensearch import TEST_DIMENSION, RetrieverFactory, opensearch_request
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
@@ -1171,6 +1173,35 @@ async def test_migration_moves_each_tenant_into_its_own_index_and_is_idempotent(
         assert await upgraded.migrate_shared_to_per_tenant() == {"b": 2}
         assert await upgraded.migrate_shared_to_per_tenant() == {}
         assert await upgraded.stats("b") == (1, 2)
+    finally:
+        await upgraded.aclose()
+
+
+async def test_querygate_opensearch_migrate_tenancy_moves_the_chunks_and_prints_counts(
+    make_opensearch_retriever: RetrieverFactory, tmp_path: Path
+) -> None:
+    shared = await make_opensearch_retriever(tenancy="shared", server_side_fusion="off")
+    await shared.upsert_documents("a", [doc("d1", ["alpha one"], [1]), doc("d2", ["two"], [2])])
+    await shared.upsert_document("b", doc("d1", ["beta"], [3]))
+
+    def cli_config(tenancy: str) -> Path:
+        section = shared.config.model_dump(
+            mode="json", include={"hosts", "alias", "dimension", "server_side_fusion"}
+        )
+        path = tmp_path / f"{tenancy}.yaml"
+        path.write_text(json.dumps({"retrieval": {"opensearch": {**section, "tenancy": tenancy}}}))
+        return path
+
+    migrate = ("opensearch", "migrate-tenancy")
+    refused = await asyncio.to_thread(run_cli, cli_config("shared"), *migrate)
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert "must be index_per_tenant" in refused.stderr
+    done = await asyncio.to_thread(run_cli, cli_config("index_per_tenant"), *migrate)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout) == {"tenants": 2, "chunks": 3}
+    upgraded = OpenSearchRetriever(replace_config(shared.config, tenancy="index_per_tenant"))
+    try:
+        assert (await upgraded.stats("a"), await upgraded.stats("b")) == ((2, 2), (1, 1))
     finally:
         await upgraded.aclose()
 

@@ -25,6 +25,7 @@ from backends.retrieval.base import (
     SearchRequest,
 )
 from backends.retrieval.embedded import EmbeddedRetriever, fts_query
+from backends.retrieval.embedded import writes as embedded_writes
 from tests.fixtures import tenancy
 from tests.fixtures.documents import chunk_ids, make_doc
 from tests.fixtures.embeddings import unit_vector
@@ -341,12 +342,12 @@ async def test_a_write_that_fails_leaves_the_old_version_whole_and_a_retry_conve
 ) -> None:
     await index.upsert_document("t", doc("d", ["old one", "old two"], [1, 2]))
     before = await index.generation("t")
-    real_bump = embedded._bump_generation
+    real_bump = embedded_writes._bump_generation
 
     def fail_after_the_chunks(db: sqlite3.Connection, tenant: str) -> int:
         raise sqlite3.OperationalError("disk I/O error")  # every new chunk is written by now
 
-    monkeypatch.setattr(embedded, "_bump_generation", fail_after_the_chunks)
+    monkeypatch.setattr(embedded_writes, "_bump_generation", fail_after_the_chunks)
     new = doc("d", ["new one", "new two", "new three"], [3, 4, 5], rev="2")
     with pytest.raises(BackendUnavailable):
         await index.upsert_document("t", new)
@@ -354,7 +355,7 @@ async def test_a_write_that_fails_leaves_the_old_version_whole_and_a_retry_conve
     assert [h.text for h in await index.document_chunks("t", "d")] == ["old one", "old two"]
     assert await index.content_hash("t", "d") == "d-1"
     assert await index.generation("t") == before
-    monkeypatch.setattr(embedded, "_bump_generation", real_bump)
+    monkeypatch.setattr(embedded_writes, "_bump_generation", real_bump)
     assert await index.upsert_document("t", new) is True  # not "unchanged"
     assert [h.text for h in await index.document_chunks("t", "d")] == [
         "new one",

@@ -15,8 +15,9 @@ from types import ModuleType
 
 import pytest
 
-import backends.retrieval.embedded
-import backends.retrieval.opensearch
+import backends.retrieval.embedded.search
+import backends.retrieval.opensearch.config
+import backends.retrieval.opensearch.queries
 import gateway.http.handlers.documents
 import gateway.http.middleware.outer
 import gateway.ingest.chunker
@@ -42,8 +43,9 @@ MODULES: tuple[ModuleType, ...] = (
     routers.grading,
     routers.prompts,
     routers.agent_tools,
-    backends.retrieval.embedded,
-    backends.retrieval.opensearch,
+    backends.retrieval.embedded.search,
+    backends.retrieval.opensearch.config,
+    backends.retrieval.opensearch.queries,
     gateway.ingest.chunker,
     gateway.http.handlers.documents,
     gateway.http.middleware.outer,

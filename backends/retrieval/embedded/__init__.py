@@ -1,0 +1,13 @@
+"""The embedded hybrid index: one SQLite file, BM25 by FTS5, exact cosine search in numpy.
+
+No server to run: `querygate serve` with no configuration uses this. Modules: `store` (the
+file: schema, per-tenant FTS5 tables, opening and migrating it, transactions), `vectors` (a
+tenant's embeddings in memory), `state` (what one process holds of the file), `search`, `writes`,
+and `retriever` (the `Retriever` seam, on the index's one thread).
+"""
+
+from backends.retrieval.embedded.retriever import EmbeddedRetriever
+from backends.retrieval.embedded.search import fts_query
+from backends.retrieval.embedded.store import fts_table, tenant_key
+
+__all__ = ["EmbeddedRetriever", "fts_query", "fts_table", "tenant_key"]

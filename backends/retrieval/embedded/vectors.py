@@ -1,0 +1,88 @@
+"""One tenant's embeddings in memory, for exact cosine search by one matrix-vector product."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+
+import numpy as np
+
+from backends.retrieval.base import Vector
+
+
+class TenantVectors:
+    """One tenant's embeddings in memory, for exact cosine search by one matmul.
+
+    Rows live in a growable buffer; removed rows are tombstoned and the buffer compacted when
+    they exceed half of it, so a single-document write costs O(its chunks), not O(tenant).
+    `generation` is the tenant's generation these rows reflect.
+    """
+
+    def __init__(self, dimension: int, generation: int) -> None:
+        self.dimension = dimension
+        self.generation = generation
+        self._matrix = np.zeros((0, dimension), dtype=np.float32)
+        self._ids = np.zeros(0, dtype=np.int64)  # chunk row id per row, -1 when removed
+        self._size = 0
+        self._where: dict[int, int] = {}
+
+    def add(self, ids: Sequence[int], vectors: Vector) -> None:
+        needed = self._size + len(ids)
+        if needed > len(self._ids):
+            self._grow(max(needed, 2 * len(self._ids), 64))
+        self._matrix[self._size : needed] = vectors
+        self._ids[self._size : needed] = ids
+        self._where.update((chunk, self._size + i) for i, chunk in enumerate(ids))
+        self._size = needed
+
+    def remove(self, ids: Sequence[int]) -> None:
+        for chunk in ids:
+            row = self._where.pop(chunk, None)
+            if row is not None:
+                self._ids[row] = -1
+        if self._size and len(self._where) < self._size // 2:
+            self._compact()
+
+    def top(self, query: Vector, n: int) -> list[tuple[int, float]]:
+        """(chunk row id, cosine) of the n nearest live rows, best first."""
+        if not self._where or n <= 0:
+            return []
+        # einsum's own loop, not BLAS: a matrix-vector product is memory-bound, and OpenBLAS's
+        # threads made it 5-20x slower on a busy 2-core host (10k rows: 0.7 ms vs 3-17 ms).
+        scores = np.einsum("ij,j->i", self._matrix[: self._size], query)
+        scores[self._ids[: self._size] < 0] = -np.inf
+        n = min(n, len(self._where))
+        best = np.argpartition(-scores, n - 1)[:n]
+        best = best[np.argsort(-scores[best], kind="stable")]
+        return [(int(self._ids[i]), float(scores[i])) for i in best]
+
+    def _grow(self, capacity: int) -> None:
+        matrix = np.zeros((capacity, self.dimension), dtype=np.float32)
+        ids = np.full(capacity, -1, dtype=np.int64)
+        matrix[: self._size] = self._matrix[: self._size]
+        ids[: self._size] = self._ids[: self._size]
+        self._matrix, self._ids = matrix, ids
+
+    def _compact(self) -> None:
+        live = np.flatnonzero(self._ids[: self._size] >= 0)
+        self._matrix[: len(live)] = self._matrix[live]
+        self._ids[: len(live)] = self._ids[live]
+        self._ids[len(live) :] = -1
+        self._size = len(live)
+        self._where = {int(chunk): row for row, chunk in enumerate(self._ids[: self._size])}
+
+
+def read_vectors(db: sqlite3.Connection, tenant: str, generation: int) -> TenantVectors | None:
+    """The tenant's vectors as stored, recorded as of `generation`; None when it has no chunks."""
+    rows = db.execute("SELECT id, embedding FROM chunks WHERE tenant = ?", (tenant,))
+    ids: list[int] = []
+    blobs: list[bytes] = []
+    for chunk, blob in rows:
+        ids.append(chunk)
+        blobs.append(blob)
+    if not ids:
+        return None
+    matrix = np.frombuffer(b"".join(blobs), dtype=np.float32).reshape(len(ids), -1)
+    vectors = TenantVectors(matrix.shape[1], generation)
+    vectors.add(ids, matrix)
+    return vectors
