@@ -22,7 +22,7 @@ every source. Tokens are estimated as characters / 4 of everything sent (each ca
 conversation and the tool specs) and of what comes back, priced per tier.
 
 With `--model` (any litellm model string; `--api-base`, `--api-key-env`, `--small-model`) the
-same harness runs the real model through `backends.llm.litellm_tiers.LiteLLMTiers`, the
+same harness runs the real model through `backends.llm.tiers.LiteLLMTiers`, the
 gateway's own LLM seam, and also reports answer quality against the FanOutQA dev answers: the
 share of gold answer strings found in the answer (FanOutQA's "loose accuracy", normalised by
 case, number commas, punctuation and spacing but not lemmatised) and token F1. Tokens and cost
@@ -79,7 +79,7 @@ from backends.llm.base import (  # noqa: E402
     ToolCall,
     Usage,
 )
-from backends.llm.litellm_tiers import LiteLLMTiers  # noqa: E402
+from backends.llm.tiers import LiteLLMTiers  # noqa: E402
 from backends.retrieval.base import Hit, Retriever, SearchRequest, Vector  # noqa: E402
 from bench.retrieval_eval import (  # noqa: E402
     TENANT,

@@ -45,7 +45,7 @@ class Priced(Protocol):
 
 def count_tokens(model: str, messages: Sequence[Message] = (), text: str = "") -> int:
     """Tokens of `messages` (or of `text`) as litellm counts them when an upstream reports no
-    usage (backends.llm.litellm_tiers); about 4 characters a token if that fails."""
+    usage (backends.llm.wire); about 4 characters a token if that fails."""
     if not messages and not text:
         return 0
     try:

@@ -12,7 +12,7 @@ from backends.cache.redis import RedisCacheStore
 from backends.embeddings.coalescing import CoalescingEmbedder
 from backends.embeddings.config import build_embedder
 from backends.errors import BackendUnavailable
-from backends.llm.litellm_tiers import LiteLLMTiers
+from backends.llm.tiers import LiteLLMTiers
 from backends.quotas.redis import RedisQuotaStore
 from backends.redis_client import RedisConnection, RedisModeMismatch, RedisOptions
 from backends.retrieval.base import Retriever

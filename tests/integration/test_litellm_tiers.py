@@ -17,7 +17,7 @@ import pytest
 
 from backends.errors import BackendError, BackendUnavailable, UpstreamError
 from backends.llm.base import Message, StreamDelta, TierConfig, ToolCall, calling_tenant
-from backends.llm.litellm_tiers import LiteLLMTiers
+from backends.llm.tiers import LiteLLMTiers
 from tests.fixtures.upstream import calls_for, upstream_stats
 
 pytestmark = [
