@@ -20,7 +20,8 @@ from backends.retrieval.embedded import EmbeddedRetriever
 from backends.retrieval.opensearch import OpenSearchRetriever, SharedChunksNotMigrated
 from gateway.cache.background import DRAIN_S, PROCESS_WRITES
 from gateway.core.pipeline import Services
-from gateway.limits.quotas import BudgetedLLM, Quotas, warn_if_per_worker
+from gateway.limits.budget import BudgetedLLM
+from gateway.limits.quotas import Quotas, warn_if_per_worker
 from gateway.obs.metrics import Metrics
 from gateway.settings import ConfigError, Settings
 

@@ -17,18 +17,17 @@ from backends.llm.base import Completion, Message, StreamDelta, Tier, Usage
 from backends.quotas.memory import MemoryQuotaStore, refill_and_take
 from gateway.core.health import probes
 from gateway.core.pipeline import Services
+from gateway.limits.budget import BudgetedLLM, current_tenant
 from gateway.limits.metering import MeteredLLM, estimate_usage
 from gateway.limits.quotas import (
-    BudgetedLLM,
     BudgetExceeded,
     Quotas,
     RateLimited,
-    current_tenant,
     retry_after,
     seconds_to_midnight,
-    utc_day,
     warn_if_per_worker,
 )
+from gateway.limits.shared_store import utc_day
 from gateway.obs.metrics import MULTIPROC_ENV, Metrics
 from gateway.settings import QuotasConfig, TenantConfig
 

@@ -32,7 +32,7 @@ from gateway.errors import (
 )
 from gateway.http.appkeys import RUNTIME, SERVICES
 from gateway.limits.admission import Admission
-from gateway.limits.quotas import current_tenant
+from gateway.limits.budget import current_tenant
 from gateway.obs.accounting import ANSWERING, current_record, endpoint_of
 from gateway.settings import ServerConfig
 
@@ -89,7 +89,7 @@ def limits_middleware(admission: Admission) -> Middleware:
             if (quotas := request.app[SERVICES].quotas) is not None:
                 await quotas.admit(tenant, answering=endpoint in ANSWERING)
             tenant_token = current_tenant.set(tenant)
-            # the model breakers count failures per tenant (backends.llm.litellm_tiers)
+            # the model breakers count failures per tenant (backends.llm.tiers)
             llm_tenant_token = calling_tenant.set(tenant.id)
             await read_body(request, min(server.body_read_timeout_s, timeout_s))
             config = server.admission
