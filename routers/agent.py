@@ -37,7 +37,7 @@ from pydantic import BaseModel, Field
 
 from backends.embeddings.base import Embedder
 from backends.errors import BackendError
-from backends.llm.base import LLM, Completion, Message, Tier, ToolCall, Usage
+from backends.llm.base import LLM, Completion, LLMCall, Message, Tier, ToolCall, Usage
 from backends.retrieval.base import Retriever
 from backends.sections import SECTION
 from routers.agent_tools import (
@@ -214,13 +214,15 @@ class _Run:
         started = time.perf_counter()
         self.calling = list(self.messages)
         completion = await self.deps.llm.complete(
-            self.tier,
-            self.calling,
-            tools=TOOL_SPECS,
-            max_tokens=self.config.step_max_tokens,
-            route=Route.MULTIHOP.value,
-            # every turn may write the answer, so every turn takes the client's parameters
-            options=self.ctx.options,
+            LLMCall(
+                self.tier,
+                tuple(self.calling),
+                tools=TOOL_SPECS,
+                max_tokens=self.config.step_max_tokens,
+                route=Route.MULTIHOP.value,
+                # every turn may write the answer, so every turn takes the client's parameters
+                options=self.ctx.options,
+            )
         )
         self.calling = None
         self.usage_estimated |= completion.usage_estimated
@@ -373,11 +375,13 @@ class _Run:
         try:
             async with asyncio.timeout(remaining):
                 completion = await self.deps.llm.complete(
-                    tier,
-                    final,
-                    max_tokens=self.config.step_max_tokens,
-                    route=Route.MULTIHOP.value,
-                    options=self.ctx.options,
+                    LLMCall(
+                        tier,
+                        tuple(final),
+                        max_tokens=self.config.step_max_tokens,
+                        route=Route.MULTIHOP.value,
+                        options=self.ctx.options,
+                    )
                 )
         except TimeoutError:
             self._charge_cut(tier)

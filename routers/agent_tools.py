@@ -49,7 +49,7 @@ MAX_SEARCH_K = 10
 _CHUNK_NUMBER = re.compile(r"#(\d+)$")
 
 # JSON-schema function specs: the form litellm takes for every provider and translates.
-TOOL_SPECS: list[dict[str, Any]] = [
+TOOL_SPECS: tuple[dict[str, Any], ...] = (
     {
         "type": "function",
         "function": {
@@ -79,7 +79,7 @@ TOOL_SPECS: list[dict[str, Any]] = [
             },
         },
     },
-]
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ one at a time; `LeanStream`: the lean wire's batches of decoded OpenAI chunks, e
 delta, one event to the client) and `relay` does the rest for both: deltas as they come, then
 one final delta with usage and cost, the finish reason and any tool calls the model made. On
 streams a usage chunk is requested; when the upstream sends none, usage is estimated and the
-final delta says so (`extra["usage_estimated"]`).
+final delta says so (`usage_estimated`).
 """
 
 from __future__ import annotations
@@ -240,19 +240,14 @@ async def relay(opened: OpenStream, wire: list[dict[str, Any]]) -> AsyncIterator
     estimated = reported is None or not opened.usage_is_upstreams()
     if reported is None or estimated:
         reported = estimate_usage(deployment.model, wire, "".join(parts))
-    calls = gathered.tool_calls()
     yield StreamDelta(
         done=True,
         usage=deployment.cost(*reported),
         model=deployment.model,
-        extra={
-            "finish_reason": gathered.finish_reason,
-            # False: neither a finish reason nor the body's own end came (the body just stopped)
-            "ended": bool(gathered.finish_reason) or opened.body_ended(),
-            "usage_estimated": estimated,
-            # only when the model called tools (the client's, on the direct route)
-            **({"tool_calls": calls} if calls else {}),
-        },
+        finish_reason=gathered.finish_reason,
+        ended=bool(gathered.finish_reason) or opened.body_ended(),
+        usage_estimated=estimated,
+        tool_calls=gathered.tool_calls(),
     )
 
 

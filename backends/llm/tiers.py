@@ -10,7 +10,7 @@ Each model of a chain has circuit breakers (`backends.llm.breakers.ModelBreaker`
 `cooldown_after` consecutive failed calls (transient or malformed, each counted once its retries
 are spent) the model is skipped for `cooldown_s`, so a dead primary stops costing every request
 its retries and backoff. Then one request probes it, without retries: success puts it back,
-failure skips it for another `cooldown_s`. Failures are counted per tenant (`calling_tenant`): a
+failure skips it for another `cooldown_s`. Failures are counted per tenant (`LLMCall.tenant`): a
 tenant's own failures cool the model down for that tenant alone, and it is cooled down for
 everyone only once the failures come from at least two tenants (or from the only tenant seen):
 one tenant's requests never take a model from the others. A refused request (4xx other than
@@ -46,16 +46,7 @@ from litellm.llms.custom_httpx.async_client_cleanup import close_litellm_async_c
 
 from backends.errors import BackendUnavailable, UpstreamError
 from backends.llm import openai_http
-from backends.llm.base import (
-    NO_OPTIONS,
-    Completion,
-    GenerationOptions,
-    Message,
-    StreamDelta,
-    Tier,
-    TierConfig,
-    calling_tenant,
-)
+from backends.llm.base import Completion, LLMCall, StreamDelta, Tier, TierConfig
 from backends.llm.deployments import Deployment, Lease, build_chain
 from backends.llm.failures import CALL_ERRORS, classify, exhausted, is_transient, verdict
 from backends.llm.relay import LeanStream, LitellmStream, OpenStream, relay
@@ -98,7 +89,7 @@ class LiteLLMTiers:
         `on_tenant_cooldowns(tier, model, tenants)` how many tenants a model is cooled down for
         by their own breakers, whenever that changes (no tenant id: metrics labels stay
         bounded); `lean_http` sends OpenAI-compatible deployments over `openai_http`, not
-        litellm. The tenant a call is for is `calling_tenant`'s."""
+        litellm. The tenant a call is for is its `LLMCall.tenant`."""
         self._on_cooldown = on_cooldown
         self._on_tenant_cooldowns = on_tenant_cooldowns
         configs: dict[Tier, TierConfig | None] = {"small": small, "large": large}
@@ -166,17 +157,10 @@ class LiteLLMTiers:
                 # loads the tokenizer used when a stream arrives without usage
                 estimate_usage(deployment.model, WARM_UP_MESSAGES, "ok")
 
-    async def complete(
-        self,
-        tier: Tier,
-        messages: list[Message],
-        *,
-        tools: list[dict[str, Any]] | None = None,
-        max_tokens: int | None = None,
-        route: str = "",  # the gateway labels metrics by route; nothing to do here
-        options: GenerationOptions = NO_OPTIONS,
-    ) -> Completion:
-        wire = [to_wire(m) for m in messages]
+    async def complete(self, call: LLMCall) -> Completion:
+        tier, max_tokens, options = call.tier, call.max_tokens, call.options
+        tools = list(call.tools) if call.tools is not None else None
+        wire = [to_wire(m) for m in call.messages]
 
         async def attempt(deployment: Deployment) -> Completion:
             if deployment.lean:
@@ -201,27 +185,20 @@ class LiteLLMTiers:
                 raise UpstreamError("llm", f"{deployment.model}: unexpected {type(response)}")
             return from_litellm(tier, deployment, wire, response)
 
-        lease, completion = await self._first_that_answers(tier, attempt)
+        lease, completion = await self._first_that_answers(tier, call.tenant, attempt)
         lease.settle(True)
         return completion
 
-    async def stream(
-        self,
-        tier: Tier,
-        messages: list[Message],
-        *,
-        max_tokens: int | None = None,
-        route: str = "",
-        options: GenerationOptions = NO_OPTIONS,
-    ) -> AsyncIterator[StreamDelta]:
-        wire = [to_wire(m) for m in messages]
+    async def stream(self, call: LLMCall) -> AsyncIterator[StreamDelta]:
+        max_tokens, options = call.max_tokens, call.options
+        wire = [to_wire(m) for m in call.messages]
 
         async def attempt(deployment: Deployment) -> OpenStream:
             if deployment.lean:
                 return await LeanStream.open(self._http, deployment, wire, max_tokens, options)
             return await LitellmStream.open(deployment, wire, max_tokens, options)
 
-        lease, opened = await self._first_that_answers(tier, attempt)
+        lease, opened = await self._first_that_answers(call.tier, call.tenant, attempt)
         try:
             async for delta in relay(opened, wire):
                 if delta.done:
@@ -245,14 +222,14 @@ class LiteLLMTiers:
         litellm.in_memory_llm_clients_cache.flush_cache()  # type: ignore[no-untyped-call]
 
     async def _first_that_answers(
-        self, tier: Tier, attempt: Callable[[Deployment], Awaitable[T]]
+        self, tier: Tier, tenant: str, attempt: Callable[[Deployment], Awaitable[T]]
     ) -> tuple[Lease, T]:
-        """The first answer along the chain, skipping cooling models; the caller settles the lease
-        once the answer is used up (a stream can still fail after its first chunk)."""
+        """The first answer along the chain, skipping the models cooling down for `tenant`; the
+        caller settles the lease once the answer is used up (a stream can still fail after its
+        first chunk)."""
         chain = self._chains[tier]
         if not chain:
             raise BackendUnavailable("llm", f"no model configured for tier {tier!r}")
-        tenant = calling_tenant.get()
         failures: list[tuple[str, BaseException]] = []
         cooling: list[Deployment] = []
         for deployment in chain:

@@ -34,6 +34,7 @@ from backends.llm.base import (
     NO_OPTIONS,
     Completion,
     GenerationOptions,
+    LLMCall,
     Message,
     StreamDelta,
     Tier,
@@ -500,7 +501,7 @@ class Pipeline:
                     async for delta in self._timed_stream(outcome):
                         if delta.done:
                             answer = finish(outcome, _streamed_completion(outcome, parts, delta))
-                            if delta.extra.get("ended") is False:
+                            if not delta.ended:
                                 # No finish_reason nor [DONE]: the body stopped, maybe mid-answer.
                                 # Served as it came, never stored as a whole answer.
                                 answer = replace(answer, complete=False)
@@ -569,22 +570,10 @@ class Pipeline:
         return replace(answer, usage_by_tier=usage, usage_estimated=True)
 
     async def _call(self, generation: Generation) -> Completion:
-        return await self._llm.complete(
-            generation.tier,
-            list(generation.messages),
-            max_tokens=generation.max_tokens,
-            route=generation.route.value,
-            options=generation.options,
-        )
+        return await self._llm.complete(_llm_call(generation))
 
     def _stream_call(self, generation: Generation) -> AsyncIterator[StreamDelta]:
-        return self._llm.stream(
-            generation.tier,
-            list(generation.messages),
-            max_tokens=generation.max_tokens,
-            route=generation.route.value,
-            options=generation.options,
-        )
+        return self._llm.stream(_llm_call(generation))
 
     async def _conclude(self, ctx: RequestContext, answer: Answer) -> QueryResult:
         reason = "; ".join((ctx.route_reason, *answer.notes))
@@ -745,6 +734,16 @@ def registry_config(settings: Settings) -> RegistryConfig:
     )
 
 
+def _llm_call(generation: Generation) -> LLMCall:
+    return LLMCall(
+        generation.tier,
+        tuple(generation.messages),
+        max_tokens=generation.max_tokens,
+        route=generation.route.value,
+        options=generation.options,
+    )
+
+
 def _streamed_completion(
     generation: Generation, parts: list[str], final: StreamDelta
 ) -> Completion:
@@ -754,10 +753,10 @@ def _streamed_completion(
         model=final.model,
         usage=final.usage or Usage(),
         # "" (none came) reads as "stop" for the client; `_stream` marks the answer incomplete
-        # when the relay says the stream did not end (extra["ended"] is False).
-        finish_reason=str(final.extra.get("finish_reason") or "stop"),
-        usage_estimated=bool(final.extra.get("usage_estimated")),
-        tool_calls=tuple(final.extra.get("tool_calls") or ()),
+        # when the relay says the stream did not end (`ended` is False).
+        finish_reason=final.finish_reason or "stop",
+        usage_estimated=final.usage_estimated,
+        tool_calls=final.tool_calls,
     )
 
 

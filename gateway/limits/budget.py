@@ -11,18 +11,9 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from contextvars import ContextVar
-from typing import Any
+from dataclasses import replace
 
-from backends.llm.base import (
-    LLM,
-    NO_OPTIONS,
-    Completion,
-    GenerationOptions,
-    Message,
-    StreamDelta,
-    Tier,
-    WrappedLLM,
-)
+from backends.llm.base import LLM, Completion, LLMCall, StreamDelta, WrappedLLM
 from gateway.limits.metering import estimate_usage, settled
 from gateway.limits.quotas import Quotas
 from gateway.settings import TenantConfig
@@ -48,51 +39,29 @@ class BudgetedLLM(WrappedLLM):
         super().__init__(inner)
         self._quotas = quotas
 
-    async def complete(
-        self,
-        tier: Tier,
-        messages: list[Message],
-        *,
-        tools: list[dict[str, Any]] | None = None,
-        max_tokens: int | None = None,
-        route: str = "",
-        options: GenerationOptions = NO_OPTIONS,
-    ) -> Completion:
+    async def complete(self, call: LLMCall) -> Completion:
         tenant = current_tenant.get()
-        if tenant is not None:
-            await self._quotas.check_before_call(tenant)
+        if tenant is None:  # outside a request: not budgeted
+            return await self._inner.complete(call)
+        await self._quotas.check_before_call(tenant)
+        call = replace(call, tenant=tenant.id)
         try:
-            completion = await self._inner.complete(
-                tier, messages, tools=tools, max_tokens=max_tokens, route=route, options=options
-            )
+            completion = await self._inner.complete(call)
         except asyncio.CancelledError:
-            if tenant is not None:
-                usage = estimate_usage(self._inner, tier, messages, "")
-                self._quotas.record_spend_nowait(tenant, usage.cost_usd)
+            usage = estimate_usage(self._inner, call.tier, call.messages, "")
+            self._quotas.record_spend_nowait(tenant, usage.cost_usd)
             raise
-        if tenant is not None:
-            await self._record(tenant, completion.usage.cost_usd)
+        await self._record(tenant, completion.usage.cost_usd)
         return completion
 
-    async def stream(
-        self,
-        tier: Tier,
-        messages: list[Message],
-        *,
-        max_tokens: int | None = None,
-        route: str = "",
-        options: GenerationOptions = NO_OPTIONS,
-    ) -> AsyncIterator[StreamDelta]:
+    async def stream(self, call: LLMCall) -> AsyncIterator[StreamDelta]:
         tenant = current_tenant.get()
-        if tenant is not None:
-            await self._quotas.check_before_call(tenant)
-        stream = self._inner.stream(
-            tier, messages, max_tokens=max_tokens, route=route, options=options
-        )
         if tenant is None:  # outside a request: not budgeted
-            async for delta in stream:
+            async for delta in self._inner.stream(call):
                 yield delta
             return
+        await self._quotas.check_before_call(tenant)
+        call = replace(call, tenant=tenant.id)
         budgeted = tenant
 
         async def done(delta: StreamDelta) -> None:
@@ -100,10 +69,10 @@ class BudgetedLLM(WrappedLLM):
                 await self._record(budgeted, delta.usage.cost_usd)
 
         def cut(text: str, model: str) -> None:
-            usage = estimate_usage(self._inner, tier, messages, text, model)
+            usage = estimate_usage(self._inner, call.tier, call.messages, text, model)
             self._quotas.record_spend_nowait(budgeted, usage.cost_usd)
 
-        async with aclosing(settled(stream, done, cut)) as deltas:
+        async with aclosing(settled(self._inner.stream(call), done, cut)) as deltas:
             async for delta in deltas:
                 yield delta
 

@@ -20,7 +20,6 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Middleware
 from aiohttp.web_protocol import RequestPayloadError
 
-from backends.llm.base import calling_tenant
 from backends.redis_client import RequestSpend, request_spend
 from gateway.core.guard import DEADLINE_RETRY_AFTER_S, request_deadline
 from gateway.errors import (
@@ -76,7 +75,7 @@ def limits_middleware(admission: Admission) -> Middleware:
         deadline_token = request_deadline.set(deadline)
         # The request's Redis calls share one time budget (backends.redis_client).
         spend_token = request_spend.set(RequestSpend())
-        tenant_token = llm_tenant_token = None
+        tenant_token = None
         try:
             authorization = request.headers.get("Authorization")
             if kind is None:
@@ -89,8 +88,6 @@ def limits_middleware(admission: Admission) -> Middleware:
             if (quotas := request.app[SERVICES].quotas) is not None:
                 await quotas.admit(tenant, answering=endpoint in ANSWERING)
             tenant_token = current_tenant.set(tenant)
-            # the model breakers count failures per tenant (backends.llm.tiers)
-            llm_tenant_token = calling_tenant.set(tenant.id)
             await read_body(request, min(server.body_read_timeout_s, timeout_s))
             config = server.admission
             limits = config.writes if kind == "writes" else config.queries
@@ -102,8 +99,6 @@ def limits_middleware(admission: Admission) -> Middleware:
         finally:
             if tenant_token is not None:
                 current_tenant.reset(tenant_token)
-            if llm_tenant_token is not None:
-                calling_tenant.reset(llm_tenant_token)
             request_deadline.reset(deadline_token)
             request_spend.reset(spend_token)
 
