@@ -180,6 +180,11 @@ class _Run:
     # The prompt of the model call in flight, until it answers.
     calling: list[Message] | None = None
 
+    @property
+    def llm(self) -> LLM:
+        """Where the loop's model calls go: the request's own view of the seam, if it has one."""
+        return self.ctx.llm if self.ctx.llm is not None else self.deps.llm
+
     def __post_init__(self) -> None:
         prices = self.deps.llm.prices(self.tier)
         self.budget = _Budget(self.config, prices, time.monotonic())
@@ -213,7 +218,7 @@ class _Run:
     async def _step(self) -> Answer | None:
         started = time.perf_counter()
         self.calling = list(self.messages)
-        completion = await self.deps.llm.complete(
+        completion = await self.llm.complete(
             LLMCall(
                 self.tier,
                 tuple(self.calling),
@@ -374,7 +379,7 @@ class _Run:
         self.calling = final
         try:
             async with asyncio.timeout(remaining):
-                completion = await self.deps.llm.complete(
+                completion = await self.llm.complete(
                     LLMCall(
                         tier,
                         tuple(final),

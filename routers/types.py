@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from backends.llm.base import NO_OPTIONS, GenerationOptions, Message, Tier, ToolCall, Usage
+from backends.llm.base import LLM, NO_OPTIONS, GenerationOptions, Message, Tier, ToolCall, Usage
 from backends.retrieval.base import Hit, Vector
 
 if TYPE_CHECKING:
@@ -176,6 +176,9 @@ class RouteContext:
     # What followed the question: the model's calls of the client's tools and their results
     # (direct only: a conversation with tool calls anywhere is a plain model call).
     trailing: tuple[Message, ...] = ()
+    # The request's model calls, bound to its tenant (the gateway's per-request view of the
+    # seam); None: the executor's own `LLM` (an evaluation, a benchmark).
+    llm: LLM | None = None
 
     @property
     def has_tool_messages(self) -> bool:

@@ -54,8 +54,9 @@ from gateway.cache.keys import (
 from gateway.cache.response import ResponseCache, SemanticLookup, StoreFailed
 from gateway.cache.single_flight import Lease, Payload, Shared
 from gateway.http.wire import QueryResult, answer_from_cache, answer_to_cache, rewrite_fields
+from gateway.limits.budget import BudgetedLLM
 from gateway.limits.metering import MeteredLLM, estimate_usage
-from gateway.limits.quotas import Quotas
+from gateway.limits.quotas import BudgetCheck, Quotas
 from gateway.obs.accounting import current_record
 from gateway.obs.metrics import Metrics
 from gateway.obs.timing import StageTimer
@@ -114,6 +115,8 @@ class QueryRequest:
     options: GenerationOptions = NO_OPTIONS
     # What followed the question: the model's calls of the client's tools and their results.
     trailing: tuple[Message, ...] = ()
+    # The budget check the request passed on arrival: it stands for its first model call.
+    budget: BudgetCheck | None = None
 
 
 @dataclass(slots=True)
@@ -122,6 +125,8 @@ class RequestContext:
 
     request: QueryRequest
     timer: StageTimer
+    # The LLM seam bound to the request's tenant: every model call it makes goes through it.
+    llm: BudgetedLLM
     # Model calls made before the route's own (the follow-up rewrite).
     usage_before: dict[str, Usage] = field(default_factory=dict)
     # The cache: the key and scope while this request may be stored, the tier that answered
@@ -199,7 +204,7 @@ class Pipeline:
 
     async def decide(self, request: QueryRequest, timer: StageTimer) -> RouteDecision:
         """Classification and policy only: what /v1/route explains."""
-        ctx = RequestContext(request, timer)
+        ctx = RequestContext(request, timer, self._bound(request))
         await self._embed(ctx)
         await self._decide_route(ctx)
         assert ctx.decision is not None
@@ -212,7 +217,7 @@ class Pipeline:
         # (the route latency SLO and its alerts would not see an overloaded worker otherwise).
         record = current_record.get()
         arrived = record.started if record is not None else None
-        ctx = RequestContext(request, StageTimer(self._s.metrics, arrived))
+        ctx = RequestContext(request, StageTimer(self._s.metrics, arrived), self._bound(request))
         try:
             for stage in self._stages:
                 if (outcome := await stage(ctx)) is not None:
@@ -224,6 +229,10 @@ class Pipeline:
         if ctx.cache != "miss":  # a hit: this request's followers get it too
             await self.release(ctx)
         return ctx
+
+    def _bound(self, request: QueryRequest) -> BudgetedLLM:
+        """The LLM seam as `request` sees it: its tenant's calls, inside its budget."""
+        return BudgetedLLM(self._llm, self._s.quotas, request.tenant, request.budget)
 
     async def release(self, ctx: RequestContext) -> None:
         """End the request's single-flight lead, if it holds one: followers get its stored
@@ -245,7 +254,7 @@ class Pipeline:
             return
         with ctx.timer.stage("rewrite"):
             try:
-                completion = await rewrite_followup(self._llm, request.query, request.history)
+                completion = await rewrite_followup(ctx.llm, request.query, request.history)
             except BackendError as exc:
                 # The rewrite only sharpens the question; without it the original still works.
                 log.warning("follow-up rewrite failed", extra={"error": str(exc)})
@@ -426,6 +435,7 @@ class Pipeline:
             corpus=ctx.corpus,
             options=request.options,
             trailing=request.trailing,
+            llm=ctx.llm,
         )
         outcome = await self._run(decision.route, route_ctx, ctx.timer)
         if isinstance(outcome, Escalation):
@@ -468,7 +478,7 @@ class Pipeline:
                 with ctx.timer.stage("generate"):
                     try:
                         async with asyncio.timeout(outcome.timeout_s):
-                            completion = await self._call(outcome)
+                            completion = await ctx.llm.complete(_llm_call(outcome))
                     except TimeoutError:
                         outcome = self._fallback(outcome)
                     except BackendError as failure:
@@ -498,7 +508,7 @@ class Pipeline:
             cited = CitationStream(outcome)  # the deltas' citations rewritten as finish's are
             with ctx.timer.stage("generate"):
                 try:
-                    async for delta in self._timed_stream(outcome):
+                    async for delta in self._timed_stream(ctx.llm, outcome):
                         if delta.done:
                             answer = finish(outcome, _streamed_completion(outcome, parts, delta))
                             if not delta.ended:
@@ -534,13 +544,13 @@ class Pipeline:
             yield answer.text
         yield await self._conclude(ctx, answer)
 
-    async def _timed_stream(self, generation: Generation) -> AsyncIterator[StreamDelta]:
+    async def _timed_stream(self, llm: LLM, generation: Generation) -> AsyncIterator[StreamDelta]:
         """The stream under the generation's own deadline, applied to fetching each delta,
         never around the consumer's write to a slow client. Past the deadline before any text
         the stream just ends (the caller falls back); after some text it fails."""
         loop = asyncio.get_running_loop()
         when = None if generation.timeout_s is None else loop.time() + generation.timeout_s
-        chunks = aiter(self._stream_call(generation))
+        chunks = aiter(llm.stream(_llm_call(generation)))
         sent = False
         try:
             while True:
@@ -568,12 +578,6 @@ class Pipeline:
         cut = self._cut_usage(generation.tier, generation.messages)
         usage = with_usage(answer.usage_by_tier, {generation.tier: cut})
         return replace(answer, usage_by_tier=usage, usage_estimated=True)
-
-    async def _call(self, generation: Generation) -> Completion:
-        return await self._llm.complete(_llm_call(generation))
-
-    def _stream_call(self, generation: Generation) -> AsyncIterator[StreamDelta]:
-        return self._llm.stream(_llm_call(generation))
 
     async def _conclude(self, ctx: RequestContext, answer: Answer) -> QueryResult:
         reason = "; ".join((ctx.route_reason, *answer.notes))

@@ -1,4 +1,4 @@
-"""Typed keys into the aiohttp application: what lives as long as the app."""
+"""Typed keys into the aiohttp application (what lives as long as the app) and its requests."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from aiohttp import web
 
 from gateway.core.pipeline import Services
 from gateway.core.runtime import Runtime
+from gateway.limits.quotas import BudgetCheck
 from gateway.obs.metrics import Metrics
 
 
@@ -19,3 +20,7 @@ class RuntimeHolder:
 METRICS = web.AppKey("metrics", Metrics)
 SERVICES = web.AppKey("services", Services)
 RUNTIME = web.AppKey("runtime", RuntimeHolder)
+
+# The budget check a request passed on arrival (the limits middleware; absent: no budget
+# applies), standing for its first model call.
+BUDGET_CHECK = web.RequestKey("budget_check", BudgetCheck)

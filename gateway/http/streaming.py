@@ -18,7 +18,6 @@ from backends.errors import BackendError, BackendUnavailable, UpstreamError
 from gateway.core.guard import request_guard
 from gateway.core.pipeline import Pipeline, QueryRequest, RequestContext
 from gateway.core.runtime import Runtime
-from gateway.http.appkeys import SERVICES
 from gateway.http.wire import QueryResult, query_body
 from gateway.obs.accounting import current_record, failure_of
 from gateway.settings import ServerConfig
@@ -91,10 +90,9 @@ async def stream_answer(
         if not response.prepared:
             # A budget spent since arrival (this request's rewrite, other requests) refuses
             # the model call to come now, as a plain 429, not as a stream's error event. It
-            # stands for that call's own check (`before_stream`): one read, not two.
-            quotas = request.app[SERVICES].quotas
-            if quotas is not None and isinstance(prepared.outcome, Generation):
-                await quotas.check_budget(query.tenant, before_stream=True)
+            # stands for that call's own check: one read, not two.
+            if isinstance(prepared.outcome, Generation):
+                await prepared.llm.check_before_stream()
             await _open(request, response, fmt)
         try:
             async with (

@@ -41,7 +41,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Sequence
-from contextvars import ContextVar
+from dataclasses import dataclass
 
 from backends.quotas.base import QuotaStore
 from backends.quotas.memory import MemoryQuotaStore
@@ -57,14 +57,18 @@ log = logging.getLogger(__name__)
 # probe's timeout); the rest is sent in the background.
 FLUSH_WAIT_S = 1.0
 
-# How long a stream handler's budget check stands in for its model call's own.
+# How long a budget check stands in for the next model call's own.
 _CHECK_STANDS_S = 5.0
 
-# The tenant whose budget a stream's handler has just checked, before its headers (so that a
-# refusal is a plain 429): the stream's model call, next, does not read it again.
-budget_checked: ContextVar[tuple[str, float, int] | None] = ContextVar(
-    "quota_budget_checked", default=None
-)
+
+@dataclass(frozen=True, slots=True)
+class BudgetCheck:
+    """A budget check a tenant passed: it stands for one model call to come while it is fresh
+    and no spend of the tenant's was kept since (`Quotas.stands`)."""
+
+    tenant: str
+    at: float  # time.monotonic() when it was made
+    spends: int  # spends of the tenant's this process had kept by then
 
 
 class RateLimited(TooManyRequests):
@@ -129,17 +133,15 @@ class Quotas:
 
     # -- the checks -----------------------------------------------------------------------
 
-    async def admit(self, tenant: TenantConfig, *, answering: bool) -> None:
+    async def admit(self, tenant: TenantConfig, *, answering: bool) -> BudgetCheck | None:
         """A request has arrived: its tenant's rate limit, then (for an endpoint that answers
         with a model) its budget. Raises RateLimited or BudgetExceeded. Both in one round trip
-        to the shared store; the budget check then stands in for the request's first model
-        call's own (`budget_checked`), as a stream's does."""
+        to the shared store; the budget check returned then stands in for the request's first
+        model call's own (`stands`), as a stream's does."""
         limit = tenant.rate_limit
         budget = tenant.daily_budget_usd if answering else None
         if limit is None:
-            if answering:
-                await self.check_budget(tenant, before_stream=True)
-            return
+            return await self.check_budget(tenant) if answering else None
         now = self._clock()
         day = utc_day(now)
         if budget is None:
@@ -156,33 +158,24 @@ class Quotas:
                 f"requests/s (burst {limit.burst}); retry in {seconds} s",
                 retry_after_s=seconds,
             )
-        if budget is not None:
-            self._judge_budget(tenant, budget, spent, now, day, before_stream=True)
+        if budget is None:
+            return None
+        return self._judge_budget(tenant, budget, spent, now, day)
 
-    async def check_budget(self, tenant: TenantConfig, *, before_stream: bool = False) -> None:
-        """Raises BudgetExceeded when the tenant's day is spent. `before_stream`: the check
-        that precedes a stream's one model call, which then does not check again (nor does
-        this one when the request's arrival has just checked it)."""
+    async def check_budget(self, tenant: TenantConfig) -> BudgetCheck | None:
+        """Raises BudgetExceeded when the tenant's day is spent; the check passed (None: the
+        tenant has no budget)."""
         budget = tenant.daily_budget_usd
         if budget is None:
-            return
-        if before_stream and self._stands(tenant, consume=False):
-            return
+            return None
         now = self._clock()
         day = utc_day(now)
         spent = await self._spent(tenant.id, day)
-        self._judge_budget(tenant, budget, spent, now, day, before_stream=before_stream)
+        return self._judge_budget(tenant, budget, spent, now, day)
 
     def _judge_budget(
-        self,
-        tenant: TenantConfig,
-        budget: float,
-        spent: float,
-        now: float,
-        day: str,
-        *,
-        before_stream: bool,
-    ) -> None:
+        self, tenant: TenantConfig, budget: float, spent: float, now: float, day: str
+    ) -> BudgetCheck:
         if spent >= budget:
             self._metrics.quota_refusals.labels("budget").inc()
             raise BudgetExceeded(
@@ -190,27 +183,17 @@ class Quotas:
                 f"(daily_budget_usd) for {day} UTC; it resets at 00:00 UTC",
                 retry_after_s=seconds_to_midnight(now),
             )
-        if before_stream:
-            budget_checked.set((tenant.id, time.monotonic(), self._spends.get(tenant.id, 0)))
+        return BudgetCheck(tenant.id, time.monotonic(), self._spends.get(tenant.id, 0))
 
-    async def check_before_call(self, tenant: TenantConfig) -> None:
-        """`check_budget` before a model call, unless the check this request has just made
-        stands for it (`_stands`)."""
-        if not self._stands(tenant):
-            await self.check_budget(tenant)
-
-    def _stands(self, tenant: TenantConfig, *, consume: bool = True) -> bool:
-        """Whether this request's last budget check stands for the model call about to start:
-        made moments ago, and no spend of the tenant's kept by this process since (its own
-        rewrite's, say, which may run in another task). Consumed: a second call checks."""
-        checked = budget_checked.get()
-        if consume:
-            budget_checked.set(None)
+    def stands(self, check: BudgetCheck | None, tenant: TenantConfig) -> bool:
+        """Whether `check` stands for the tenant's model call about to start: made moments
+        ago, and no spend of the tenant's kept by this process since (the request's own
+        rewrite's, say)."""
         return (
-            checked is not None
-            and checked[0] == tenant.id
-            and time.monotonic() - checked[1] < _CHECK_STANDS_S
-            and checked[2] == self._spends.get(tenant.id, 0)
+            check is not None
+            and check.tenant == tenant.id
+            and time.monotonic() - check.at < _CHECK_STANDS_S
+            and check.spends == self._spends.get(tenant.id, 0)
         )
 
     async def record_spend(self, tenant: TenantConfig, usd: float) -> None:

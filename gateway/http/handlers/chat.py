@@ -19,7 +19,7 @@ from aiohttp import web
 from backends.llm.base import NO_OPTIONS, Message, ToolCall
 from gateway.core.pipeline import QueryRequest
 from gateway.errors import Unprocessable
-from gateway.http.appkeys import RUNTIME
+from gateway.http.appkeys import BUDGET_CHECK, RUNTIME
 from gateway.http.chat_params import generation_options, refuse_unsupported
 from gateway.http.handlers.models import deployment_models, model_not_found
 from gateway.http.handlers.query import answer, cache_control, check_limits, parse_body
@@ -210,6 +210,7 @@ async def handle_chat_completions(request: web.Request) -> web.StreamResponse:
         cache_store=store,
         options=options,
         trailing=trailing,
+        budget=request.get(BUDGET_CHECK),
     )
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage

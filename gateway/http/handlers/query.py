@@ -16,7 +16,7 @@ from gateway.core.health import READINESS
 from gateway.core.pipeline import QueryRequest
 from gateway.core.runtime import Runtime
 from gateway.errors import BadRequest, Unprocessable, clip, listed
-from gateway.http.appkeys import METRICS, RUNTIME
+from gateway.http.appkeys import BUDGET_CHECK, METRICS, RUNTIME
 from gateway.http.middleware.limits import read_body
 from gateway.http.schemas import QueryBody, RouteBody
 from gateway.http.streaming import stream_query
@@ -113,6 +113,7 @@ async def handle_query(request: web.Request) -> web.StreamResponse:
         route=body.route,
         cache_lookup=lookup,
         cache_store=store,
+        budget=request.get(BUDGET_CHECK),
     )
     if body.stream:
         return await stream_query(request, runtime, query, debug=body.debug)

@@ -1,8 +1,8 @@
 """The limits middleware: a deadline from arrival, the body read under its own timeout, then
-the tenant's admission to its pool (`gateway.limits.admission`). The tenant's rate limit (and, for
-an
-answering endpoint, its budget: `gateway.limits.quotas`) is taken right after its key is checked,
-before the body is read or any other work.
+the tenant's admission to its pool (`gateway.limits.admission`). The tenant's rate limit (and,
+for an answering endpoint, its budget: `gateway.limits.quotas`) is taken right after its key is
+checked, before the body is read or any other work; the budget check passed is kept on the
+request (`BUDGET_CHECK`) to stand for its first model call.
 
 Every endpoint that does work has a deadline and a body-read timeout; the endpoints in `POOLS`
 are admitted to a pool too. `/admin/reload` has both limits but bypasses admission (an operator
@@ -29,9 +29,8 @@ from gateway.errors import (
     PayloadTooLarge,
     RequestTimeout,
 )
-from gateway.http.appkeys import RUNTIME, SERVICES
+from gateway.http.appkeys import BUDGET_CHECK, RUNTIME, SERVICES
 from gateway.limits.admission import Admission
-from gateway.limits.budget import current_tenant
 from gateway.obs.accounting import ANSWERING, current_record, endpoint_of
 from gateway.settings import ServerConfig
 
@@ -75,7 +74,6 @@ def limits_middleware(admission: Admission) -> Middleware:
         deadline_token = request_deadline.set(deadline)
         # The request's Redis calls share one time budget (backends.redis_client).
         spend_token = request_spend.set(RequestSpend())
-        tenant_token = None
         try:
             authorization = request.headers.get("Authorization")
             if kind is None:
@@ -86,8 +84,10 @@ def limits_middleware(admission: Admission) -> Middleware:
             if record is not None:
                 record.tenant = tenant.id
             if (quotas := request.app[SERVICES].quotas) is not None:
-                await quotas.admit(tenant, answering=endpoint in ANSWERING)
-            tenant_token = current_tenant.set(tenant)
+                checked = await quotas.admit(tenant, answering=endpoint in ANSWERING)
+                if checked is not None:
+                    # stands for the request's first model call (gateway.limits.budget)
+                    request[BUDGET_CHECK] = checked
             await read_body(request, min(server.body_read_timeout_s, timeout_s))
             config = server.admission
             limits = config.writes if kind == "writes" else config.queries
@@ -97,8 +97,6 @@ def limits_middleware(admission: Admission) -> Middleware:
                     return await handler(request)
                 return await _within(deadline, handler, request)
         finally:
-            if tenant_token is not None:
-                current_tenant.reset(tenant_token)
             request_deadline.reset(deadline_token)
             request_spend.reset(spend_token)
 
