@@ -4,13 +4,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from backends.llm.base import LLM, NO_OPTIONS, GenerationOptions, Message, Tier, ToolCall, Usage
 from backends.retrieval.base import Hit, Vector
 
 if TYPE_CHECKING:
     from routers.policy import RouteDecision
+
+
+# "ok", or why an agent's tool call did not run or failed: a metric label and a debug field.
+ToolStatus = Literal["ok", "invalid_arguments", "timeout", "unavailable", "failed", "cap_reached"]
+# How an answer was made once the agent's model failed mid-loop: another tier wrote it from the
+# passages found, or they are quoted.
+Degraded = Literal["fallback_tier", "extractive"]
 
 
 class Route(StrEnum):
@@ -55,8 +62,7 @@ class ToolRun:
 
     name: str
     arguments: dict[str, Any]
-    # "ok", or why the call did not run or failed (a short tag: invalid_arguments, timeout, ...)
-    status: str
+    status: ToolStatus
     # Chunks the call returned to the model (after grading), and how many grading dropped.
     chunk_ids: tuple[str, ...] = ()
     dropped: int = 0
@@ -99,8 +105,8 @@ class Answer:
     steps: tuple[AgentStep, ...] = ()
     cap: str | None = None
     # The agent's model failed mid-loop and this answer was made from the passages it had
-    # found: "fallback_tier" (another tier wrote it) or "extractive" (quoted). A metric label.
-    degraded: str | None = None
+    # found (a metric label).
+    degraded: Degraded | None = None
     # The client's own tools the model called (direct only), and why the model stopped:
     # stop, length (cut at the token limit) or tool_calls.
     tool_calls: tuple[ToolCall, ...] = ()
