@@ -443,7 +443,7 @@ async def latency(
 ) -> dict[str, list[float]]:
     from backends.cache.redis import RedisCacheStore
     from backends.embeddings.coalescing import CoalescingEmbedder
-    from backends.llm.litellm_tiers import LiteLLMTiers
+    from backends.llm.tiers import LiteLLMTiers
     from backends.redis_client import RedisConnection, RedisOptions
     from backends.retrieval.embedded import EmbeddedRetriever
     from gateway.core.pipeline import Pipeline

@@ -22,7 +22,7 @@ every source. Tokens are estimated as characters / 4 of everything sent (each ca
 conversation and the tool specs) and of what comes back, priced per tier.
 
 With `--model` (any litellm model string; `--api-base`, `--api-key-env`, `--small-model`) the
-same harness runs the real model through `backends.llm.litellm_tiers.LiteLLMTiers`, the
+same harness runs the real model through `backends.llm.tiers.LiteLLMTiers`, the
 gateway's own LLM seam, and also reports answer quality against the FanOutQA dev answers: the
 share of gold answer strings found in the answer (FanOutQA's "loose accuracy", normalised by
 case, number commas, punctuation and spacing but not lemmatised) and token F1. Tokens and cost
@@ -69,9 +69,8 @@ if str(REPO) not in sys.path:  # run as a file, the repo's packages are not on t
 from backends.embeddings.base import Embedder  # noqa: E402
 from backends.llm.base import (  # noqa: E402
     LLM,
-    NO_OPTIONS,
     Completion,
-    GenerationOptions,
+    LLMCall,
     Message,
     StreamDelta,
     Tier,
@@ -79,7 +78,7 @@ from backends.llm.base import (  # noqa: E402
     ToolCall,
     Usage,
 )
-from backends.llm.litellm_tiers import LiteLLMTiers  # noqa: E402
+from backends.llm.tiers import LiteLLMTiers  # noqa: E402
 from backends.retrieval.base import Hit, Retriever, SearchRequest, Vector  # noqa: E402
 from bench.retrieval_eval import (  # noqa: E402
     TENANT,
@@ -216,16 +215,9 @@ class ScriptedPlanner:
         """USD per (prompt, completion) token: what a loop that projects its cost reads."""
         return self._prices.of(tier)
 
-    async def complete(
-        self,
-        tier: Tier,
-        messages: list[Message],
-        *,
-        tools: list[dict[str, Any]] | None = None,
-        max_tokens: int | None = None,
-        route: str = "",
-        options: GenerationOptions = NO_OPTIONS,  # a planned answer takes no parameters
-    ) -> Completion:
+    async def complete(self, call: LLMCall) -> Completion:
+        # a planned answer takes no parameters: `call.options` is not read
+        tier, messages, tools = call.tier, call.messages, call.tools
         calls = self._tool_calls(messages) if tools else ()
         text = "" if calls else answer_citing_all(messages)
         prompt_chars = _chars(messages) + (len(json.dumps(tools)) if tools else 0)
@@ -252,16 +244,8 @@ class ScriptedPlanner:
                 thin.setdefault(docs[0])
         return tuple(ToolCall(f"read-{i}", "read", {"doc_id": d}) for i, d in enumerate(thin))
 
-    async def stream(
-        self,
-        tier: Tier,
-        messages: list[Message],
-        *,
-        max_tokens: int | None = None,
-        route: str = "",
-        options: GenerationOptions = NO_OPTIONS,
-    ) -> AsyncIterator[StreamDelta]:
-        completion = await self.complete(tier, messages, max_tokens=max_tokens)
+    async def stream(self, call: LLMCall) -> AsyncIterator[StreamDelta]:
+        completion = await self.complete(call)
         yield StreamDelta(completion.text, done=True, usage=completion.usage, model=PLANNER_MODEL)
 
     async def warm_up(self) -> None:
@@ -294,34 +278,13 @@ class TimedLLM:
     def has_tier(self, tier: Tier) -> bool:
         return self._inner.has_tier(tier)
 
-    async def complete(
-        self,
-        tier: Tier,
-        messages: list[Message],
-        *,
-        tools: list[dict[str, Any]] | None = None,
-        max_tokens: int | None = None,
-        route: str = "",
-        options: GenerationOptions = NO_OPTIONS,
-    ) -> Completion:
+    async def complete(self, call: LLMCall) -> Completion:
         self.starts.append(time.perf_counter())
-        return await self._inner.complete(
-            tier, messages, tools=tools, max_tokens=max_tokens, route=route, options=options
-        )
+        return await self._inner.complete(call)
 
-    def stream(
-        self,
-        tier: Tier,
-        messages: list[Message],
-        *,
-        max_tokens: int | None = None,
-        route: str = "",
-        options: GenerationOptions = NO_OPTIONS,
-    ) -> AsyncIterator[StreamDelta]:
+    def stream(self, call: LLMCall) -> AsyncIterator[StreamDelta]:
         self.starts.append(time.perf_counter())
-        return self._inner.stream(
-            tier, messages, max_tokens=max_tokens, route=route, options=options
-        )
+        return self._inner.stream(call)
 
     async def warm_up(self) -> None:
         await self._inner.warm_up()
@@ -438,10 +401,12 @@ async def written(llm: LLM, outcome: Answer | Generation) -> Answer:
     try:
         async with asyncio.timeout(outcome.timeout_s):
             completion = await llm.complete(
-                outcome.tier,
-                list(outcome.messages),
-                max_tokens=outcome.max_tokens,
-                route=outcome.route.value,
+                LLMCall(
+                    outcome.tier,
+                    tuple(outcome.messages),
+                    max_tokens=outcome.max_tokens,
+                    route=outcome.route.value,
+                )
             )
     except TimeoutError:
         if outcome.fallback is None:

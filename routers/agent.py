@@ -37,7 +37,7 @@ from pydantic import BaseModel, Field
 
 from backends.embeddings.base import Embedder
 from backends.errors import BackendError
-from backends.llm.base import LLM, Completion, Message, Tier, ToolCall, Usage
+from backends.llm.base import LLM, Completion, LLMCall, Message, Tier, ToolCall, Usage
 from backends.retrieval.base import Retriever
 from backends.sections import SECTION
 from routers.agent_tools import (
@@ -180,6 +180,11 @@ class _Run:
     # The prompt of the model call in flight, until it answers.
     calling: list[Message] | None = None
 
+    @property
+    def llm(self) -> LLM:
+        """Where the loop's model calls go: the request's own view of the seam, if it has one."""
+        return self.ctx.llm if self.ctx.llm is not None else self.deps.llm
+
     def __post_init__(self) -> None:
         prices = self.deps.llm.prices(self.tier)
         self.budget = _Budget(self.config, prices, time.monotonic())
@@ -213,14 +218,16 @@ class _Run:
     async def _step(self) -> Answer | None:
         started = time.perf_counter()
         self.calling = list(self.messages)
-        completion = await self.deps.llm.complete(
-            self.tier,
-            self.calling,
-            tools=TOOL_SPECS,
-            max_tokens=self.config.step_max_tokens,
-            route=Route.MULTIHOP.value,
-            # every turn may write the answer, so every turn takes the client's parameters
-            options=self.ctx.options,
+        completion = await self.llm.complete(
+            LLMCall(
+                self.tier,
+                tuple(self.calling),
+                tools=TOOL_SPECS,
+                max_tokens=self.config.step_max_tokens,
+                route=Route.MULTIHOP.value,
+                # every turn may write the answer, so every turn takes the client's parameters
+                options=self.ctx.options,
+            )
         )
         self.calling = None
         self.usage_estimated |= completion.usage_estimated
@@ -372,12 +379,14 @@ class _Run:
         self.calling = final
         try:
             async with asyncio.timeout(remaining):
-                completion = await self.deps.llm.complete(
-                    tier,
-                    final,
-                    max_tokens=self.config.step_max_tokens,
-                    route=Route.MULTIHOP.value,
-                    options=self.ctx.options,
+                completion = await self.llm.complete(
+                    LLMCall(
+                        tier,
+                        tuple(final),
+                        max_tokens=self.config.step_max_tokens,
+                        route=Route.MULTIHOP.value,
+                        options=self.ctx.options,
+                    )
                 )
         except TimeoutError:
             self._charge_cut(tier)

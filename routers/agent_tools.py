@@ -40,7 +40,7 @@ from routers.prompts import (
     shown_above,
     shown_doc_id,
 )
-from routers.types import ChunkGrade, Citation, ToolRun
+from routers.types import ChunkGrade, Citation, ToolRun, ToolStatus
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ MAX_SEARCH_K = 10
 _CHUNK_NUMBER = re.compile(r"#(\d+)$")
 
 # JSON-schema function specs: the form litellm takes for every provider and translates.
-TOOL_SPECS: list[dict[str, Any]] = [
+TOOL_SPECS: tuple[dict[str, Any], ...] = (
     {
         "type": "function",
         "function": {
@@ -79,7 +79,7 @@ TOOL_SPECS: list[dict[str, Any]] = [
             },
         },
     },
-]
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,7 +304,7 @@ def _only(args: dict[str, Any], allowed: set[str]) -> None:
         )
 
 
-def _failed(call: ToolCall, status: str, message: str, started: float) -> ToolResult:
+def _failed(call: ToolCall, status: ToolStatus, message: str, started: float) -> ToolResult:
     return ToolResult(
         f"error: {message}", ToolRun(call.name, call.arguments, status, ms=_ms(started))
     )

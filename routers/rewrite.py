@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from backends.llm.base import LLM, Completion, Message
+from backends.llm.base import LLM, Completion, LLMCall, Message
 from routers.prompts import REWRITE_SYSTEM
 
 _REFERENCE = re.compile(
@@ -36,11 +36,11 @@ async def rewrite_followup(llm: LLM, query: str, history: tuple[Message, ...]) -
     call is paid for all the same, so its usage still counts)."""
     turns = [m for m in history if m.role in ("user", "assistant")][-_MAX_TURNS:]
     transcript = "\n".join(f"{m.role}: {m.content}" for m in turns)
-    messages = [
+    messages = (
         Message("system", REWRITE_SYSTEM),
         Message("user", f"Conversation:\n{transcript}\n\nLast message: {query}"),
-    ]
-    completion = await llm.complete("small", messages, max_tokens=128, route="rewrite")
+    )
+    completion = await llm.complete(LLMCall("small", messages, max_tokens=128, route="rewrite"))
     text = completion.text.strip().strip('"')
     # Cut at the token limit, the question is likely cut mid-way: the original asks better.
     if len(text) > _MAX_REWRITE_CHARS or completion.finish_reason == "length":

@@ -6,11 +6,18 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Literal
 
-from backends.llm.base import NO_OPTIONS, GenerationOptions, Message, Tier, ToolCall, Usage
+from backends.llm.base import LLM, NO_OPTIONS, GenerationOptions, Message, Tier, ToolCall, Usage
 from backends.retrieval.base import Hit, Vector
 
 if TYPE_CHECKING:
     from routers.policy import RouteDecision
+
+
+# "ok", or why an agent's tool call did not run or failed: a metric label and a debug field.
+ToolStatus = Literal["ok", "invalid_arguments", "timeout", "unavailable", "failed", "cap_reached"]
+# How an answer was made once the agent's model failed mid-loop: another tier wrote it from the
+# passages found, or they are quoted.
+Degraded = Literal["fallback_tier", "extractive"]
 
 
 class Route(StrEnum):
@@ -22,8 +29,6 @@ class Route(StrEnum):
 
 # The agent loop's cap that stopped it (a metric label).
 Cap = Literal["steps", "tool_calls", "tokens", "cost", "deadline"]
-# How an answer was made when the agent's model failed: by another tier, or quoted.
-Degraded = Literal["fallback_tier", "extractive"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,8 +66,7 @@ class ToolRun:
 
     name: str
     arguments: dict[str, Any]
-    # "ok", or why the call did not run or failed (a short tag: invalid_arguments, timeout, ...)
-    status: str
+    status: ToolStatus
     # Chunks the call returned to the model (after grading), and how many grading dropped.
     chunk_ids: tuple[str, ...] = ()
     dropped: int = 0
@@ -182,6 +186,9 @@ class RouteContext:
     # What followed the question: the model's calls of the client's tools and their results
     # (direct only: a conversation with tool calls anywhere is a plain model call).
     trailing: tuple[Message, ...] = ()
+    # The request's model calls, bound to its tenant (the gateway's per-request view of the
+    # seam); None: the executor's own `LLM` (an evaluation, a benchmark).
+    llm: LLM | None = None
 
     @property
     def has_tool_messages(self) -> bool:

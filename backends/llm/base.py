@@ -8,7 +8,6 @@ fallbacks between a tier's models, timeouts and price accounting; it raises
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -17,11 +16,6 @@ from pydantic import BaseModel, Field
 from backends.sections import SECTION
 
 Tier = Literal["small", "large"]
-
-# The tenant a model call is made for: an implementation keeps its failure accounting per tenant
-# (a tenant's own failures must not cool a model down for the others). The gateway sets it for
-# each request; "" outside a request (the CLI, benchmarks): one anonymous tenant.
-calling_tenant: ContextVar[str] = ContextVar("llm_calling_tenant", default="")
 
 
 class TierConfig(BaseModel):
@@ -144,15 +138,40 @@ NO_OPTIONS = GenerationOptions()
 
 
 @dataclass(frozen=True, slots=True)
+class LLMCall:
+    """One model call, as every layer of the seam passes it on (metering, budgets, the tiers).
+
+    `route` labels the gateway's metrics. `tenant` is who the call is for: an implementation
+    keeps its failure accounting per tenant (a tenant's own failures must not cool a model down
+    for the others); the gateway's per-request view of the seam fills it in, so a router never
+    names it; "" outside a request (the CLI, benchmarks): one anonymous tenant."""
+
+    tier: Tier
+    messages: tuple[Message, ...]
+    tools: tuple[dict[str, Any], ...] | None = None
+    max_tokens: int | None = None
+    route: str = ""
+    options: GenerationOptions = NO_OPTIONS
+    tenant: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class StreamDelta:
-    """A piece of a streamed answer; the last one has `done=True` and the final usage (and,
-    in `extra`, the finish reason and any tool calls the model made)."""
+    """A piece of a streamed answer; the last one has `done=True`, the final usage and what
+    the model said besides its text."""
 
     text: str = ""
     done: bool = False
     usage: Usage | None = None
     model: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
+    # The final delta's: why the model stopped ("" when no reason came), whether the body
+    # ended (False: neither a finish reason nor the body's own end came, so it may have been
+    # cut mid-answer), whether its usage was estimated, and the tool calls the model made
+    # (the client's, on the direct route).
+    finish_reason: str = ""
+    ended: bool = True
+    usage_estimated: bool = False
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 class LLM(Protocol):
@@ -165,28 +184,11 @@ class LLM(Protocol):
         budget projected with it holds whichever model answers."""
         ...
 
-    async def complete(
-        self,
-        tier: Tier,
-        messages: list[Message],
-        *,
-        tools: list[dict[str, Any]] | None = None,
-        max_tokens: int | None = None,
-        route: str = "",
-        options: GenerationOptions = NO_OPTIONS,
-    ) -> Completion: ...
+    async def complete(self, call: LLMCall) -> Completion: ...
 
-    def stream(
-        self,
-        tier: Tier,
-        messages: list[Message],
-        *,
-        max_tokens: int | None = None,
-        route: str = "",
-        options: GenerationOptions = NO_OPTIONS,
-    ) -> AsyncIterator[StreamDelta]:
+    def stream(self, call: LLMCall) -> AsyncIterator[StreamDelta]:
         """Deltas of the answer; usage comes with the final delta (usage chunk requested), with
-        the tool calls the model made, whole, in its `extra["tool_calls"]`."""
+        the tool calls the model made, whole, in its `tool_calls`."""
         ...
 
     async def warm_up(self) -> None:

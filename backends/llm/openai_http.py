@@ -7,7 +7,7 @@ calculation, parameter mapping, the OpenAI SDK over httpx); this one a few tenth
 millisecond (docs/benchmarks.md). Every other provider, and the token counting used when an
 upstream reports no usage, stay on litellm.
 
-Errors keep the meaning `LiteLLMTiers._classify` gives litellm's: a connection that fails,
+Errors keep the meaning `backends.llm.failures.classify` gives litellm's: a connection that fails,
 resets or is cut is a `WireConnectionError` (a `ConnectionError`: transient), an HTTP status is a
 `WireStatusError` carrying `status_code` (429 and 5xx transient, other 4xx a refused request), a
 body that is not JSON a `MalformedBody` raised from the `JSONDecodeError` (tried once, then the

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 
 from backends.errors import BackendError, BackendUnavailable
-from backends.llm.base import Completion, Message, StreamDelta, Tier, Usage
+from backends.llm.base import LLM, Completion, LLMCall, Message, StreamDelta, Tier, Usage
 from gateway.cache.stages import CacheStages
 from gateway.core.request import RequestContext
 from gateway.core.result import QueryResult, rewrite_fields
@@ -42,7 +42,7 @@ class Finisher:
             with ctx.timer.stage("generate"):
                 try:
                     async with asyncio.timeout(outcome.timeout_s):
-                        completion = await self._call(outcome)
+                        completion = await ctx.llm.complete(_llm_call(outcome))
                 except TimeoutError:
                     outcome = self._fallback(outcome)
                 except BackendError as failure:
@@ -63,10 +63,10 @@ class Finisher:
             cited = CitationStream(outcome)  # the deltas' citations rewritten as finish's are
             with ctx.timer.stage("generate"):
                 try:
-                    async for delta in self._timed_stream(outcome):
+                    async for delta in self._timed_stream(ctx.llm, outcome):
                         if delta.done:
                             answer = finish(outcome, _streamed_completion(outcome, parts, delta))
-                            if delta.extra.get("ended") is False:
+                            if not delta.ended:
                                 # No finish_reason nor [DONE]: the body stopped, maybe mid-answer.
                                 # Served as it came, never stored as a whole answer.
                                 answer = replace(answer, complete=False)
@@ -103,13 +103,13 @@ class Finisher:
         """A call cut before any text, as `MeteredLLM` and the budgets charged it."""
         return estimate_usage(self._s.llm, tier, messages, "")
 
-    async def _timed_stream(self, generation: Generation) -> AsyncIterator[StreamDelta]:
+    async def _timed_stream(self, llm: LLM, generation: Generation) -> AsyncIterator[StreamDelta]:
         """The stream under the generation's own deadline, applied to fetching each delta,
         never around the consumer's write to a slow client. Past the deadline before any text
         the stream just ends (the caller falls back); after some text it fails."""
         loop = asyncio.get_running_loop()
         when = None if generation.timeout_s is None else loop.time() + generation.timeout_s
-        chunks = aiter(self._stream_call(generation))
+        chunks = aiter(llm.stream(_llm_call(generation)))
         sent = False
         try:
             while True:
@@ -133,24 +133,6 @@ class Finisher:
         cut = self.cut_usage(generation.tier, generation.messages)
         usage = with_usage(answer.usage_by_tier, {generation.tier: cut})
         return replace(answer, usage_by_tier=usage, usage_estimated=True)
-
-    async def _call(self, generation: Generation) -> Completion:
-        return await self._llm.complete(
-            generation.tier,
-            list(generation.messages),
-            max_tokens=generation.max_tokens,
-            route=generation.route.value,
-            options=generation.options,
-        )
-
-    def _stream_call(self, generation: Generation) -> AsyncIterator[StreamDelta]:
-        return self._llm.stream(
-            generation.tier,
-            list(generation.messages),
-            max_tokens=generation.max_tokens,
-            route=generation.route.value,
-            options=generation.options,
-        )
 
     async def _conclude(self, ctx: RequestContext, answer: Answer) -> QueryResult:
         reason = "; ".join((ctx.route_reason, *answer.notes))
@@ -207,6 +189,16 @@ class Finisher:
         ctx.scope.record.fields.update(fields)
 
 
+def _llm_call(generation: Generation) -> LLMCall:
+    return LLMCall(
+        generation.tier,
+        tuple(generation.messages),
+        max_tokens=generation.max_tokens,
+        route=generation.route.value,
+        options=generation.options,
+    )
+
+
 def _streamed_completion(
     generation: Generation, parts: list[str], final: StreamDelta
 ) -> Completion:
@@ -216,10 +208,10 @@ def _streamed_completion(
         model=final.model,
         usage=final.usage or Usage(),
         # "" (none came) reads as "stop" for the client; `stream` marks the answer incomplete
-        # when the relay says the stream did not end (extra["ended"] is False).
-        finish_reason=str(final.extra.get("finish_reason") or "stop"),
-        usage_estimated=bool(final.extra.get("usage_estimated")),
-        tool_calls=tuple(final.extra.get("tool_calls") or ()),
+        # when the relay says the stream did not end (`ended` is False).
+        finish_reason=final.finish_reason or "stop",
+        usage_estimated=final.usage_estimated,
+        tool_calls=final.tool_calls,
     )
 
 

@@ -22,6 +22,7 @@ from gateway.core.routing import registry_config
 from gateway.core.scope import RequestScope
 from gateway.core.services import Services
 from gateway.core.stages import RouteStages
+from gateway.limits.budget import BudgetedLLM
 from gateway.limits.metering import MeteredLLM
 from gateway.obs.timing import StageTimer
 from gateway.settings import Settings
@@ -41,7 +42,7 @@ class Pipeline:
         self._cache = CacheStages(
             services.cache_store, services.retriever, services.embedder, services.metrics, settings
         )
-        llm = MeteredLLM(services.llm, services.metrics)
+        llm = self._llm = MeteredLLM(services.llm, services.metrics)
         # Settings.version dumps and hashes the whole configuration (~50 us): once, not per
         # answer. A reload builds a new pipeline.
         self._version = settings.version
@@ -78,7 +79,7 @@ class Pipeline:
 
     async def decide(self, request: QueryRequest, timer: StageTimer) -> RouteDecision:
         """Classification and policy only: what /v1/route explains."""
-        ctx = RequestContext(request, timer)
+        ctx = RequestContext(request, timer, self._bound(request, None))
         await self._route.embed(ctx)
         await self._route.decide_route(ctx)
         assert ctx.decision is not None
@@ -93,7 +94,8 @@ class Pipeline:
         # From the request's arrival: the time it queued for admission is part of its latency
         # (the route latency SLO and its alerts would not see an overloaded worker otherwise).
         arrived = scope.record.started if scope is not None else None
-        ctx = RequestContext(request, StageTimer(self._s.metrics, arrived), scope)
+        timer = StageTimer(self._s.metrics, arrived)
+        ctx = RequestContext(request, timer, self._bound(request, scope), scope)
         try:
             for stage in self._stages:
                 if (outcome := await stage(ctx)) is not None:
@@ -105,6 +107,12 @@ class Pipeline:
         if ctx.cache.tier != "miss":  # a hit: this request's followers get it too
             await self.release(ctx)
         return ctx
+
+    def _bound(self, request: QueryRequest, scope: RequestScope | None) -> BudgetedLLM:
+        """The LLM seam as `request` sees it: its tenant's calls, inside its budget; the
+        arrival's budget check (`scope.budget`) stands for its first call."""
+        budget = scope.budget if scope is not None else None
+        return BudgetedLLM(self._llm, self._s.quotas, request.tenant, budget)
 
     async def release(self, ctx: RequestContext) -> None:
         """End the request's single-flight lead, if it holds one: followers get its stored

@@ -9,6 +9,7 @@ from backends.llm.base import NO_OPTIONS, GenerationOptions, Message, Usage
 from backends.retrieval.base import Hit, Vector
 from gateway.cache.stages import CacheState
 from gateway.core.scope import RequestScope
+from gateway.limits.budget import BudgetedLLM
 from gateway.obs.timing import StageTimer
 from gateway.settings import TenantConfig
 from routers.policy import RouteDecision
@@ -43,6 +44,8 @@ class RequestContext:
 
     request: QueryRequest
     timer: StageTimer
+    # The LLM seam bound to the request's tenant: every model call it makes goes through it.
+    llm: BudgetedLLM
     # None outside HTTP (the CLI, benchmarks, tests): no deadline, no record to account on.
     scope: RequestScope | None = None
     # Model calls made before the route's own (the follow-up rewrite).

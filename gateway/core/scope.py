@@ -1,4 +1,5 @@
-"""One request's scope: who asks, by when it must be answered, and its accounting record.
+"""One request's scope: who asks, by when it must be answered, its accounting record and the
+budget check it passed on arrival.
 
 The limits middleware builds it at the edge, once the tenant's key is checked; the handlers
 pass it to the guards and the pipeline, and what needs the deadline below the core gets it as
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gateway.limits.quotas import BudgetCheck
 from gateway.obs.accounting import RequestRecord
 from gateway.settings import TenantConfig
 
@@ -22,3 +24,6 @@ class RequestScope:
     deadline: float
     # The request's one counter increment and log line (mutable: what runs for it adds).
     record: RequestRecord
+    # The budget check passed on arrival (None: no budget applies): it stands for the
+    # request's first model call (`gateway.limits.budget`).
+    budget: BudgetCheck | None = None

@@ -69,7 +69,7 @@ class RouteStages:
             return
         with ctx.timer.stage("rewrite"):
             try:
-                completion = await rewrite_followup(self._llm, request.query, request.history)
+                completion = await rewrite_followup(ctx.llm, request.query, request.history)
             except BackendError as exc:
                 # The rewrite only sharpens the question; without it the original still works.
                 log.warning("follow-up rewrite failed", extra={"error": str(exc)})
@@ -145,6 +145,7 @@ class RouteStages:
             corpus=ctx.corpus,
             options=request.options,
             trailing=request.trailing,
+            llm=ctx.llm,
         )
         outcome = await self._run(decision.route, route_ctx, ctx.timer)
         if isinstance(outcome, Escalation):

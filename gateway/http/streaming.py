@@ -20,7 +20,6 @@ from gateway.core.request import QueryRequest, RequestContext
 from gateway.core.result import QueryResult
 from gateway.core.runtime import Runtime
 from gateway.core.scope import RequestScope
-from gateway.http.appkeys import SERVICES
 from gateway.http.wire import query_body
 from gateway.obs.accounting import failure_of
 from gateway.settings import ServerConfig
@@ -97,10 +96,9 @@ async def stream_answer(
         if not response.prepared:
             # A budget spent since arrival (this request's rewrite, other requests) refuses
             # the model call to come now, as a plain 429, not as a stream's error event. It
-            # stands for that call's own check (`before_stream`): one read, not two.
-            quotas = request.app[SERVICES].quotas
-            if quotas is not None and isinstance(prepared.outcome, Generation):
-                await quotas.check_budget(query.tenant, before_stream=True)
+            # stands for that call's own check: one read, not two.
+            if isinstance(prepared.outcome, Generation):
+                await prepared.llm.check_before_stream()
             await _open(request, response, fmt)
         try:
             async with (

@@ -16,18 +16,18 @@ of its chain), not reported by the upstream.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing
-from typing import Any, Protocol
+from typing import Protocol
 
 from backends.errors import BackendError
 from backends.llm.base import (
     LLM,
-    NO_OPTIONS,
     Completion,
-    GenerationOptions,
+    LLMCall,
     Message,
     StreamDelta,
     Tier,
@@ -45,7 +45,7 @@ class Priced(Protocol):
 
 def count_tokens(model: str, messages: Sequence[Message] = (), text: str = "") -> int:
     """Tokens of `messages` (or of `text`) as litellm counts them when an upstream reports no
-    usage (backends.llm.litellm_tiers); about 4 characters a token if that fails."""
+    usage (backends.llm.wire); about 4 characters a token if that fails."""
     if not messages and not text:
         return 0
     try:
@@ -108,49 +108,30 @@ class MeteredLLM(WrappedLLM):
         super().__init__(inner)
         self._metrics = metrics
 
-    async def complete(
-        self,
-        tier: Tier,
-        messages: list[Message],
-        *,
-        tools: list[dict[str, Any]] | None = None,
-        max_tokens: int | None = None,
-        route: str = "",
-        options: GenerationOptions = NO_OPTIONS,
-    ) -> Completion:
+    async def complete(self, call: LLMCall) -> Completion:
         try:
-            completion = await self._inner.complete(
-                tier, messages, tools=tools, max_tokens=max_tokens, route=route, options=options
-            )
+            completion = await self._inner.complete(call)
         except BackendError:
-            self._failed(tier)
+            self._failed(call.tier)
             raise
         except asyncio.CancelledError:
-            self._cut(tier, "-", estimate_usage(self._inner, tier, messages, ""), route)
+            usage = estimate_usage(self._inner, call.tier, call.messages, "")
+            self._cut(call.tier, "-", usage, call.route)
             raise
-        self._answered(tier, completion.model, completion.usage, route)
+        self._answered(call.tier, completion.model, completion.usage, call.route)
         return completion
 
-    async def stream(
-        self,
-        tier: Tier,
-        messages: list[Message],
-        *,
-        max_tokens: int | None = None,
-        route: str = "",
-        options: GenerationOptions = NO_OPTIONS,
-    ) -> AsyncIterator[StreamDelta]:
+    async def stream(self, call: LLMCall) -> AsyncIterator[StreamDelta]:
         async def done(delta: StreamDelta) -> None:
-            self._answered(tier, delta.model, delta.usage or Usage(), route)
+            self._answered(call.tier, delta.model, delta.usage or Usage(), call.route)
 
         def cut(text: str, model: str) -> None:
-            usage = estimate_usage(self._inner, tier, messages, text, model)
-            self._cut(tier, model or "-", usage, route)
+            usage = estimate_usage(self._inner, call.tier, call.messages, text, model)
+            self._cut(call.tier, model or "-", usage, call.route)
 
-        stream = self._inner.stream(
-            tier, messages, max_tokens=max_tokens, route=route, options=options
-        )
-        async with aclosing(settled(stream, done, cut, lambda: self._failed(tier))) as deltas:
+        stream = self._inner.stream(call)
+        failed = functools.partial(self._failed, call.tier)
+        async with aclosing(settled(stream, done, cut, failed)) as deltas:
             async for delta in deltas:
                 yield delta
 

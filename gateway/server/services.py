@@ -12,7 +12,7 @@ from backends.cache.redis import RedisCacheStore
 from backends.embeddings.coalescing import CoalescingEmbedder
 from backends.embeddings.config import build_embedder
 from backends.errors import BackendUnavailable
-from backends.llm.litellm_tiers import LiteLLMTiers
+from backends.llm.tiers import LiteLLMTiers
 from backends.quotas.redis import RedisQuotaStore
 from backends.redis_client import RedisConnection, RedisModeMismatch, RedisOptions
 from backends.retrieval.base import Retriever
@@ -20,7 +20,7 @@ from backends.retrieval.embedded import EmbeddedRetriever
 from backends.retrieval.opensearch import OpenSearchRetriever, SharedChunksNotMigrated
 from gateway.cache.background import DRAIN_S, PROCESS_WRITES
 from gateway.core.services import Services
-from gateway.limits.quotas import BudgetedLLM, Quotas, warn_if_per_worker
+from gateway.limits.quotas import Quotas, warn_if_per_worker
 from gateway.obs.metrics import Metrics
 from gateway.settings import ConfigError, Settings
 
@@ -130,13 +130,11 @@ async def open_services(settings: Settings, metrics: Metrics) -> AsyncIterator[S
                 tier, model
             ).set(n),
         )
-        # Every model call of every stage checks and records the request's tenant's budget.
-        llm = BudgetedLLM(tiers, quotas)
-        stack.push_async_callback(llm.aclose)
-        await llm.warm_up()
+        stack.push_async_callback(tiers.aclose)
+        await tiers.warm_up()
         cache_store = build_cache_store(settings, redis)
         if cache_store is not None:
             stack.push_async_callback(cache_store.aclose)
         # Before the store closes (callbacks run last first): the answers' last writes.
         stack.push_async_callback(PROCESS_WRITES.drain, DRAIN_S)
-        yield Services(embedder, retriever, llm, cache_store, metrics, quotas)
+        yield Services(embedder, retriever, tiers, cache_store, metrics, quotas)

@@ -20,7 +20,7 @@ from backends.cache.memory import MemoryCacheStore
 from backends.embeddings.minilm import MiniLMEmbedder
 from backends.errors import BackendUnavailable, UpstreamRefused
 from backends.llm.base import GenerationOptions, Message
-from backends.llm.litellm_tiers import LiteLLMTiers
+from backends.llm.tiers import LiteLLMTiers
 from backends.retrieval.base import Hit, SearchRequest
 from backends.retrieval.embedded import EmbeddedRetriever
 from gateway.core.pipeline import Pipeline

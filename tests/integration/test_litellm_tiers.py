@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from backends.errors import BackendError, BackendUnavailable, UpstreamError
-from backends.llm.base import Message, StreamDelta, TierConfig, ToolCall, calling_tenant
-from backends.llm.litellm_tiers import LiteLLMTiers
+from backends.llm.base import LLMCall, Message, StreamDelta, TierConfig, ToolCall
+from backends.llm.tiers import LiteLLMTiers
 from tests.fixtures.upstream import calls_for, upstream_stats
 
 pytestmark = [
@@ -84,18 +84,18 @@ async def test_the_lean_wire_serves_openai_compatible_models_without_litellm(
     monkeypatch.setattr("litellm.acompletion", refused)
     llm = _llm(_tier(fake_upstream))
     try:
-        done = await llm.complete("small", [Message("user", "hello")])
-        deltas = [d async for d in llm.stream("small", [Message("user", "hello")])]
+        done = await llm.complete(LLMCall("small", (Message("user", "hello"),)))
+        deltas = [d async for d in llm.stream(LLMCall("small", (Message("user", "hello"),)))]
     finally:
         await llm.aclose()
     assert done.text and done.usage.cost_usd > 0
     assert deltas[-1].done and "".join(d.text for d in deltas) == done.text
 
 
-def _ask(question: str, directive: dict[str, Any]) -> tuple[str, list[Message]]:
+def _ask(question: str, directive: dict[str, Any]) -> tuple[str, tuple[Message, ...]]:
     key = uuid.uuid4().hex
     content = f"{question} [[fake:{json.dumps(directive | {'key': key})}]]"
-    return key, [Message(role="user", content=content)]
+    return key, (Message(role="user", content=content),)
 
 
 async def _drain(stream: Any) -> list[StreamDelta]:
@@ -105,7 +105,7 @@ async def _drain(stream: Any) -> list[StreamDelta]:
 async def test_completion_has_text_usage_and_cost_from_tier_prices(fake_upstream: str) -> None:
     usage = {"prompt_tokens": 100, "completion_tokens": 50}
     _, messages = _ask("what is the capital of France", {"usage": usage})
-    completion = await _llm(_tier(fake_upstream)).complete("small", messages)
+    completion = await _llm(_tier(fake_upstream)).complete(LLMCall("small", messages))
     assert completion.text == "FAKE ANSWER: what is the capital of France"
     assert (completion.tier, completion.model) == ("small", "openai/fake-small")
     assert (completion.usage.prompt_tokens, completion.usage.completion_tokens) == (100, 50)
@@ -119,20 +119,21 @@ async def test_stream_yields_deltas_then_a_final_delta_with_usage_and_cost(
     usage = {"prompt_tokens": 30, "completion_tokens": 6}
     # a pause before each chunk: each comes in its own read, so goes on as its own delta
     _, messages = _ask("stream this", {"usage": usage, "chunk_delay_ms": 20})
-    deltas = await _drain(_llm(_tier(fake_upstream)).stream("small", messages))
+    deltas = await _drain(_llm(_tier(fake_upstream)).stream(LLMCall("small", messages)))
     *parts, final = deltas
     assert "".join(d.text for d in parts) == "FAKE ANSWER: stream this"
     assert len(parts) > 1 and not any(d.done for d in parts)
     assert final.done and final.usage is not None
     assert (final.usage.prompt_tokens, final.usage.completion_tokens) == (30, 6)
     assert final.usage.cost_usd == pytest.approx(30 * IN_PRICE + 6 * OUT_PRICE)
-    assert final.extra == {"finish_reason": "stop", "ended": True, "usage_estimated": False}
+    assert (final.finish_reason, final.ended, final.usage_estimated) == ("stop", True, False)
+    assert final.tool_calls == ()
 
 
 async def test_stream_without_upstream_usage_estimates_it_and_says_so(fake_upstream: str) -> None:
     _, messages = _ask("no usage from upstream", {"no_usage": True})
-    final = (await _drain(_llm(_tier(fake_upstream)).stream("small", messages)))[-1]
-    assert final.extra["usage_estimated"] is True
+    final = (await _drain(_llm(_tier(fake_upstream)).stream(LLMCall("small", messages))))[-1]
+    assert final.usage_estimated is True
     assert final.usage is not None
     assert final.usage.prompt_tokens > 0 and final.usage.completion_tokens > 0
     assert final.usage.cost_usd > 0
@@ -140,7 +141,7 @@ async def test_stream_without_upstream_usage_estimates_it_and_says_so(fake_upstr
 
 async def test_completion_without_upstream_usage_is_estimated_not_free(fake_upstream: str) -> None:
     _, messages = _ask("no usage in the body", {"no_usage": True})
-    completion = await _llm(_tier(fake_upstream)).complete("small", messages)
+    completion = await _llm(_tier(fake_upstream)).complete(LLMCall("small", messages))
     assert completion.usage.prompt_tokens > 0 and completion.usage.completion_tokens > 0
     assert completion.usage.cost_usd > 0
     assert completion.usage_estimated is True
@@ -149,7 +150,9 @@ async def test_completion_without_upstream_usage_is_estimated_not_free(fake_upst
 async def test_tool_calls_are_parsed_with_decoded_arguments(fake_upstream: str) -> None:
     calls = [{"id": "c1", "name": "search", "arguments": {"q": "eiffel tower height"}}]
     _, messages = _ask("how tall", {"tool_calls": calls, "answer": ""})
-    completion = await _llm(_tier(fake_upstream)).complete("small", messages, tools=[SEARCH_TOOL])
+    completion = await _llm(_tier(fake_upstream)).complete(
+        LLMCall("small", messages, tools=(SEARCH_TOOL,))
+    )
     assert completion.tool_calls == (ToolCall("c1", "search", {"q": "eiffel tower height"}),)
     assert completion.finish_reason == "tool_calls"
 
@@ -157,11 +160,13 @@ async def test_tool_calls_are_parsed_with_decoded_arguments(fake_upstream: str) 
 async def test_tool_call_results_can_be_sent_back(fake_upstream: str) -> None:
     call = ToolCall("c1", "search", {"q": "x"})
     _, messages = _ask("follow up", {})
-    messages += [
+    messages += (
         Message(role="assistant", content="", tool_calls=(call,)),
         Message(role="tool", content="result text", tool_call_id="c1"),
-    ]
-    completion = await _llm(_tier(fake_upstream)).complete("small", messages, tools=[SEARCH_TOOL])
+    )
+    completion = await _llm(_tier(fake_upstream)).complete(
+        LLMCall("small", messages, tools=(SEARCH_TOOL,))
+    )
     assert completion.text.startswith("FAKE ANSWER: follow up")
 
 
@@ -172,7 +177,9 @@ async def test_tool_call_with_unusable_arguments_comes_back_flagged_not_failed(
     fake_upstream: str, arguments: str, error: str
 ) -> None:
     key, messages = _ask("q", {"tool_calls": [{"name": "search", "arguments": arguments}]})
-    completion = await _llm(_tier(fake_upstream)).complete("small", messages, tools=[SEARCH_TOOL])
+    completion = await _llm(_tier(fake_upstream)).complete(
+        LLMCall("small", messages, tools=(SEARCH_TOOL,))
+    )
     assert completion.tool_calls == (ToolCall("call_0", "search", {}, error=error),)
     # the model's mistake is not the upstream's: no retry, no fallback
     assert await calls_for(fake_upstream, key) == 1
@@ -180,14 +187,14 @@ async def test_tool_call_with_unusable_arguments_comes_back_flagged_not_failed(
 
 async def test_503_twice_then_success_is_retried_to_success(fake_upstream: str) -> None:
     key, messages = _ask("q", {"fail_first": 2, "status": 503})
-    completion = await _llm(_tier(fake_upstream, retries=2)).complete("small", messages)
+    completion = await _llm(_tier(fake_upstream, retries=2)).complete(LLMCall("small", messages))
     assert completion.model == "openai/fake-small"
     assert await calls_for(fake_upstream, key) == 3
 
 
 async def test_429_is_retried(fake_upstream: str) -> None:
     key, messages = _ask("q", {"fail_first": 1, "status": 429})
-    await _llm(_tier(fake_upstream, retries=1)).complete("small", messages)
+    await _llm(_tier(fake_upstream, retries=1)).complete(LLMCall("small", messages))
     assert await calls_for(fake_upstream, key) == 2
 
 
@@ -197,7 +204,7 @@ async def test_persistent_500_falls_back_to_the_next_model_which_answers(
     fallback = _tier(fake_upstream, "openai/fake-fallback", input_cost_per_token=1e-5)
     tier = _tier(fake_upstream, retries=1, fallbacks=(fallback,))
     key, messages = _ask("q", {"status": 500, "models": ["fake-small"]})
-    completion = await _llm(tier).complete("small", messages)
+    completion = await _llm(tier).complete(LLMCall("small", messages))
     assert completion.model == "openai/fake-fallback"
     used = completion.usage  # the directive, usage script included, applies to fake-small only
     assert used.cost_usd == pytest.approx(
@@ -214,7 +221,7 @@ async def test_all_models_down_raises_backend_unavailable_after_bounded_attempts
     key, messages = _ask("q", {"status": 503})
     async with asyncio.timeout(GUARD_S):
         with pytest.raises(BackendUnavailable) as raised:
-            await _llm(tier).complete("small", messages)
+            await _llm(tier).complete(LLMCall("small", messages))
     assert raised.value.backend == "llm"
     assert await calls_for(fake_upstream, key) == 3 + 2
 
@@ -222,7 +229,7 @@ async def test_all_models_down_raises_backend_unavailable_after_bounded_attempts
 async def test_400_is_not_retried(fake_upstream: str) -> None:
     key, messages = _ask("q", {"status": 400})
     with pytest.raises(UpstreamError):
-        await _llm(_tier(fake_upstream, retries=3)).complete("small", messages)
+        await _llm(_tier(fake_upstream, retries=3)).complete(LLMCall("small", messages))
     assert await calls_for(fake_upstream, key) == 1
 
 
@@ -231,7 +238,7 @@ async def test_timeout_is_retried_then_backend_unavailable(fake_upstream: str) -
     tier = _tier(fake_upstream, timeout_s=0.2, retries=1)
     async with asyncio.timeout(GUARD_S):
         with pytest.raises(BackendUnavailable):
-            await _llm(tier).complete("small", messages)
+            await _llm(tier).complete(LLMCall("small", messages))
     assert await calls_for(fake_upstream, key) == 2
 
 
@@ -240,7 +247,7 @@ async def test_stalled_stream_times_out_instead_of_hanging(fake_upstream: str) -
     tier = _tier(fake_upstream, timeout_s=0.2, retries=1)
     async with asyncio.timeout(GUARD_S):
         with pytest.raises(BackendUnavailable):
-            await _drain(_llm(tier).stream("small", messages))
+            await _drain(_llm(tier).stream(LLMCall("small", messages)))
     assert await calls_for(fake_upstream, key) == 2
 
 
@@ -250,14 +257,16 @@ async def test_malformed_body_is_an_upstream_error_not_a_hang_nor_a_retry(
     key, messages = _ask("q", {"malformed": True})
     async with asyncio.timeout(GUARD_S):
         with pytest.raises(UpstreamError):
-            await _llm(_tier(fake_upstream, retries=2)).complete("small", messages)
+            await _llm(_tier(fake_upstream, retries=2)).complete(LLMCall("small", messages))
     assert await calls_for(fake_upstream, key) == 1
 
 
 async def test_malformed_body_falls_back(fake_upstream: str) -> None:
     fallback = _tier(fake_upstream, "openai/fake-fallback")
     _, messages = _ask("q", {"malformed": True, "models": ["fake-small"]})
-    completion = await _llm(_tier(fake_upstream, fallbacks=(fallback,))).complete("small", messages)
+    completion = await _llm(_tier(fake_upstream, fallbacks=(fallback,))).complete(
+        LLMCall("small", messages)
+    )
     assert completion.model == "openai/fake-fallback"
 
 
@@ -297,7 +306,7 @@ async def test_a_body_of_an_odd_shape_is_an_upstream_error(
     _, messages = _ask("q", {"raw": body})
     async with asyncio.timeout(GUARD_S):
         with pytest.raises(BackendError):
-            await _llm(_tier(fake_upstream, retries=0)).complete("small", messages)
+            await _llm(_tier(fake_upstream, retries=0)).complete(LLMCall("small", messages))
 
 
 @pytest.mark.parametrize("chunks", ODD_CHUNKS.values(), ids=ODD_CHUNKS.keys())
@@ -307,7 +316,7 @@ async def test_a_stream_chunk_of_an_odd_shape_is_an_upstream_error(
     _, messages = _ask("q", {"raw": chunks})
     async with asyncio.timeout(GUARD_S):
         with pytest.raises(BackendError):
-            await _drain(_llm(_tier(fake_upstream, retries=0)).stream("small", messages))
+            await _drain(_llm(_tier(fake_upstream, retries=0)).stream(LLMCall("small", messages)))
 
 
 async def test_truncated_stream_raises_after_the_deltas_already_sent(fake_upstream: str) -> None:
@@ -315,14 +324,14 @@ async def test_truncated_stream_raises_after_the_deltas_already_sent(fake_upstre
     received: list[StreamDelta] = []
     async with asyncio.timeout(GUARD_S):
         with pytest.raises(UpstreamError):
-            async for delta in _llm(_tier(fake_upstream)).stream("small", messages):
+            async for delta in _llm(_tier(fake_upstream)).stream(LLMCall("small", messages)):
                 received.append(delta)
     assert received and not any(d.done for d in received)
 
 
 async def test_stream_that_fails_to_open_is_retried(fake_upstream: str) -> None:
     key, messages = _ask("q", {"fail_first": 1, "status": 502})
-    deltas = await _drain(_llm(_tier(fake_upstream, retries=1)).stream("small", messages))
+    deltas = await _drain(_llm(_tier(fake_upstream, retries=1)).stream(LLMCall("small", messages)))
     assert deltas[-1].done
     assert await calls_for(fake_upstream, key) == 2
 
@@ -331,7 +340,7 @@ async def test_stream_falls_back_when_the_primary_is_down(fake_upstream: str) ->
     fallback = _tier(fake_upstream, "openai/fake-fallback")
     _, messages = _ask("q", {"status": 503, "models": ["fake-small"]})
     llm = _llm(_tier(fake_upstream, retries=0, fallbacks=(fallback,)))
-    deltas = await _drain(llm.stream("small", messages))
+    deltas = await _drain(llm.stream(LLMCall("small", messages)))
     assert {d.model for d in deltas} == {"openai/fake-fallback"}
 
 
@@ -341,7 +350,7 @@ async def test_refused_connection_is_retried_then_backend_unavailable(
     tier = _tier("http://127.0.0.1:9/v1", retries=1)  # discard port: nothing listens
     async with asyncio.timeout(GUARD_S):
         with pytest.raises(BackendUnavailable):
-            await _llm(tier).complete("small", [Message(role="user", content="q")])
+            await _llm(tier).complete(LLMCall("small", (Message(role="user", content="q"),)))
 
 
 async def test_tiers_are_independent_and_an_unconfigured_tier_is_unavailable(
@@ -349,9 +358,9 @@ async def test_tiers_are_independent_and_an_unconfigured_tier_is_unavailable(
 ) -> None:
     llm = _llm(None, _tier(fake_upstream, "openai/fake-large"))
     assert (llm.has_tier("small"), llm.has_tier("large")) == (False, True)
-    assert (await llm.complete("large", _ask("q", {})[1])).model == "openai/fake-large"
+    assert (await llm.complete(LLMCall("large", _ask("q", {})[1]))).model == "openai/fake-large"
     with pytest.raises(BackendUnavailable):
-        await llm.complete("small", _ask("q", {})[1])
+        await llm.complete(LLMCall("small", _ask("q", {})[1]))
 
 
 async def test_missing_api_key_env_var_fails_at_construction(fake_upstream: str) -> None:
@@ -367,9 +376,11 @@ async def test_warm_up_does_not_call_the_upstream(fake_upstream: str) -> None:
 
 async def test_a_new_instance_works_after_another_was_closed(fake_upstream: str) -> None:
     first = _llm(_tier(fake_upstream))
-    await first.complete("small", _ask("q", {})[1])
+    await first.complete(LLMCall("small", _ask("q", {})[1]))
     await first.aclose()
-    completion = await _llm(_tier(fake_upstream, retries=0)).complete("small", _ask("q", {})[1])
+    completion = await _llm(_tier(fake_upstream, retries=0)).complete(
+        LLMCall("small", _ask("q", {})[1])
+    )
     assert completion.text.startswith("FAKE ANSWER")
 
 
@@ -412,11 +423,7 @@ class Cooling:
     ) -> tuple[str, int]:
         """The model that answered `tenant` and how many upstream requests it took."""
         key, messages = _ask("q", directive)
-        token = calling_tenant.set(tenant)
-        try:
-            completion = await self.llm.complete("small", messages)
-        finally:
-            calling_tenant.reset(token)
+        completion = await self.llm.complete(LLMCall("small", messages, tenant=tenant))
         return completion.model, await calls_for(base_url, key)
 
     async def open_primary(self, base_url: str) -> None:
@@ -456,7 +463,7 @@ async def test_concurrent_requests_while_half_open_send_a_single_probe(fake_upst
     messages = [Message(role="user", content=f"q [[fake:{json.dumps(slow)}]]")]
     async with asyncio.timeout(GUARD_S):
         completions = await asyncio.gather(
-            *(cooling.llm.complete("small", messages) for _ in range(4))
+            *(cooling.llm.complete(LLMCall("small", messages)) for _ in range(4))
         )
     assert sorted(c.model for c in completions) == [FALLBACK] * 3 + [PRIMARY]
     assert await calls_for(fake_upstream, key) == 4  # one probe, three fallback answers
@@ -480,7 +487,7 @@ async def test_every_model_cooling_down_fails_at_once_with_retry_after(fake_upst
     cooling.clock.now += 10.5
     key, messages = _ask("q", {})
     with pytest.raises(BackendUnavailable, match="cooling down") as raised:
-        await cooling.llm.complete("small", messages)
+        await cooling.llm.complete(LLMCall("small", messages))
     assert raised.value.retry_after_s == 20  # 19.5 s left, in whole seconds
     assert await calls_for(fake_upstream, key) == 0
 
@@ -507,7 +514,7 @@ async def test_a_stream_that_fails_to_open_counts_towards_the_cooldown(fake_upst
     cooling = Cooling(fake_upstream, retries=0, cooldown_after=2)
     for expected_calls in (2, 2, 1):  # primary then fallback, twice; then the fallback alone
         key, messages = _ask("q", PRIMARY_DOWN)
-        deltas = await _drain(cooling.llm.stream("small", messages))
+        deltas = await _drain(cooling.llm.stream(LLMCall("small", messages)))
         assert {d.model for d in deltas} == {FALLBACK}
         assert await calls_for(fake_upstream, key) == expected_calls
 
@@ -519,7 +526,7 @@ async def test_a_stream_cut_after_its_first_chunk_counts_towards_the_cooldown(
     _, messages = _ask("one two three four five", {"truncate_after": 2})
     async with asyncio.timeout(GUARD_S):
         with pytest.raises(UpstreamError):
-            await _drain(cooling.llm.stream("small", messages))
+            await _drain(cooling.llm.stream(LLMCall("small", messages)))
     assert cooling.events == [("small", PRIMARY, True)]
 
 
@@ -527,7 +534,7 @@ async def test_a_stream_that_completes_closes_the_breaker(fake_upstream: str) ->
     cooling = Cooling(fake_upstream)
     await cooling.open_primary(fake_upstream)
     cooling.clock.now += COOLDOWN_S
-    deltas = await _drain(cooling.llm.stream("small", _ask("q", {})[1]))
+    deltas = await _drain(cooling.llm.stream(LLMCall("small", _ask("q", {})[1])))
     assert deltas[-1].done and deltas[-1].model == PRIMARY
     assert cooling.llm.cooldowns() == {}
 
@@ -569,12 +576,8 @@ async def test_a_single_tenant_still_cools_a_failing_model_down(fake_upstream: s
             await cooling.ask(fake_upstream, PRIMARY_DOWN, "solo")
     assert cooling.events == [("small", PRIMARY, True)]
     key, messages = _ask("q", {})
-    token = calling_tenant.set("solo")
-    try:
-        with pytest.raises(BackendUnavailable, match="cooling down"):
-            await cooling.llm.complete("small", messages)
-    finally:
-        calling_tenant.reset(token)
+    with pytest.raises(BackendUnavailable, match="cooling down"):
+        await cooling.llm.complete(LLMCall("small", messages, tenant="solo"))
     assert await calls_for(fake_upstream, key) == 0
     # a second tenant: the cooldown stood on one tenant's failures, and is withdrawn
     assert await cooling.ask(fake_upstream, {}, "newcomer") == (PRIMARY, 1)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from backends.cache.memory import MemoryCacheStore
-from backends.llm.litellm_tiers import LiteLLMTiers
+from backends.llm.tiers import LiteLLMTiers
 from backends.retrieval.base import Vector
 from backends.retrieval.embedded import EmbeddedRetriever
 from gateway.core.pipeline import Pipeline

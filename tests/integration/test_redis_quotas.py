@@ -19,7 +19,8 @@ import pytest
 from backends.errors import BackendError, BackendUnavailable, UpstreamError
 from backends.quotas.redis import RedisQuotaStore, applied_key, bucket_key, spend_key
 from backends.redis_client import RedisConnection, RedisOptions, RequestSpend, request_spend
-from gateway.limits.quotas import BudgetExceeded, Quotas, RateLimited, utc_day
+from gateway.limits.quotas import BudgetExceeded, Quotas, RateLimited
+from gateway.limits.shared_store import utc_day
 from gateway.obs.metrics import Metrics
 from gateway.settings import TenantConfig
 from tests.redis_server import RedisServer
@@ -331,7 +332,7 @@ async def test_spend_applied_but_its_reply_lost_is_not_counted_twice(
         await quotas.ping()  # the replay
         assert not quotas.degraded
         assert await s.spent(acme.id, TODAY) == pytest.approx(0.3)  # not 0.6
-        assert quotas._outstanding() == {}
+        assert quotas._outbox.outstanding() == {}
         ttl = int(redis_server.command("TTL", applied_key(acme.id, TODAY)).strip().lstrip(b":"))
         assert ttl > 3600  # the ids expire with the day's spend
 

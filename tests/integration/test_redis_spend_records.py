@@ -15,7 +15,8 @@ import redis
 
 from backends.quotas.redis import RedisQuotaStore, applied_key, spend_key
 from backends.redis_client import RedisConnection, RedisOptions
-from gateway.limits.quotas import Quotas, utc_day
+from gateway.limits.quotas import Quotas
+from gateway.limits.shared_store import utc_day
 from gateway.obs.metrics import Metrics
 from gateway.settings import TenantConfig
 from tests.redis_server import RedisServer
@@ -80,7 +81,7 @@ async def test_a_tenants_records_are_one_per_process_not_one_per_call(
         for _ in range(50):
             await quotas.record_spend(who, 0.01)
         assert await shared.spent(who.id, TODAY) == pytest.approx(0.5)
-        assert quotas._outstanding() == {}
+        assert quotas._outbox.outstanding() == {}
     keys = set(inspect.scan_iter(match=f"qg:quota:{{{who.id}}}:*"))
     assert keys == {spend_key(who.id, TODAY), applied_key(who.id, TODAY)}
     records, used = per_call_records(inspect, who.id)

@@ -20,7 +20,7 @@ from backends.cache.redis import RedisCacheStore
 from backends.embeddings.minilm import MiniLMEmbedder
 from backends.errors import UpstreamError
 from backends.llm.base import Message
-from backends.llm.litellm_tiers import LiteLLMTiers
+from backends.llm.tiers import LiteLLMTiers
 from backends.redis_client import RedisConnection, RedisOptions
 from backends.retrieval.embedded import EmbeddedRetriever
 from gateway.core.pipeline import Pipeline

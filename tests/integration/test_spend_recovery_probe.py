@@ -16,7 +16,8 @@ import pytest
 from backends.quotas.redis import RedisQuotaStore
 from backends.redis_client import RedisConnection, RedisOptions
 from gateway.core.health import probe
-from gateway.limits.quotas import Quotas, utc_day
+from gateway.limits.quotas import Quotas
+from gateway.limits.shared_store import utc_day
 from gateway.obs.metrics import Metrics
 from gateway.settings import TenantConfig
 from tests.fixtures.gateway import TcpProxy
@@ -50,13 +51,13 @@ async def test_the_probe_finds_redis_back_however_much_spend_waited_for_it(
         for who in tenants:
             await quotas.record_spend(who, 0.5)
             await asyncio.sleep(0.011)  # past retry_s: each one asks the store
-        assert quotas.degraded and len(quotas._outstanding()) == TENANTS
+        assert quotas.degraded and len(quotas._outbox.outstanding()) == TENANTS
         redis_server.start()
 
         assert await probe(quotas.ping) is None  # was a timeout: reported down
         assert not quotas.degraded
         for _ in range(200):  # the kept spend follows in the background
-            if not quotas._outstanding():
+            if not quotas._outbox.outstanding():
                 break
             await asyncio.sleep(0.05)
         day = utc_day(time.time())
@@ -80,7 +81,7 @@ async def test_a_bug_in_the_background_sends_still_reaches_the_probe(
         async def broken() -> None:  # our own code failing, not Redis: Redis is real here
             raise RuntimeError("a bug in the sends")
 
-        monkeypatch.setattr(quotas, "_flush_all", broken)
+        monkeypatch.setattr(quotas._outbox, "_flush_all", broken)
         down = await probe(quotas.ping)
         assert down is not None and down.bug is not None, down
         assert "a bug in the sends" in down.reason

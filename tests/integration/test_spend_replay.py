@@ -15,7 +15,8 @@ import pytest
 
 from backends.quotas.redis import RedisQuotaStore, applied_key, spend_key
 from backends.redis_client import RedisConnection, RedisOptions
-from gateway.limits.quotas import BudgetExceeded, Quotas, utc_day
+from gateway.limits.quotas import BudgetExceeded, Quotas
+from gateway.limits.shared_store import utc_day
 from gateway.obs.metrics import Metrics
 from gateway.settings import TenantConfig
 from tests.redis_server import RedisServer
@@ -50,7 +51,7 @@ async def lose_a_reply(server: RedisServer, quotas: Quotas, who: TenantConfig, u
         await quotas.record_spend(who, usd)
     finally:
         server.resume()
-    assert quotas.degraded and quotas._outstanding()
+    assert quotas.degraded and quotas._outbox.outstanding()
     for _ in range(60):
         if float(server.command("GET", spend_key(who.id, TODAY)).split(b"\r\n")[1] or 0) > 0:
             return
@@ -72,7 +73,7 @@ async def test_a_replay_after_many_amounts_of_other_replicas_is_added_once(
             await there.record_spend(acme, 0.001)
         await asyncio.sleep(0.1)
         await here.ping()  # the replay
-        assert not here.degraded and here._outstanding() == {}
+        assert not here.degraded and here._outbox.outstanding() == {}
         assert await mine.spent(acme.id, TODAY) == pytest.approx(5.0 + 1.1)  # was 11.1
         if budget is not None:
             await here.check_budget(acme)  # 6.1 of 10 spent: not refused

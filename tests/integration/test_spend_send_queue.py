@@ -16,7 +16,8 @@ import pytest
 
 from backends.quotas.redis import RedisQuotaStore
 from backends.redis_client import RedisConnection, RedisOptions
-from gateway.limits.quotas import Quotas, utc_day
+from gateway.limits.quotas import Quotas
+from gateway.limits.shared_store import utc_day
 from gateway.obs.metrics import Metrics
 from gateway.settings import TenantConfig
 from tests.fixtures.gateway import TcpProxy
@@ -54,10 +55,10 @@ async def test_a_busy_tenants_spend_records_do_not_queue_up_behind_a_slow_redis(
                 assert task is not None
                 task.add_done_callback(partial(took, loop.time()))
                 tasks.append(task)
-            backlog = max(backlog, len(quotas._tasks))
+            backlog = max(backlog, len(quotas._outbox._tasks))
             await asyncio.sleep(0.01)
         await asyncio.gather(*tasks)
-        assert quotas._outstanding() == {}
+        assert quotas._outbox.outstanding() == {}
         assert await store.spent(acme.id, utc_day(time.time())) == pytest.approx(3.01)
         assert backlog < 60, backlog  # was ~220: a task per call waiting its round trip
         assert max(latencies) < 0.4, max(latencies)  # was ~1.2 s and growing
@@ -95,10 +96,10 @@ async def test_spend_kept_through_a_long_outage_is_sent_back_as_one_amount(
             await quotas.record_spend(acme, 0.1)
             await asyncio.sleep(0.02)  # past retry_s: each record asks the store again
         assert quotas.degraded
-        assert quotas._outstanding() == {(acme.id, utc_day(time.time())): pytest.approx(3.0)}
+        assert quotas._outbox.outstanding() == {(acme.id, utc_day(time.time())): pytest.approx(3.0)}
         redis_server.start()
         await quotas.ping()
-        assert not quotas.degraded and quotas._outstanding() == {}
+        assert not quotas.degraded and quotas._outbox.outstanding() == {}
         assert await store.spent(acme.id, utc_day(time.time())) == pytest.approx(3.0)
         assert evalsha_calls(redis_server) <= 3  # was 30: one round trip per retry
     finally:

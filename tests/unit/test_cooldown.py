@@ -3,7 +3,7 @@ clock (no sleeping)."""
 
 from __future__ import annotations
 
-from backends.llm.litellm_tiers import Admission, CircuitBreaker, ModelBreaker, Pass
+from backends.llm.breakers import Admission, CircuitBreaker, ModelBreaker, Pass
 
 COOLDOWN_S = 30.0
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from backends.embeddings.minilm import MiniLMEmbedder
-from backends.llm.base import Message
+from backends.llm.base import LLMCall, Message
 from backends.retrieval.base import Hit, SearchRequest
 from backends.retrieval.embedded import EmbeddedRetriever
 from bench.multihop_eval import (
@@ -106,8 +106,8 @@ def test_loose_accuracy_does_not_count_a_citation_as_a_number() -> None:
 
 async def test_scripted_planner_issues_every_gold_search_in_its_first_turn() -> None:
     planner = ScriptedPlanner(QUESTION.plan, PRICES)
-    messages = [Message("system", "tools"), Message("user", QUESTION.text)]
-    completion = await planner.complete("large", messages, tools=TOOL_SPECS)
+    messages = (Message("system", "tools"), Message("user", QUESTION.text))
+    completion = await planner.complete(LLMCall("large", messages, tools=TOOL_SPECS))
     assert [(c.name, c.arguments["query"]) for c in completion.tool_calls] == [
         ("search", q) for q in QUESTION.plan
     ]

@@ -13,22 +13,21 @@ import pytest
 from pydantic import ValidationError
 
 from backends.errors import BackendUnavailable, UpstreamError
-from backends.llm.base import Completion, Message, StreamDelta, Tier, Usage
+from backends.llm.base import Completion, LLMCall, Message, StreamDelta, Tier, Usage
 from backends.quotas.memory import MemoryQuotaStore, refill_and_take
 from gateway.core.health import probes
 from gateway.core.services import Services
+from gateway.limits.budget import BudgetedLLM
 from gateway.limits.metering import MeteredLLM, estimate_usage
 from gateway.limits.quotas import (
-    BudgetedLLM,
     BudgetExceeded,
     Quotas,
     RateLimited,
-    current_tenant,
     retry_after,
     seconds_to_midnight,
-    utc_day,
     warn_if_per_worker,
 )
+from gateway.limits.shared_store import utc_day
 from gateway.obs.metrics import MULTIPROC_ENV, Metrics
 from gateway.settings import QuotasConfig, TenantConfig
 
@@ -337,6 +336,7 @@ class PricedLLM:
     def __init__(self, cost: float) -> None:
         self.cost = cost
         self.calls = 0
+        self.tenants: list[str] = []  # whom each call was made for
 
     def has_tier(self, tier: Tier) -> bool:
         return True
@@ -344,14 +344,14 @@ class PricedLLM:
     def prices(self, tier: Tier) -> tuple[float, float]:
         return (0.0, 0.0)
 
-    async def complete(self, tier: Tier, messages: list[Message], **_: Any) -> Completion:
+    async def complete(self, call: LLMCall) -> Completion:
         self.calls += 1
-        return Completion("ok", tier, "fake", Usage(1, 1, self.cost))
+        self.tenants.append(call.tenant)
+        return Completion("ok", call.tier, "fake", Usage(1, 1, self.cost))
 
-    async def stream(
-        self, tier: Tier, messages: list[Message], **_: Any
-    ) -> AsyncIterator[StreamDelta]:
+    async def stream(self, call: LLMCall) -> AsyncIterator[StreamDelta]:
         self.calls += 1
+        self.tenants.append(call.tenant)
         yield StreamDelta(text="o")
         yield StreamDelta(done=True, usage=Usage(1, 1, self.cost), model="fake")
 
@@ -366,37 +366,33 @@ async def test_every_call_is_checked_before_and_recorded_after() -> None:
     clock = Clock()
     q = quotas(clock)
     inner = PricedLLM(cost=0.4)
-    llm = BudgetedLLM(inner, q)
-    acme = tenant(budget=1.0)
-    token = current_tenant.set(acme)
-    try:
-        await llm.complete("small", [])
-        _ = [d async for d in llm.stream("small", [])]
-        await llm.complete("small", [])  # 0.8 spent before it: allowed, 1.2 after
-        with pytest.raises(BudgetExceeded):
-            await llm.complete("small", [])
-        with pytest.raises(BudgetExceeded):
-            _ = [d async for d in llm.stream("small", [])]
-    finally:
-        current_tenant.reset(token)
+    llm = BudgetedLLM(inner, q, tenant(budget=1.0))
+    await llm.complete(LLMCall("small", ()))
+    _ = [d async for d in llm.stream(LLMCall("small", ()))]
+    await llm.complete(LLMCall("small", ()))  # 0.8 spent before it: allowed, 1.2 after
+    with pytest.raises(BudgetExceeded):
+        await llm.complete(LLMCall("small", ()))
+    with pytest.raises(BudgetExceeded):
+        _ = [d async for d in llm.stream(LLMCall("small", ()))]
     assert inner.calls == 3  # the refused calls never reached the model
+    assert inner.tenants == ["acme"] * 3  # each made for the request's tenant
     assert await q._local.spent("acme", "2026-11-30") == pytest.approx(1.2)
 
 
-async def test_a_call_outside_a_request_is_not_budgeted() -> None:
-    q = quotas(Clock())
+async def test_without_quotas_the_calls_are_made_for_the_tenant_and_not_budgeted() -> None:
     inner = PricedLLM(cost=5.0)
-    llm = BudgetedLLM(inner, q)
-    await llm.complete("small", [])
-    await llm.complete("small", [])
-    _ = [d async for d in llm.stream("small", [])]
+    llm = BudgetedLLM(inner, None, tenant(budget=1.0))
+    await llm.complete(LLMCall("small", ()))
+    await llm.complete(LLMCall("small", ()))
+    _ = [d async for d in llm.stream(LLMCall("small", ()))]
+    await llm.check_before_stream()
     assert inner.calls == 3
-    assert q._local._spend == {}  # nothing recorded for anyone
+    assert inner.tenants == ["acme"] * 3
 
 
 # -- calls cut before their usage arrived (H3) --------------------------------------------------
 
-MESSAGES = [Message("system", "Answer from the sources. " * 20), Message("user", "Where is Acme?")]
+MESSAGES = (Message("system", "Answer from the sources. " * 20), Message("user", "Where is Acme?"))
 TODAY = "2026-11-30"
 
 
@@ -413,14 +409,12 @@ class CutLLM(PricedLLM):
     def prices(self, tier: Tier) -> tuple[float, float]:
         return (1e-3, 2e-3)
 
-    async def complete(self, tier: Tier, messages: list[Message], **_: Any) -> Completion:
+    async def complete(self, call: LLMCall) -> Completion:
         self.started.set()
         await asyncio.Event().wait()
         raise AssertionError("never answers")
 
-    async def stream(
-        self, tier: Tier, messages: list[Message], **_: Any
-    ) -> AsyncIterator[StreamDelta]:
+    async def stream(self, call: LLMCall) -> AsyncIterator[StreamDelta]:
         if self.text:
             yield StreamDelta(text=self.text, model="fake-model")
         self.started.set()
@@ -431,13 +425,9 @@ class CutLLM(PricedLLM):
 
 
 async def hang_up(work: Callable[[], Coroutine[Any, Any, Any]], inner: CutLLM) -> None:
-    """Run `work` for the tenant acme as a request's task, cancel it mid-call (what aiohttp
-    does when the client goes, handler_cancellation=True), and let its recording run."""
-    token = current_tenant.set(tenant(budget=100.0))
-    try:
-        task = asyncio.create_task(work())
-    finally:
-        current_tenant.reset(token)
+    """Run `work` as a request's task, cancel it mid-call (what aiohttp does when the client
+    goes, handler_cancellation=True), and let its recording run."""
+    task = asyncio.create_task(work())
     await inner.started.wait()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -447,8 +437,8 @@ async def hang_up(work: Callable[[], Coroutine[Any, Any, Any]], inner: CutLLM) -
 
 async def test_a_stream_cut_by_a_hang_up_is_charged_its_prompt_and_the_text_so_far() -> None:
     q, inner = quotas(Clock()), CutLLM()
-    llm = BudgetedLLM(inner, q)
-    await hang_up(lambda: consume(llm.stream("small", MESSAGES)), inner)
+    llm = BudgetedLLM(inner, q, tenant(budget=100.0))
+    await hang_up(lambda: consume(llm.stream(LLMCall("small", MESSAGES))), inner)
     expected = estimate_usage(inner, "small", MESSAGES, "Acme is in", "fake-model")
     assert expected.prompt_tokens > 50 and expected.completion_tokens > 0
     assert await q._local.spent("acme", TODAY) == pytest.approx(expected.cost_usd)
@@ -457,27 +447,21 @@ async def test_a_stream_cut_by_a_hang_up_is_charged_its_prompt_and_the_text_so_f
 async def test_a_stream_that_fails_after_some_text_is_charged_and_one_before_any_is_not() -> None:
     q = quotas(Clock())
     acme = tenant(budget=100.0)
-    token = current_tenant.set(acme)
-    try:
-        inner = CutLLM(fail=UpstreamError("llm", "stream interrupted"))
-        with pytest.raises(UpstreamError):
-            await consume(BudgetedLLM(inner, q).stream("small", MESSAGES))
-        charged = await q._local.spent("acme", TODAY)
-        assert charged == pytest.approx(
-            estimate_usage(inner, "small", MESSAGES, "Acme is in").cost_usd
-        )
-        nothing = CutLLM(fail=BackendUnavailable("llm", "refused"), text="")
-        with pytest.raises(BackendUnavailable):
-            await consume(BudgetedLLM(nothing, q).stream("small", MESSAGES))
-        assert await q._local.spent("acme", TODAY) == pytest.approx(charged)
-    finally:
-        current_tenant.reset(token)
+    inner = CutLLM(fail=UpstreamError("llm", "stream interrupted"))
+    with pytest.raises(UpstreamError):
+        await consume(BudgetedLLM(inner, q, acme).stream(LLMCall("small", MESSAGES)))
+    charged = await q._local.spent("acme", TODAY)
+    assert charged == pytest.approx(estimate_usage(inner, "small", MESSAGES, "Acme is in").cost_usd)
+    nothing = CutLLM(fail=BackendUnavailable("llm", "refused"), text="")
+    with pytest.raises(BackendUnavailable):
+        await consume(BudgetedLLM(nothing, q, acme).stream(LLMCall("small", MESSAGES)))
+    assert await q._local.spent("acme", TODAY) == pytest.approx(charged)
 
 
 async def test_a_completion_cancelled_while_it_waits_is_charged_its_prompt() -> None:
     q, inner = quotas(Clock()), CutLLM()
-    llm = BudgetedLLM(inner, q)
-    await hang_up(lambda: llm.complete("small", MESSAGES), inner)
+    llm = BudgetedLLM(inner, q, tenant(budget=100.0))
+    await hang_up(lambda: llm.complete(LLMCall("small", MESSAGES)), inner)
     expected = estimate_usage(inner, "small", MESSAGES, "")
     assert expected.cost_usd > 0
     assert await q._local.spent("acme", TODAY) == pytest.approx(expected.cost_usd)
@@ -487,7 +471,8 @@ async def test_a_cut_stream_is_charged_to_the_shared_store_too() -> None:
     clock = Clock()
     shared = FlakyStore(clock)
     q, inner = quotas(clock, shared), CutLLM()
-    await hang_up(lambda: consume(BudgetedLLM(inner, q).stream("small", MESSAGES)), inner)
+    llm = BudgetedLLM(inner, q, tenant(budget=100.0))
+    await hang_up(lambda: consume(llm.stream(LLMCall("small", MESSAGES))), inner)
     for _ in range(3):
         await asyncio.sleep(0)  # the task that sends it
     expected = estimate_usage(inner, "small", MESSAGES, "Acme is in", "fake-model").cost_usd
@@ -498,14 +483,14 @@ async def test_metered_llm_costs_a_cut_stream_and_a_cancelled_completion() -> No
     metrics = Metrics()
     inner = CutLLM()
     llm = MeteredLLM(inner, metrics)
-    await hang_up(lambda: consume(llm.stream("small", MESSAGES, route="direct")), inner)
+    await hang_up(lambda: consume(llm.stream(LLMCall("small", MESSAGES, route="direct"))), inner)
     cost = metrics.registry.get_sample_value(
         "querygate_llm_cost_usd_total", {"tier": "small", "model": "fake-model", "route": "direct"}
     )
     expected = estimate_usage(inner, "small", MESSAGES, "Acme is in", "fake-model").cost_usd
     assert cost == pytest.approx(expected)
     inner.started.clear()
-    await hang_up(lambda: llm.complete("small", MESSAGES, route="direct"), inner)
+    await hang_up(lambda: llm.complete(LLMCall("small", MESSAGES, route="direct")), inner)
     cost = metrics.registry.get_sample_value(
         "querygate_llm_cost_usd_total", {"tier": "small", "model": "-", "route": "direct"}
     )
@@ -648,17 +633,12 @@ async def test_a_stream_checked_by_its_handler_reads_the_budget_once() -> None:
     clock = Clock()
     shared = FlakyStore(clock)
     q = quotas(clock, shared)
-    acme = tenant(budget=1.0)
-    llm = BudgetedLLM(PricedLLM(cost=0.1), q)
-    token = current_tenant.set(acme)
-    try:
-        await q.check_budget(acme, before_stream=True)
-        asked = shared.calls
-        await consume(llm.stream("small", []))
-        await asyncio.sleep(0.01)  # the cost is sent by a task the answer does not wait for
-        assert shared.calls == asked + 1  # the cost sent; no second read
-        await consume(llm.stream("small", []))  # a second call checks again
-        await asyncio.sleep(0.01)
-        assert shared.calls == asked + 3
-    finally:
-        current_tenant.reset(token)
+    llm = BudgetedLLM(PricedLLM(cost=0.1), q, tenant(budget=1.0))
+    await llm.check_before_stream()
+    asked = shared.calls
+    await consume(llm.stream(LLMCall("small", ())))
+    await asyncio.sleep(0.01)  # the cost is sent by a task the answer does not wait for
+    assert shared.calls == asked + 1  # the cost sent; no second read
+    await consume(llm.stream(LLMCall("small", ())))  # a second call checks again
+    await asyncio.sleep(0.01)
+    assert shared.calls == asked + 3

@@ -1,8 +1,8 @@
 """The limits middleware: a deadline from arrival, the body read under its own timeout, then
-the tenant's admission to its pool (`gateway.limits.admission`). The tenant's rate limit (and, for
-an
-answering endpoint, its budget: `gateway.limits.quotas`) is taken right after its key is checked,
-before the body is read or any other work.
+the tenant's admission to its pool (`gateway.limits.admission`). The tenant's rate limit (and,
+for an answering endpoint, its budget: `gateway.limits.quotas`) is taken right after its key is
+checked, before the body is read or any other work; the request's `RequestScope` carries the
+budget check passed, which stands for its first model call.
 
 Every endpoint that does work has a deadline and a body-read timeout; the endpoints in `POOLS`
 are admitted to a pool too. `/admin/reload` has both limits but bypasses admission (an operator
@@ -20,7 +20,6 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Middleware
 from aiohttp.web_protocol import RequestPayloadError
 
-from backends.llm.base import calling_tenant
 from backends.redis_client import RequestSpend, request_spend
 from gateway.core.scope import RequestScope
 from gateway.errors import (
@@ -33,7 +32,6 @@ from gateway.errors import (
 )
 from gateway.http.appkeys import RECORD, RUNTIME, SCOPE, SERVICES
 from gateway.limits.admission import Admission
-from gateway.limits.quotas import current_tenant
 from gateway.obs.accounting import ANSWERING
 from gateway.settings import ServerConfig
 
@@ -76,7 +74,6 @@ def limits_middleware(admission: Admission) -> Middleware:
         deadline = asyncio.get_running_loop().time() + timeout_s
         # The request's Redis calls share one time budget (backends.redis_client).
         spend_token = request_spend.set(RequestSpend())
-        tenant_token = llm_tenant_token = None
         try:
             authorization = request.headers.get("Authorization")
             if kind is None:
@@ -85,12 +82,10 @@ def limits_middleware(admission: Admission) -> Middleware:
                 return await _within(deadline, handler, request)
             tenant = runtime.tenant_for(authorization)
             record.tenant = tenant.id
-            request[SCOPE] = RequestScope(tenant, deadline, record)
+            budget = None
             if (quotas := request.app[SERVICES].quotas) is not None:
-                await quotas.admit(tenant, answering=endpoint in ANSWERING)
-            tenant_token = current_tenant.set(tenant)
-            # the model breakers count failures per tenant (backends.llm.litellm_tiers)
-            llm_tenant_token = calling_tenant.set(tenant.id)
+                budget = await quotas.admit(tenant, answering=endpoint in ANSWERING)
+            request[SCOPE] = RequestScope(tenant, deadline, record, budget)
             await read_body(request, min(server.body_read_timeout_s, timeout_s))
             config = server.admission
             limits = config.writes if kind == "writes" else config.queries
@@ -100,10 +95,6 @@ def limits_middleware(admission: Admission) -> Middleware:
                     return await handler(request)
                 return await _within(deadline, handler, request)
         finally:
-            if tenant_token is not None:
-                current_tenant.reset(tenant_token)
-            if llm_tenant_token is not None:
-                calling_tenant.reset(llm_tenant_token)
             request_spend.reset(spend_token)
 
     return middleware
