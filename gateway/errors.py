@@ -1,6 +1,6 @@
 """Gateway errors, and the one table of what a client is told of each failure.
 
-Handlers and stages raise, never format: the outcome middleware (`gateway.http.middleware.outer`)
+Handlers and stages raise, never format: the outcome middleware (`gateway.http.middleware.outcome`)
 turns every exception into `{"error": {"type", "message"}}` through `failure_of`, and a stream
 that fails after its headers went out (`gateway.http.streaming`) ends with an error event from
 the same `Failure`. `detail`, and a library's own text, go to the log line only.

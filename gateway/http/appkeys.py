@@ -32,6 +32,8 @@ READINESS = web.AppKey("readiness", Readiness)
 # Present while an ingest runs inside this process (`serve --sample-corpus`).
 INGEST = web.AppKey("ingest", BackgroundIngest)
 
+# Every request's id, from the request id middleware.
+REQUEST_ID = web.RequestKey("request_id", str)
 # Every request's accounting record, from the outcome middleware.
 RECORD = web.RequestKey("record", RequestRecord)
 # The scope of a limited request (`limits_middleware`): its tenant, deadline and record.

@@ -1,6 +1,6 @@
 """Request accounting: what each request's outcome is, its counter increment and log line.
 
-The outcome middleware (`gateway.http.middleware.outer`) opens a `RequestRecord` for each
+The outcome middleware (`gateway.http.middleware.outcome`) opens a `RequestRecord` for each
 request and puts it on the request (the `RequestScope` carries it into the core); whatever runs
 for the request (admission, the finisher's `_observe`, a stream that ends with an error event)
 adds to it, and every request, ok or not, ends with one `account` call: one counter increment

@@ -14,16 +14,12 @@ from gateway.core.runtime import Runtime, build_runtime
 from gateway.http.appkeys import INGEST, METRICS, READINESS, RUNTIME, SERVICES, RuntimeHolder
 from gateway.http.handlers.chat import handle_chat_completions
 from gateway.http.handlers.documents import handle_delete_document, handle_put_document
+from gateway.http.handlers.health import handle_healthz, handle_metrics, handle_readyz
 from gateway.http.handlers.models import handle_model, handle_models
-from gateway.http.handlers.query import (
-    handle_healthz,
-    handle_metrics,
-    handle_query,
-    handle_readyz,
-    handle_route,
-)
+from gateway.http.handlers.query import handle_query, handle_route
 from gateway.http.middleware.limits import limits_middleware
-from gateway.http.middleware.outer import error_middleware, request_id_middleware
+from gateway.http.middleware.outcome import outcome_middleware
+from gateway.http.middleware.request_id import request_id_middleware
 from gateway.ingest.background import BackgroundIngest
 from gateway.limits.admission import Admission
 from gateway.obs.metrics import Metrics
@@ -74,7 +70,7 @@ def create_app(
         client_max_size=settings.server.max_body_bytes,
         middlewares=[
             request_id_middleware(),
-            error_middleware(metrics),
+            outcome_middleware(metrics),
             limits_middleware(admission),
         ],
     )

@@ -126,7 +126,7 @@ def test_the_slo_counts_the_gateways_answering_endpoints_and_each_outcome_once()
     assert set(make_alerts.ANSWERING_ENDPOINTS) == ANSWERING
     ours, clients = set(make_alerts.OUR_FAILURES), set(make_alerts.CLIENT_CAUSED)
     assert not ours & clients and "ok" not in ours | clients
-    # a cancel with the client still connected is the gateway's (gateway/http/middleware/outer.py)
+    # a cancel with the client still connected is the gateway's (gateway/http/middleware/outcome.py)
     assert "cancelled" in ours and "disconnect" in clients
 
 

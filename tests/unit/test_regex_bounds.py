@@ -19,7 +19,7 @@ import backends.retrieval.embedded.search
 import backends.retrieval.opensearch.config
 import backends.retrieval.opensearch.queries
 import gateway.http.handlers.documents
-import gateway.http.middleware.outer
+import gateway.http.middleware.request_id
 import gateway.ingest.chunker
 import gateway.text
 import routers.agent_tools
@@ -48,7 +48,7 @@ MODULES: tuple[ModuleType, ...] = (
     backends.retrieval.opensearch.queries,
     gateway.ingest.chunker,
     gateway.http.handlers.documents,
-    gateway.http.middleware.outer,
+    gateway.http.middleware.request_id,
     gateway.text,
 )
 # Quadratic on their own; only ever run through the bounded functions tested below.

@@ -21,10 +21,11 @@ from backends.llm.base import NO_OPTIONS, Message, ToolCall
 from gateway.core.request import QueryRequest
 from gateway.core.result import QueryResult, rewrite_fields
 from gateway.errors import Unprocessable
-from gateway.http.appkeys import RUNTIME, SCOPE
+from gateway.http.appkeys import REQUEST_ID, RUNTIME, SCOPE
+from gateway.http.body import parse_body
 from gateway.http.chat_params import generation_options, refuse_unsupported
 from gateway.http.handlers.models import deployment_models, model_not_found
-from gateway.http.handlers.query import answer, cache_control, check_limits, parse_body
+from gateway.http.handlers.query import answer, cache_control, check_limits
 from gateway.http.schemas import ChatBody, ChatMessage
 from gateway.http.streaming import sse, stream_answer
 from gateway.text import is_blank
@@ -199,7 +200,7 @@ async def handle_chat_completions(request: web.Request) -> web.StreamResponse:
     if body.user or body.safety_identifier:
         scope.record.fields["user"] = body.user or body.safety_identifier
     query = QueryRequest(
-        id=request["request_id"],
+        id=request[REQUEST_ID],
         tenant=scope.tenant,
         query=query_text,
         history=history,

@@ -22,7 +22,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from backends.retrieval.base import EmptyDocument
 from gateway.errors import NotFound, PayloadTooLarge, Unprocessable
 from gateway.http.appkeys import RUNTIME, SERVICES
-from gateway.http.handlers.query import parse_body
+from gateway.http.body import parse_body
 from gateway.http.schemas import NonBlankStr
 from gateway.ingest.pipeline import ingest_documents
 from gateway.ingest.readers import RawDocument

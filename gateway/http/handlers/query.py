@@ -1,14 +1,15 @@
-"""HTTP handlers: parse and validate, call the pipeline, shape the answer. No business logic."""
+"""`POST /v1/query` and `POST /v1/route`: parse and validate, call the pipeline, shape the answer.
+
+No business logic; the chat endpoint (`gateway.http.handlers.chat`) shares the limits,
+`Cache-Control` and answering helpers below."""
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import TypeVar
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from backends.llm.base import Message
 from gateway.core.guard import request_guard
@@ -16,60 +17,17 @@ from gateway.core.request import QueryRequest
 from gateway.core.result import QueryResult
 from gateway.core.runtime import Runtime
 from gateway.core.scope import RequestScope
-from gateway.errors import BadRequest, Unprocessable, clip, listed
-from gateway.http.appkeys import INGEST, METRICS, READINESS, RUNTIME, SCOPE
-from gateway.http.middleware.limits import read_body
+from gateway.errors import Unprocessable
+from gateway.http.appkeys import METRICS, REQUEST_ID, RUNTIME, SCOPE
+from gateway.http.body import parse_body
 from gateway.http.schemas import QueryBody, RouteBody
 from gateway.http.streaming import stream_query
 from gateway.http.wire import decision_body, query_body
-from gateway.obs.pool import pool_counts
 from gateway.obs.timing import StageTimer
 
 Model = TypeVar("Model", bound=BaseModel)
 
 log = logging.getLogger(__name__)
-
-
-def _no_constant(name: str) -> object:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def load_json(raw: bytes) -> object:
-    """The body as JSON, or 400 saying why not: strict UTF-8 and standard JSON only (no NaN or
-    Infinity), integers of at most 4,300 digits, nesting under Python's recursion limit."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise BadRequest(f"the body is not valid UTF-8: {exc.reason} at byte {exc.start}") from exc
-    try:
-        return json.loads(text, parse_constant=_no_constant)
-    except json.JSONDecodeError as exc:
-        raise BadRequest(f"the body is not valid JSON: {exc}") from exc
-    except RecursionError as exc:
-        raise BadRequest("the body is not valid JSON: nested too deeply") from exc
-    except ValueError as exc:  # NaN, Infinity, an integer over 4,300 digits
-        reason = "an integer with over 4,300 digits" if "digits" in str(exc) else str(exc)
-        raise BadRequest(f"the body is not valid JSON: {reason}") from exc
-
-
-async def parse_body(request: web.Request, model: type[Model]) -> Model:
-    # Already read by the limits middleware (then this returns it at once).
-    server = request.app[RUNTIME].current.settings.server
-    data = load_json(await read_body(request, server.body_read_timeout_s))
-    if not isinstance(data, dict):
-        raise BadRequest("the body must be a JSON object")
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise Unprocessable(describe_validation(exc)) from exc
-
-
-def describe_validation(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors(include_url=False):
-        field = ".".join(clip(str(p)) for p in err["loc"]) or "body"
-        parts.append(f"{field}: {err['msg']}")
-    return listed(parts)
 
 
 def check_limits(runtime: Runtime, query: str, history_len: int) -> None:
@@ -106,7 +64,7 @@ async def handle_query(request: web.Request) -> web.StreamResponse:
     check_limits(runtime, body.query, len(body.history))
     lookup, store = cache_control(request)
     query = QueryRequest(
-        id=request["request_id"],
+        id=request[REQUEST_ID],
         tenant=scope.tenant,
         query=body.query,
         history=tuple(Message(m.role, m.content) for m in body.history),
@@ -127,7 +85,7 @@ async def handle_route(request: web.Request) -> web.Response:
     check_limits(runtime, body.query, 0)
     timer = StageTimer(request.app[METRICS])
     query = QueryRequest(
-        id=request["request_id"], tenant=scope.tenant, query=body.query, route=body.route
+        id=request[REQUEST_ID], tenant=scope.tenant, query=body.query, route=body.route
     )
     async with request_guard(scope.deadline):
         decision = await runtime.pipeline.decide(query, timer)
@@ -139,53 +97,3 @@ async def handle_route(request: web.Request) -> web.Response:
             "config_version": runtime.settings.version,
         }
     )
-
-
-async def handle_healthz(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
-
-
-async def handle_readyz(request: web.Request) -> web.Response:
-    """Ready (200) when retrieval answers; 503 with Retry-After when it does not.
-
-    The cache is optional: without it every request is a miss and is still answered (the
-    cache fails open). So a cache that is down leaves readiness at 200 and says
-    `"status": "degraded"` with the cache's check `unavailable`: a Redis outage is shared by
-    every replica, and a 503 would pull them all out of the load balancer at once for a
-    dependency they can serve without. The checks come from `gateway.core.health.Readiness`: this
-    endpoint is unauthenticated, so however often it is called each backend is pinged at most
-    once per `READYZ_MAX_AGE_S` (1 s), and a change is seen within about that; each probe
-    pings afresh (the pool reconnects by itself), so the status clears when Redis is back.
-
-    A background ingest (`serve --sample-corpus`) adds `"ingest"`: its state, documents done
-    and total, rate and ETA, and `partial_index` while answers come from the documents indexed
-    so far. It does not change readiness: the gateway answers meanwhile.
-
-    Under `serve --workers N`, `"workers": {"serving", "expected"}` as the supervisor counts
-    them: fewer than N serving (one crashed, or failing to start) is `degraded`, still ready
-    (the others answer); none is not ready (a worker answering this has not been counted yet,
-    for at most 0.2 s, or the pod is draining)."""
-    checks = await request.app[READINESS].checks()
-    pool = pool_counts()
-    ready = checks["retrieval"] == "ok" and (pool is None or pool[0] > 0)
-    degraded = [name for name, state in checks.items() if state != "ok" and name != "retrieval"]
-    short = pool is not None and pool[0] < pool[1]
-    status = "unavailable" if not ready else "degraded" if degraded or short else "ok"
-    runtime = request.app[RUNTIME].current
-    body: dict[str, object] = {
-        "ready": ready,
-        "status": status,
-        "checks": dict(checks),
-        "config_version": runtime.settings.version,
-    }
-    if pool is not None:
-        body["workers"] = {"serving": pool[0], "expected": pool[1]}
-    if (ingest := request.app.get(INGEST)) is not None:
-        body["ingest"] = ingest.progress.snapshot()
-    headers = None if ready else {"Retry-After": "5"}
-    return web.json_response(body, status=200 if ready else 503, headers=headers)
-
-
-async def handle_metrics(request: web.Request) -> web.Response:
-    payload = request.app[METRICS].exposition()
-    return web.Response(body=payload, headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -1,23 +1,22 @@
-"""The middleware chain's outer two: request ids, and the outcome of every request.
+"""The outcome middleware, second in the chain: every exception becomes a JSON error (by
+`gateway.errors`' table), and every request, ok or not, is counted and logged once
+(`gateway.obs.accounting`).
 
-Order (outermost first): request id → outcome (every exception to a JSON error, and the one
-count and log line per request, `gateway.obs.accounting`) → limits
-(`gateway.http.middleware.limits`: the deadline,
-the body read under its own timeout, the tenant's admission to its pool).
+Order (outermost first): request id (`gateway.http.middleware.request_id`) → outcome → limits
+(`gateway.http.middleware.limits`: the deadline, the body read under its own timeout, the
+tenant's admission to its pool).
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
-import uuid
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from gateway.errors import status_outcome
-from gateway.http.appkeys import RECORD
+from gateway.http.appkeys import RECORD, REQUEST_ID
 from gateway.obs.accounting import (
     RequestRecord,
     account,
@@ -25,30 +24,9 @@ from gateway.obs.accounting import (
     failure_of,
     failure_response,
 )
-from gateway.obs.logs import request_id_var
 from gateway.obs.metrics import Metrics
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-_CLIENT_REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
-
-
-def request_id_middleware() -> Middleware:
-    @web.middleware
-    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        # A caller's own id is kept when it is safe to log; otherwise we make one.
-        given = request.headers.get("X-Request-Id", "")
-        request_id = given if _CLIENT_REQUEST_ID.match(given) else uuid.uuid4().hex
-        request["request_id"] = request_id
-        token = request_id_var.set(request_id)
-        try:
-            response = await handler(request)
-        finally:
-            request_id_var.reset(token)
-        if not response.prepared:
-            response.headers["X-Request-Id"] = request_id
-        return response
-
-    return middleware
 
 
 def _client_gone(request: web.Request) -> bool:
@@ -56,14 +34,14 @@ def _client_gone(request: web.Request) -> bool:
     return transport is None or transport.is_closing()
 
 
-def error_middleware(metrics: Metrics) -> Middleware:
+def outcome_middleware(metrics: Metrics) -> Middleware:
     """Every exception becomes a JSON error; every request is counted and logged once."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         record = request[RECORD] = RequestRecord(endpoint_of(request))
         metrics.inflight.inc()
-        request_id = request.get("request_id")
+        request_id = request.get(REQUEST_ID)
         error: str | None = None
         bug: BaseException | None = None
         try:

@@ -1,0 +1,59 @@
+"""`GET /healthz`, `/readyz` and `/metrics`: unauthenticated, unlimited, answered at once."""
+
+from __future__ import annotations
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from gateway.http.appkeys import INGEST, METRICS, READINESS, RUNTIME
+from gateway.obs.pool import pool_counts
+
+
+async def handle_healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def handle_readyz(request: web.Request) -> web.Response:
+    """Ready (200) when retrieval answers; 503 with Retry-After when it does not.
+
+    The cache is optional: without it every request is a miss and is still answered (the
+    cache fails open). So a cache that is down leaves readiness at 200 and says
+    `"status": "degraded"` with the cache's check `unavailable`: a Redis outage is shared by
+    every replica, and a 503 would pull them all out of the load balancer at once for a
+    dependency they can serve without. The checks come from `gateway.core.health.Readiness`: this
+    endpoint is unauthenticated, so however often it is called each backend is pinged at most
+    once per `READYZ_MAX_AGE_S` (1 s), and a change is seen within about that; each probe
+    pings afresh (the pool reconnects by itself), so the status clears when Redis is back.
+
+    A background ingest (`serve --sample-corpus`) adds `"ingest"`: its state, documents done
+    and total, rate and ETA, and `partial_index` while answers come from the documents indexed
+    so far. It does not change readiness: the gateway answers meanwhile.
+
+    Under `serve --workers N`, `"workers": {"serving", "expected"}` as the supervisor counts
+    them: fewer than N serving (one crashed, or failing to start) is `degraded`, still ready
+    (the others answer); none is not ready (a worker answering this has not been counted yet,
+    for at most 0.2 s, or the pod is draining)."""
+    checks = await request.app[READINESS].checks()
+    pool = pool_counts()
+    ready = checks["retrieval"] == "ok" and (pool is None or pool[0] > 0)
+    degraded = [name for name, state in checks.items() if state != "ok" and name != "retrieval"]
+    short = pool is not None and pool[0] < pool[1]
+    status = "unavailable" if not ready else "degraded" if degraded or short else "ok"
+    runtime = request.app[RUNTIME].current
+    body: dict[str, object] = {
+        "ready": ready,
+        "status": status,
+        "checks": dict(checks),
+        "config_version": runtime.settings.version,
+    }
+    if pool is not None:
+        body["workers"] = {"serving": pool[0], "expected": pool[1]}
+    if (ingest := request.app.get(INGEST)) is not None:
+        body["ingest"] = ingest.progress.snapshot()
+    headers = None if ready else {"Retry-After": "5"}
+    return web.json_response(body, status=200 if ready else 503, headers=headers)
+
+
+async def handle_metrics(request: web.Request) -> web.Response:
+    payload = request.app[METRICS].exposition()
+    return web.Response(body=payload, headers={"Content-Type": CONTENT_TYPE_LATEST})
