@@ -93,7 +93,8 @@ from bench.route_eval import bootstrap  # noqa: E402
 from bench.route_eval import parse_args as route_eval_args  # noqa: E402
 from gateway.ingest.wiki_sample import load_wiki_sample  # noqa: E402
 from gateway.settings import ModelsConfig, RetrievalConfig  # noqa: E402
-from routers.agent import AgentConfig, AgentDeps  # noqa: E402
+from routers.agent import AgentDeps  # noqa: E402
+from routers.agent_caps import AgentConfig  # noqa: E402
 from routers.executors import Executor, RegistryConfig, build_registry  # noqa: E402
 from routers.generation import NOT_FOUND, finish, usage_total  # noqa: E402
 from routers.learned import LearnedClassifier  # noqa: E402

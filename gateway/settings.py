@@ -34,7 +34,7 @@ from backends.llm.base import Tier, TierConfig
 from backends.retrieval.base import DEFAULT_FUSION, FusionMethod
 from backends.retrieval.opensearch import OpenSearchConfig
 from backends.sections import SECTION
-from routers.agent import AgentConfig
+from routers.agent_caps import AgentConfig
 from routers.rules import RouterConfig
 from routers.types import Route
 

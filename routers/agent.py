@@ -33,15 +33,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from pydantic import BaseModel, Field
-
 from backends.embeddings.base import Embedder
 from backends.errors import BackendError
 from backends.llm.base import LLM, Completion, LLMCall, Message, Tier, ToolCall, Usage
 from backends.retrieval.base import Retriever
-from backends.sections import SECTION
+from routers.agent_caps import CHARS_PER_TOKEN, AgentConfig, Budget
 from routers.agent_tools import (
-    MAX_SEARCH_K,
     TOOL_SPECS,
     AgentTools,
     SourceBook,
@@ -53,33 +50,10 @@ from routers.lookup import extractive_text
 from routers.prompts import AGENT_FINAL, AGENT_SYSTEM, format_sources
 from routers.types import AgentStep, Answer, Cap, Citation, Generation, Route, RouteContext
 
-# For text the upstream has not counted yet. English runs ~4 characters a token; 3 leaves a
-# margin for code and identifiers (not for CJK text, which can run near 1).
-_CHARS_PER_TOKEN = 3
 _TOOL_SPEC_CHARS = len(json.dumps(TOOL_SPECS))
 _BEST_PASSAGES = 3
 
 log = logging.getLogger(__name__)
-
-
-class AgentConfig(BaseModel):
-    """The `agent:` section: the loop's hard caps and its tools' limits."""
-
-    model_config = SECTION
-
-    max_steps: int = Field(default=4, ge=1, le=20, description="model turns that may use tools")
-    max_tool_calls: int = Field(default=12, ge=1, le=100)
-    max_tokens: int = Field(default=24_000, ge=100, description="prompt + completion, all calls")
-    deadline_s: float = Field(default=30.0, gt=0)
-    max_cost_usd: float = Field(default=0.10, ge=0)
-    # Completion limit of each model call of the loop, the forced final answer included.
-    step_max_tokens: int = Field(default=512, ge=16)
-    # Share of the deadline kept for the forced final answer.
-    final_share: float = Field(default=0.25, gt=0, lt=1)
-    tool_timeout_s: float = Field(default=5.0, gt=0)
-    search_k: int = Field(default=6, ge=1, le=MAX_SEARCH_K)
-    read_max_chunks: int = Field(default=4, ge=1, le=20)
-    min_similarity: float = Field(default=0.3, ge=-1, le=1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,49 +94,6 @@ class MultihopExecutor:
 
 
 @dataclass(slots=True)
-class _Budget:
-    config: AgentConfig
-    # USD per (prompt, completion) token of the tier.
-    prices: tuple[float, float]
-    started: float
-    tool_turns: int = 0
-    tool_calls: int = 0
-    tokens: int = 0
-    cost_usd: float = 0.0
-    last_prompt_tokens: int = 0
-    # Characters appended to the conversation since the last call was counted.
-    pending_chars: int = 0
-
-    def charge(self, usage: Usage) -> None:
-        self.tokens += usage.prompt_tokens + usage.completion_tokens
-        self.cost_usd += usage.cost_usd
-        self.last_prompt_tokens = usage.prompt_tokens
-        self.pending_chars = 0
-
-    def breaks(self, prompt_tokens: int, prices: tuple[float, float] | None = None) -> Cap | None:
-        """The cap a call with this prompt (and the step completion limit) could break, at the
-        loop tier's prices or those given (another tier's)."""
-        completion = self.config.step_max_tokens
-        if self.tokens + prompt_tokens + completion > self.config.max_tokens:
-            return "tokens"
-        prompt_price, completion_price = prices or self.prices
-        cost = prompt_tokens * prompt_price + completion * completion_price
-        if self.cost_usd + cost > self.config.max_cost_usd:
-            return "cost"
-        return None
-
-    def next_prompt_tokens(self) -> int:
-        return self.last_prompt_tokens + self.pending_chars // _CHARS_PER_TOKEN
-
-    def cap_reached(self) -> Cap | None:
-        if self.tool_turns >= self.config.max_steps:
-            return "steps"
-        if self.tool_calls >= self.config.max_tool_calls:
-            return "tool_calls"
-        return self.breaks(self.next_prompt_tokens())
-
-
-@dataclass(slots=True)
 class _Run:
     deps: AgentDeps
     config: AgentConfig
@@ -174,7 +105,7 @@ class _Run:
     messages: list[Message] = field(default_factory=list)
     steps: list[AgentStep] = field(default_factory=list)
     usage: dict[str, Usage] = field(default_factory=dict)
-    budget: _Budget = field(init=False)
+    budget: Budget = field(init=False)
 
     usage_estimated: bool = False
     # The prompt of the model call in flight, until it answers.
@@ -187,7 +118,7 @@ class _Run:
 
     def __post_init__(self) -> None:
         prices = self.deps.llm.prices(self.tier)
-        self.budget = _Budget(self.config, prices, time.monotonic())
+        self.budget = Budget(self.config, prices, time.monotonic())
         self.messages = [
             Message("system", AGENT_SYSTEM.format(tag=self.book.tag)),
             *self.ctx.history,
@@ -270,7 +201,7 @@ class _Run:
         if self.deps.estimate is not None:
             usage = self.deps.estimate(tier, prompt)
         else:
-            tokens = sum(len(m.content) for m in prompt) // _CHARS_PER_TOKEN
+            tokens = sum(len(m.content) for m in prompt) // CHARS_PER_TOKEN
             if tier == self.tier:
                 tokens = self.budget.next_prompt_tokens()
             usage = Usage(tokens, 0, tokens * self.deps.llm.prices(tier)[0])
@@ -329,7 +260,7 @@ class _Run:
                 f"{NOT_FOUND} The searches found no relevant passage before the {cap} cap.", cap
             )
         final = self._final_messages()
-        prompt_tokens = sum(len(m.content) for m in final) // _CHARS_PER_TOKEN
+        prompt_tokens = sum(len(m.content) for m in final) // CHARS_PER_TOKEN
         remaining = self.config.deadline_s - (time.monotonic() - self.budget.started)
         if cap in ("tokens", "cost") or remaining <= 0:
             return self._stopped(cap)
@@ -367,7 +298,7 @@ class _Run:
         why = failure_kind(failure)
         tier = self.degraded_tier
         final = self._final_messages()
-        prompt_tokens = sum(len(m.content) for m in final) // _CHARS_PER_TOKEN
+        prompt_tokens = sum(len(m.content) for m in final) // CHARS_PER_TOKEN
         remaining = self.config.deadline_s - (time.monotonic() - self.budget.started)
         if tier is None:
             return self._quoted(failure, why, "no other tier answers from passages")

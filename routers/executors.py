@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from backends.llm.base import Tier
-from routers.agent import AgentConfig, AgentDeps, MultihopExecutor
+from routers.agent import AgentDeps, MultihopExecutor
+from routers.agent_caps import AgentConfig
 from routers.direct import DirectExecutor, model_only_params
 from routers.full_context import FullContextExecutor
 from routers.lookup import LookupExecutor, LookupParams

@@ -26,7 +26,7 @@ from bench.multihop_eval import (
 from bench.retrieval_eval import TENANT
 from gateway.ingest.pipeline import ingest_documents
 from gateway.ingest.readers import RawDocument
-from routers.agent import AgentConfig
+from routers.agent_caps import AgentConfig
 from routers.agent_tools import TOOL_SPECS
 from routers.learned import LearnedClassifier
 
