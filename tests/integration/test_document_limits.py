@@ -1,7 +1,7 @@
 """A document write cannot hold the shared embedder for minutes: a document making more than
 `server.max_document_chunks` chunks is refused with 413 before any embedding, and its stored
 version stays; a document under the cap is indexed as before. The app in process, its embedder
-the real MiniLM behind a counter of the texts it is given."""
+the server's own behind a counter of the texts it is given."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from backends.embeddings.minilm import MiniLMEmbedder
+from backends.embeddings.base import Embedder
 from backends.retrieval.base import Vector
 from tests.fixtures.app import Client, OpenClient, auth
 
@@ -32,9 +32,9 @@ SECTIONS = "\n".join(f"# Part {i}\nPart {i} of the Acme manual." for i in range(
 
 
 class CountingEmbedder:
-    """MiniLM, counting the texts it embeds."""
+    """An embedder, counting the texts it embeds."""
 
-    def __init__(self, inner: MiniLMEmbedder) -> None:
+    def __init__(self, inner: Embedder) -> None:
         self._inner = inner
         self.model_id, self.dimension = inner.model_id, inner.dimension
         self.texts = 0
@@ -44,12 +44,12 @@ class CountingEmbedder:
         return await self._inner.embed(texts)
 
     async def aclose(self) -> None:
-        return None  # the session's MiniLM outlives this app
+        return None  # the session's embedder outlives this app
 
 
 @pytest.fixture(scope="module")
-def embedder(minilm: MiniLMEmbedder) -> CountingEmbedder:
-    return CountingEmbedder(minilm)
+def embedder(served_embedder: Embedder) -> CountingEmbedder:
+    return CountingEmbedder(served_embedder)
 
 
 @pytest.fixture(scope="module")
