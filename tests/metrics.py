@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.obs.metrics import Metrics
+
 Labels = tuple[tuple[str, str], ...]  # a sample's labels, sorted by name
 
 
@@ -18,6 +20,11 @@ class Scrape:
     @classmethod
     def parse(cls, text: str) -> Scrape:
         return cls(tuple(text_string_to_metric_families(text)))
+
+    @classmethod
+    def of(cls, metrics: Metrics) -> Scrape:
+        """What a scrape of `metrics` (an in-process app's or pipeline's) would read now."""
+        return cls.parse(metrics.exposition().decode())
 
     def samples(self) -> dict[tuple[str, Labels], float]:
         """Every sample by its name and labels."""

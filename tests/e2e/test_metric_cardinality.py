@@ -8,7 +8,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
-from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.settings import hash_api_key
 from tests.fixtures.gateway import KEYS, GatewayProcess, start_gateway, stop_gateway
@@ -33,13 +32,7 @@ def crowded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess
 
 
 def _series(gw: GatewayProcess) -> set[tuple[str, tuple[tuple[str, str], ...]]]:
-    response = requests.get(f"{gw.url}/metrics", timeout=10)
-    assert response.status_code == 200
-    return {
-        (sample.name, tuple(sorted(sample.labels.items())))
-        for family in text_string_to_metric_families(response.text)
-        for sample in family.samples
-    }
+    return set(gw.metrics().samples())
 
 
 def _traffic(gw: GatewayProcess, tenants: list[str], start: int, count: int) -> list[int]:

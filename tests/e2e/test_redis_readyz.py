@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 import requests
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fixtures.gateway import GatewayProcess, readyz_until, start_gateway, stop_gateway
 from tests.redis_server import RedisServer
@@ -51,17 +50,6 @@ def ask(gw: GatewayProcess, text: str) -> dict[str, Any]:
     assert response.status_code == 200, response.text
     body: dict[str, Any] = response.json()
     return body
-
-
-def lookups(gw: GatewayProcess, result: str) -> float:
-    """querygate_cache_lookups_total{result=...}."""
-    text = requests.get(f"{gw.url}/metrics", timeout=5).text
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == "querygate_cache_lookups_total" and sample.labels["result"] == result
-    )
 
 
 def readyz(gw: GatewayProcess) -> requests.Response:
@@ -119,12 +107,12 @@ def test_redis_down_is_degraded_not_unready_and_recovers(
         assert down.status_code == 200, down.text  # still in the load balancer
         assert down.json()["status"] == "degraded"
         assert down.json()["checks"] == {"retrieval": "ok", "cache": "unavailable"}
-        errors = lookups(gw, "error")
+        errors = gw.metrics().value("querygate_cache_lookups_total", result="error")
         started = time.monotonic()
         body = ask(gw, f"{QUESTION} ({uuid.uuid4().hex[:6]})")  # answered without the cache
         # Served uncached ("miss" is what answered it); the lookup is counted as an error.
         assert body["cache"] == "miss"
-        assert lookups(gw, "error") == errors + 1
+        assert gw.metrics().value("querygate_cache_lookups_total", result="error") == errors + 1
         assert time.monotonic() - started < 10
     finally:
         module_redis.restart()

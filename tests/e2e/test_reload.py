@@ -25,7 +25,6 @@ from tests.fixtures.gateway import (
     GatewayProcess,
     active_version,
     free_port,
-    metric,
     start_gateway,
     stop_gateway,
 )
@@ -136,9 +135,9 @@ def test_editing_the_file_switches_the_version_of_answers_and_readyz(
     resp = query(watched)
     assert resp.status_code == 200, resp.text
     assert resp.json()["config_version"] == new
-    assert metric(watched, f'querygate_config_info{{version="{new}"}}') == 1
-    assert metric(watched, f'querygate_config_info{{version="{old}"}}') == 0
-    assert metric(watched, 'querygate_config_reloads_total{result="ok"}') == 1
+    assert watched.metrics().value("querygate_config_info", version=new) == 1
+    assert watched.metrics().value("querygate_config_info", version=old) == 0
+    assert watched.metrics().value("querygate_config_reloads_total", result="ok") == 1
 
 
 def test_sighup_reloads_the_file(unwatched: GatewayProcess) -> None:
@@ -174,7 +173,7 @@ def test_an_invalid_file_is_refused_and_the_old_config_keeps_serving(
     old = active_version(watched)
     rewrite(watched, retrieval={"k": 0})
     deadline = time.monotonic() + DEADLINE_S
-    while metric(watched, 'querygate_config_reloads_total{result="error"}') < 1:
+    while watched.metrics().value("querygate_config_reloads_total", result="error") < 1:
         assert time.monotonic() < deadline, "the watch never reported the bad file"
         time.sleep(0.05)
     resp = reload(watched, ADMIN)

@@ -18,14 +18,12 @@ from tests.fixtures.gateway import (
     KEYS,
     GatewayProcess,
     active_version,
-    metric,
     run_cli,
     start_gateway,
     stop_gateway,
 )
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
-ERRORS = 'querygate_config_reloads_total{result="error"}'
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +62,7 @@ def route(gw: GatewayProcess, tenant: str) -> requests.Response:
 
 def assert_refused(gw: GatewayProcess, before: str, kind: str, *named: str) -> dict[str, Any]:
     """The reload is a 422 of `kind` naming each of `named`; the old version serves both tenants."""
-    refusals = metric(gw, ERRORS)
+    refusals = gw.metrics().value("querygate_config_reloads_total", result="error")
     resp = reload(gw)
     assert resp.status_code == 422, resp.text
     body: dict[str, Any] = resp.json()
@@ -72,7 +70,7 @@ def assert_refused(gw: GatewayProcess, before: str, kind: str, *named: str) -> d
     for text in named:
         assert text in body["error"]["message"], body
     assert body["version"] == before
-    assert metric(gw, ERRORS) == refusals + 1
+    assert gw.metrics().value("querygate_config_reloads_total", result="error") == refusals + 1
     assert active_version(gw) == before
     for tenant in ("acme", "globex"):
         answer = route(gw, tenant)

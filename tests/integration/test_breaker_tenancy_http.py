@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.server.app import create_app
 from gateway.settings import Settings, hash_api_key
+from tests.fixtures.app import scrape
 from tests.fixtures.upstream import calls_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -68,17 +68,6 @@ async def ask(client: TestClient[Any, Any], tenant: str, query: str) -> tuple[in
         return resp.status, await resp.json()
 
 
-async def gauges(client: TestClient[Any, Any], name: str) -> dict[tuple[Any, ...], float]:
-    async with client.get("/metrics") as resp:
-        text = await resp.text()
-    return {
-        tuple(sorted(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name == name
-    }
-
-
 async def test_one_tenants_failing_questions_leave_the_model_to_the_others(
     client: TestClient[Any, Any], fake_upstream: str
 ) -> None:
@@ -97,9 +86,10 @@ async def test_one_tenants_failing_questions_leave_the_model_to_the_others(
     status, body = await ask(client, "quiet", question(key))
     assert status == 200, body
     assert await calls_for(fake_upstream, key) >= 1
-    shared = await gauges(client, "querygate_llm_cooldown_open")
+    metrics = await scrape(client)
+    shared = metrics.series("querygate_llm_cooldown_open")
     assert all(v == 0 for v in shared.values()), shared
-    cooled = await gauges(client, "querygate_llm_tenant_cooldowns")
+    cooled = metrics.series("querygate_llm_tenant_cooldowns")
     assert sum(cooled.values()) == 1, cooled
     # bounded labels: the tenant is never one
     assert {k for labels in cooled for k, _ in labels} == {"tier", "model"}

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from prometheus_client.parser import text_string_to_metric_families
 
 from backends.embeddings.minilm import MiniLMEmbedder
 from backends.retrieval.embedded import EmbeddedRetriever
@@ -19,6 +18,7 @@ from gateway.ingest.pipeline import ingest_documents
 from gateway.ingest.readers import read_paths
 from gateway.server.app import create_app
 from gateway.settings import Settings, hash_api_key
+from tests.fixtures.app import scrape
 from tests.fixtures.gateway import DATA
 from tests.fixtures.upstream import calls_for
 
@@ -92,16 +92,6 @@ async def ask(
         raw = await resp.read()
         is_json = resp.content_type == "application/json"
         return resp.status, dict(resp.headers), json.loads(raw) if is_json else raw.decode()
-
-
-async def samples(client: TestClient[Any, Any]) -> dict[tuple[str, tuple[Any, ...]], float]:
-    async with client.get("/metrics") as resp:
-        text = await resp.text()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
 
 
 async def test_a_spent_budget_refuses_the_next_question_naming_it_before_any_model_call(
@@ -179,7 +169,7 @@ async def test_over_the_rate_limit_is_429_with_retry_after_before_the_body_is_re
     assert retry_after.isdigit() and 90 <= int(retry_after) <= 100  # one token per 100 s
     assert body["error"]["type"] == "rate_limit_exceeded"
     assert "rate limit of 0.01 requests/s (burst 2)" in body["error"]["message"]
-    got = await samples(client)
+    got = (await scrape(client)).samples()
     assert got[("querygate_quota_refusals_total", (("reason", "rate_limit"),))] >= 1
     endpoint = (("endpoint", "POST /v1/route"), ("outcome", "rate_limited"))
     assert got[("querygate_http_requests_total", endpoint)] >= 1
@@ -217,7 +207,7 @@ async def test_an_agent_stream_already_open_ends_with_a_budget_error_event(
     error = json.loads(events[0].split("data: ", 1)[1])["error"]
     assert error["type"] == "budget_exceeded"
     assert await calls_for(fake_upstream, key) == 1
-    got = await samples(client)
+    got = (await scrape(client)).samples()
     outcome = (("endpoint", "POST /v1/query"), ("outcome", "budget_exceeded"))
     assert got[("querygate_http_requests_total", outcome)] >= 1
 
@@ -226,7 +216,7 @@ async def test_quota_metrics_name_no_tenant(client: TestClient[Any, Any]) -> Non
     # A refusal of its own: the metrics exist whichever tests ran before.
     assert (await ask(client, "metered", priced(uuid.uuid4().hex, 3000)))[0] == 200
     assert (await ask(client, "metered", priced(uuid.uuid4().hex)))[0] == 429
-    got = await samples(client)
+    got = (await scrape(client)).samples()
     quota = [labels for name, labels in got if name.startswith("querygate_quota_")]
     assert quota  # else the check below passes vacuously
     assert {k for labels in quota for k, _ in labels} <= {"reason", "check"}
@@ -236,10 +226,10 @@ async def test_quota_metrics_name_no_tenant(client: TestClient[Any, Any]) -> Non
 async def test_a_stream_the_client_hangs_up_on_is_charged_what_it_used(
     client: TestClient[Any, Any], fake_upstream: str
 ) -> None:
-    def cost(got: dict[tuple[str, tuple[Any, ...]], float]) -> float:
-        return sum(v for (name, _), v in got.items() if name == "querygate_llm_cost_usd_total")
+    async def cost() -> float:
+        return (await scrape(client)).value("querygate_llm_cost_usd_total")
 
-    before = cost(await samples(client))
+    before = await cost()
     directive = {"key": uuid.uuid4().hex, "chunk_delay_ms": 200, "answer": "word " * 60}
     query = f"Say hello. [[fake:{json.dumps(directive)}]]"
     payload = {"query": query, "route": "direct", "stream": True}
@@ -250,10 +240,10 @@ async def test_a_stream_the_client_hangs_up_on_is_charged_what_it_used(
                 break
         resp.close()  # the client hangs up before the usage chunk
     for _ in range(50):  # the server notices at its next write
-        if cost(await samples(client)) > before:
+        if await cost() > before:
             break
         await asyncio.sleep(0.1)
-    charged = cost(await samples(client)) - before
+    charged = await cost() - before
     assert charged >= 0.00005  # the prompt (hundreds of tokens at 1e-6) plus the text so far
     status, _, body = await ask(client, "hanger", priced(uuid.uuid4().hex, prompt_tokens=1))
     assert status == 429, body  # the cut call was charged to the budget too
