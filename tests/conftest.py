@@ -11,6 +11,7 @@ pytest_plugins: list[str] = [
     "tests.fixtures.opensearch",
     "tests.fixtures.upstream",
     "tests.fixtures.gateway",
+    "tests.fixtures.app",  # app_client: the gateway in process
     "tests.fixtures.embeddings",
     "tests.fixtures.redis",  # redis_server, redis_url, redis_cluster, redis_cluster_urls
 ]

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, nullcontext
 from pathlib import Path
 
 from aiohttp import web
 
 from gateway.core.health import Readiness, watch_dependencies
 from gateway.core.runtime import Runtime, build_runtime
+from gateway.core.services import Services
 from gateway.http.appkeys import INGEST, METRICS, READINESS, RUNTIME, SERVICES, RuntimeHolder
 from gateway.http.handlers.chat import handle_chat_completions
 from gateway.http.handlers.documents import handle_delete_document, handle_put_document
@@ -57,14 +59,17 @@ def create_app(
     config_path: Path | None = None,
     prepare: Prepare = as_is,
     *,
+    services: Services | None = None,
     startup_ingest: BackgroundIngest | None = None,
     freeze_heap: bool = False,
 ) -> web.Application:
     """`config_path` is the file a reload re-reads; `prepare` re-applies the CLI's overrides;
+    `services` are backends the caller opened and closes (an in-process test's fakes; their
+    `metrics` are the app's), else the app opens those `settings` name for its lifetime;
     `startup_ingest` runs in the background once the backends are up (the sample corpus on
     first run), while the gateway answers from what is indexed so far; `freeze_heap` (the
     server's own process, not an in-process test) freezes the start-up heap before "ready"."""
-    metrics = Metrics()
+    metrics = Metrics() if services is None else services.metrics
     admission = Admission(metrics)  # per process: each worker admits on its own
     app = web.Application(
         client_max_size=settings.server.max_body_bytes,
@@ -76,20 +81,21 @@ def create_app(
     )
     app[METRICS] = metrics
 
+    def opened() -> AbstractAsyncContextManager[Services]:
+        return open_services(settings, metrics) if services is None else nullcontext(services)
+
     async def backends(app: web.Application) -> AsyncIterator[None]:
-        async with open_services(settings, metrics) as services:
-            app[SERVICES] = services
-            app[READINESS] = Readiness(services)
-            runtime = build_runtime(settings, services)
+        async with opened() as live:
+            app[SERVICES] = live
+            app[READINESS] = Readiness(live)
+            runtime = build_runtime(settings, live)
             app[RUNTIME] = AdmittingHolder(runtime, admission)
             metrics.config_info.labels(settings.version).set(1)
-            health = asyncio.create_task(watch_dependencies(services, metrics, HEALTH_EVERY_S))
+            health = asyncio.create_task(watch_dependencies(live, metrics, HEALTH_EVERY_S))
             ingest = None
             if startup_ingest is not None:
                 app[INGEST] = startup_ingest
-                ingest = asyncio.create_task(
-                    startup_ingest.run(services.embedder, services.retriever)
-                )
+                ingest = asyncio.create_task(startup_ingest.run(live.embedder, live.retriever))
             if freeze_heap:
                 heap.freeze()
             log.info("ready", extra={"config_version": settings.version})

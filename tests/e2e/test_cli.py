@@ -1,5 +1,6 @@
 """The CLI's contract: bad configuration exits non-zero naming the field; the demo tenant's key
-is generated once, stored, and not printed again."""
+is generated once, stored, and not printed again; `querygate ingest` names a blank file (white
+space or invisible characters only, `gateway.text.is_blank`) and ingests nothing of it."""
 
 from __future__ import annotations
 
@@ -131,4 +132,19 @@ def test_a_config_refused_while_starting_the_backends_exits_2_naming_it(tmp_path
     done = run_cli(config, "serve")
     assert done.returncode == 2, done.stderr[-2000:]
     assert "router.escalation.method" in done.stderr and "retrain" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_ingest_names_an_invisible_only_file_and_ingests_nothing_of_it(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(f"data_dir: {tmp_path / 'data'}\n")
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "warranty.md").write_text("# Warranty\n\nAcme's warranty lasts two years.\n")
+    (docs / "ghost.txt").write_text("\u200b\u200e\n\u2060\n", encoding="utf-8")
+    done = run_cli(config, "ingest", "--tenant", "t", str(docs))
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["added"] == 1
+    assert "blank text" in done.stderr and "ghost.txt" in done.stderr
     assert "Traceback" not in done.stderr

@@ -14,9 +14,7 @@ from typing import Any
 
 import promql_parser
 import pytest
-import requests
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.obs.accounting import ANSWERING
 from gateway.obs.metrics import Metrics
@@ -24,6 +22,7 @@ from scripts import make_alerts
 from scripts.make_dashboard import OUT as DASHBOARD
 from scripts.make_dashboard import render
 from tests.fixtures.gateway import REPO_ROOT, GatewayProcess
+from tests.metrics import Scrape
 
 RULES = make_alerts.OUT
 RULE_TESTS = REPO_ROOT / "tests/alerts/querygate_test.yaml"
@@ -38,10 +37,8 @@ _SUFFIXES = {
 def exported_names(gw: GatewayProcess) -> set[str]:
     """Every series name the live gateway's /metrics declares (a family with no sample yet
     still names its series through its type)."""
-    response = requests.get(f"{gw.url}/metrics", timeout=5)
-    assert response.status_code == 200
     names: set[str] = set()
-    for family in text_string_to_metric_families(response.text):
+    for family in gw.metrics().families:
         names.add(family.name)
         names.update(family.name + suffix for suffix in _SUFFIXES.get(family.type, ()))
         names.update(sample.name for sample in family.samples)
@@ -135,10 +132,9 @@ def test_each_latency_target_is_a_bucket_bound_of_the_answer_histogram() -> None
     for route in make_alerts.LATENCY_TARGETS_S:
         metrics.request_duration.labels(route).observe(0.1)
     bounds: dict[str, set[str]] = {}
-    for family in text_string_to_metric_families(metrics.exposition().decode()):
-        for sample in family.samples:
-            if sample.name == "querygate_request_duration_seconds_bucket":
-                bounds.setdefault(sample.labels["route"], set()).add(sample.labels["le"])
+    for labels in Scrape.of(metrics).series("querygate_request_duration_seconds_bucket"):
+        named = dict(labels)
+        bounds.setdefault(named["route"], set()).add(named["le"])
     for route, bound in make_alerts.LATENCY_TARGETS_S.items():
         # the rules select le="<bound!r>": the exposition must spell it the same way
         assert repr(bound) in bounds[route], (route, bound)

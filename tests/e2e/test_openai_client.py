@@ -190,3 +190,10 @@ def test_langchain_tool_loop_round_trips_through_direct(gateway: GatewayProcess)
     answered = chat.invoke([question, asked, result])
     assert answered.content == "Sunny in Oslo."
     assert not answered.tool_calls
+
+
+def test_the_openai_client_lists_and_retrieves_the_models(gateway: GatewayProcess) -> None:
+    client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=KEYS["acme"], max_retries=0)
+    assert [m.id for m in client.models.list()] == ["auto", "direct", "lookup", "multihop"]
+    model = client.models.retrieve("lookup")
+    assert (model.id, model.owned_by) == ("lookup", "querygate")

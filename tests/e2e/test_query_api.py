@@ -9,7 +9,6 @@ import uuid
 
 import pytest
 import requests
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fixtures.gateway import GatewayProcess
 from tests.fixtures.upstream import calls_for
@@ -196,7 +195,7 @@ THIN = "Who was the Acme designer's Nobel laureate neighbour?"
 def test_thin_evidence_escalates_to_the_agent_visibly_and_is_counted(
     gateway: GatewayProcess,
 ) -> None:
-    before = metric(gateway, "lookup", "multihop")
+    before = escalations(gateway, "lookup", "multihop")
     resp = query(gateway, THIN, fresh=True, debug=True)
     assert resp.status_code == 200, resp.text
     body = resp.json()
@@ -205,18 +204,18 @@ def test_thin_evidence_escalates_to_the_agent_visibly_and_is_counted(
     assert body["escalated"] is True
     assert "escalated: evidence" in body["route_reason"]
     assert body["debug"]["agent"]["steps"]
-    assert metric(gateway, "lookup", "multihop") == before + 1
+    assert escalations(gateway, "lookup", "multihop") == before + 1
 
 
 def test_thin_evidence_without_an_agent_says_so_with_the_best_passages(
     extractive: GatewayProcess,
 ) -> None:
-    before = metric(extractive, "lookup", "none")
+    before = escalations(extractive, "lookup", "none")
     body = query(extractive, THIN, fresh=True).json()
     assert body["escalated"] is True
     assert body["answer"].startswith("Not enough evidence")
     assert body["citations"]  # the best it found, for the reader to judge
-    assert metric(extractive, "lookup", "none") == before + 1
+    assert escalations(extractive, "lookup", "none") == before + 1
 
 
 def test_a_forced_lookup_is_answered_as_asked_never_escalated(gateway: GatewayProcess) -> None:
@@ -225,18 +224,10 @@ def test_a_forced_lookup_is_answered_as_asked_never_escalated(gateway: GatewayPr
     assert body["escalated"] is False
 
 
-def metric(gw: GatewayProcess, from_route: str, to_route: str) -> float:
+def escalations(gw: GatewayProcess, from_route: str, to_route: str) -> float:
     """The summed escalation count between two routes, over every reason."""
-    text = requests.get(f"{gw.url}/metrics", timeout=5).text
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        if family.name == "querygate_escalations"
-        for sample in family.samples
-        if sample.name == "querygate_escalations_total"
-        and sample.labels["from_route"] == from_route
-        and sample.labels["to_route"] == to_route
-    )
+    scrape = gw.metrics()
+    return scrape.value("querygate_escalations_total", from_route=from_route, to_route=to_route)
 
 
 def test_a_client_that_hangs_up_stops_the_agent_and_its_model_calls(

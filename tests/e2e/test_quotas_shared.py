@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 import requests
-from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.settings import hash_api_key
 from tests.fixtures.gateway import KEYS, GatewayProcess, gateway_pair
@@ -79,15 +78,6 @@ def ask(gw: GatewayProcess, tenant: str, prompt_tokens: int = 1000) -> requests.
     )
 
 
-def sample(gw: GatewayProcess, name: str, **labels: str) -> float | None:
-    text = requests.get(f"{gw.url}/metrics", timeout=5).text
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == name and s.labels == labels:
-                return float(s.value)
-    return None
-
-
 def test_a_burst_of_three_spread_over_two_processes_refuses_the_fourth_on_either(
     pair: tuple[GatewayProcess, GatewayProcess],
 ) -> None:
@@ -135,8 +125,8 @@ def test_redis_killed_mid_traffic_no_request_fails_and_sharing_resumes(
     statuses += wave(8)  # and stays away for these
     assert statuses == [200] * len(statuses)
     for gw in (one, two):
-        assert sample(gw, "querygate_quota_store_degraded") == 1.0
-        local = sample(gw, "querygate_quota_local_decisions_total", check="rate_limit")
+        assert gw.metrics().get("querygate_quota_store_degraded") == 1.0
+        local = gw.metrics().get("querygate_quota_local_decisions_total", check="rate_limit")
         assert local is not None and local > 0
 
     # Meanwhile each process enforces alone: a burst of 2 per process, so the fleet's is 4.
@@ -148,7 +138,7 @@ def test_redis_killed_mid_traffic_no_request_fails_and_sharing_resumes(
     while time.monotonic() < deadline:
         statuses = [ask(gw, "steady", 10).status_code for gw in (one, two)]
         assert statuses == [200, 200]
-        if all(sample(gw, "querygate_quota_store_degraded") == 0.0 for gw in (one, two)):
+        if all(gw.metrics().get("querygate_quota_store_degraded") == 0.0 for gw in (one, two)):
             break
     else:
         pytest.fail("the gateways did not go back to the shared store")

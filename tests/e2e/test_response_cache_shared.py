@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 import requests
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fixtures.gateway import GatewayProcess, gateway_pair
 from tests.redis_server import RedisServer
@@ -74,18 +73,6 @@ def scripted(text: str, **directive: Any) -> str:
     return f"{text} [[fake:{json.dumps(directive)}]]"
 
 
-def metric(gw: GatewayProcess, name: str, labels: dict[str, str] | None = None) -> float:
-    text = requests.get(f"{gw.url}/metrics", timeout=5).text
-    total = 0.0
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(
-                sample.labels.get(k) == v for k, v in (labels or {}).items()
-            ):
-                total += sample.value
-    return total
-
-
 def events(resp: requests.Response) -> list[str]:
     assert resp.status_code == 200, resp.text
     return [block for block in resp.text.split("\n\n") if block.strip()]
@@ -117,8 +104,8 @@ def test_a_paraphrase_asked_of_the_other_gateway_is_a_semantic_hit(
     assert hit["answer"] == first["answer"] and hit["citations"] == first["citations"]
     assert hit["usage"]["cost_usd"] == 0
     assert hit["debug"]["cache"]["similarity"] >= 0.95
-    assert metric(two, "querygate_cache_lookups_total", {"result": "semantic"}) >= 1
-    assert metric(two, "querygate_cache_nearest_similarity_count") >= 1
+    assert two.metrics().value("querygate_cache_lookups_total", result="semantic") >= 1
+    assert two.metrics().value("querygate_cache_nearest_similarity_count") >= 1
     lines = [json.loads(raw) for raw in two.log().splitlines() if raw.startswith("{")]
     line = next(x for x in lines if x.get("msg") == "request" and x.get("request_id") == hit["id"])
     assert line["cache"] == "semantic" and line["cache_nearest_similarity"] >= 0.95
@@ -273,7 +260,7 @@ def test_redis_killed_mid_traffic_fails_no_request_and_the_cache_comes_back(
     text = unique("How do I fix ERR-4471 on the Acme router?")
     answered(ask(one, text))
     errors_before = sum(
-        metric(g, "querygate_cache_lookups_total", {"result": "error"}) for g in pair
+        g.metrics().value("querygate_cache_lookups_total", result="error") for g in pair
     )
     statuses: list[int] = []
     caches: list[str] = []
@@ -297,7 +284,7 @@ def test_redis_killed_mid_traffic_fails_no_request_and_the_cache_comes_back(
             f.result()
     assert statuses and set(statuses) == {200}
     assert "exact" in caches and "miss" in caches  # before, during
-    errors = sum(metric(g, "querygate_cache_lookups_total", {"result": "error"}) for g in pair)
+    errors = sum(g.metrics().value("querygate_cache_lookups_total", result="error") for g in pair)
     assert errors > errors_before
     # Back by itself: a new answer is stored and served again.
     again = unique("How do I fix ERR-5120 on the Acme router?")

@@ -15,7 +15,6 @@ from typing import Any
 
 import requests
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.settings import load_settings
 from tests.e2e.test_worker_lifecycle import _lines
@@ -26,20 +25,10 @@ ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 NO_WATCH = {"server": {"reload_poll_s": 0}}  # the file changes only when a test says so
 
 
-def _samples(gw: GatewayProcess, name: str) -> dict[tuple[tuple[str, str], ...], float]:
-    response = requests.get(f"{gw.url}/metrics", timeout=5)
-    assert response.status_code == 200, response.text
-    return {
-        tuple(sorted(sample.labels.items())): sample.value
-        for family in text_string_to_metric_families(response.text)
-        for sample in family.samples
-        if sample.name == name
-    }
-
-
 def _workers_gauge(gw: GatewayProcess) -> dict[str, float]:
     return {
-        dict(labels)["state"]: value for labels, value in _samples(gw, "querygate_workers").items()
+        dict(labels)["state"]: value
+        for labels, value in gw.metrics().series("querygate_workers").items()
     }
 
 
@@ -170,7 +159,7 @@ def test_config_info_shows_only_the_versions_workers_run_after_many_reloads(
             30,
         )
         for _ in range(4):  # a scrape reaches either worker: each reports the one live version
-            info = _samples(gw, "querygate_config_info")
+            info = gw.metrics().series("querygate_config_info")
             assert info == {(("version", version),): 1.0}, info
     finally:
         stop_gateway(gw)

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 import requests
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fixtures.gateway import (
     ADMIN_KEY,
@@ -39,16 +38,6 @@ def workers(
     _wait_workers_ready(gw, 2)
     yield gw
     stop_gateway(gw)
-
-
-def _sample(gw: GatewayProcess, name: str, **labels: str) -> float:
-    response = requests.get(f"{gw.url}/metrics", timeout=5)
-    assert response.status_code == 200
-    for family in text_string_to_metric_families(response.text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return float(sample.value)
-    return 0.0
 
 
 def _route(gw: GatewayProcess, question: str) -> requests.Response:
@@ -104,32 +93,36 @@ def _children(pid: int) -> set[int]:
 
 
 def test_requests_spread_over_workers_are_counted_once_each(workers: GatewayProcess) -> None:
-    before = _sample(
-        workers, "querygate_http_requests_total", endpoint=ROUTE_ENDPOINT, outcome="ok"
+    before = workers.metrics().value(
+        "querygate_http_requests_total", endpoint=ROUTE_ENDPOINT, outcome="ok"
     )
     for i in range(40):
         response = _route(workers, f"What is the capital of country number {i}?")
         assert response.status_code == 200, response.text
-    after = _sample(workers, "querygate_http_requests_total", endpoint=ROUTE_ENDPOINT, outcome="ok")
+    after = workers.metrics().value(
+        "querygate_http_requests_total", endpoint=ROUTE_ENDPOINT, outcome="ok"
+    )
     assert after - before == 40
     assert len(_log_pids(workers, endpoint=ROUTE_ENDPOINT)) == 2  # both workers served some of them
     # The process figures are summed over the live workers (republished every 5 s): more
     # memory than any one worker holds, about two interpreters' worth.
     resident = [_resident_bytes(pid) for pid in _children(workers.proc.pid)]
     deadline = time.monotonic() + 15
-    while _sample(workers, "process_resident_memory_bytes") < 1.5 * max(resident):
+    while workers.metrics().value("process_resident_memory_bytes") < 1.5 * max(resident):
         assert time.monotonic() < deadline, (
             resident,
-            _sample(workers, "process_resident_memory_bytes"),
+            workers.metrics().value("process_resident_memory_bytes"),
         )
         time.sleep(0.5)
 
 
 def test_sighup_reloads_every_worker(workers: GatewayProcess) -> None:
-    before = _sample(workers, "querygate_config_reloads_total", result="unchanged")
+    before = workers.metrics().value("querygate_config_reloads_total", result="unchanged")
     workers.proc.send_signal(signal.SIGHUP)
     deadline = time.monotonic() + 20
-    while _sample(workers, "querygate_config_reloads_total", result="unchanged") < before + 2:
+    while (
+        workers.metrics().value("querygate_config_reloads_total", result="unchanged") < before + 2
+    ):
         assert time.monotonic() < deadline, "not every worker reloaded"
         time.sleep(0.2)
     assert workers.proc.poll() is None  # the supervisor is not ended by it
@@ -156,13 +149,15 @@ def test_a_worker_that_dies_is_replaced(workers: GatewayProcess) -> None:
 
 def test_admin_reload_reloads_every_worker(workers: GatewayProcess) -> None:
     _wait_children_ready(workers)  # a replacement still starting gets no SIGHUP, by design
-    before = _sample(workers, "querygate_config_reloads_total", result="unchanged")
+    before = workers.metrics().value("querygate_config_reloads_total", result="unchanged")
     admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
     response = requests.post(f"{workers.url}/admin/reload", headers=admin, timeout=10)
     assert response.status_code == 200, response.text
     deadline = time.monotonic() + 40
     # the worker that got it, then both again through the supervisor's SIGHUP
-    while _sample(workers, "querygate_config_reloads_total", result="unchanged") < before + 3:
+    while (
+        workers.metrics().value("querygate_config_reloads_total", result="unchanged") < before + 3
+    ):
         assert time.monotonic() < deadline, _reloads(workers)
         time.sleep(0.2)
 
@@ -285,7 +280,7 @@ def _wait_for_inflight(gw: GatewayProcess, count: int) -> None:
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         # The /metrics request is in flight too, in whichever worker serves it.
-        if _sample(gw, "querygate_inflight_requests") >= count + 1:
+        if gw.metrics().value("querygate_inflight_requests") >= count + 1:
             return
         time.sleep(0.05)
     raise AssertionError("the slow requests never started")

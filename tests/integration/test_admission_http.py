@@ -27,6 +27,7 @@ from gateway.http.appkeys import METRICS, RUNTIME, SERVICES
 from gateway.server.app import create_app
 from gateway.server.reload import RELOADER
 from gateway.settings import Settings, hash_api_key
+from tests.metrics import Scrape
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -108,8 +109,7 @@ async def app_client(
 
 
 def sample(client: TestClient[Any, Any], name: str, **labels: str) -> float:
-    value = client.app[METRICS].registry.get_sample_value(name, labels)
-    return value or 0.0
+    return Scrape.of(client.app[METRICS]).get(name, **labels) or 0.0
 
 
 def outcome(client: TestClient[Any, Any], endpoint: str, result: str) -> float:

@@ -7,15 +7,12 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
-from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.server.app import create_app
-from gateway.settings import Settings, hash_api_key
+from gateway.settings import hash_api_key
+from tests.fixtures.app import Client, OpenClient, scrape
 from tests.fixtures.upstream import calls_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -29,9 +26,7 @@ def auth(tenant: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-async def client(
-    fake_upstream: str, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[TestClient[Any, Any]]:
+async def client(app_client: OpenClient, fake_upstream: str) -> Client:
     # no fallback, no retry: a cooled model is a 503 at once, without an upstream call
     tier = {
         "api_base": fake_upstream,
@@ -39,48 +34,30 @@ async def client(
         "cooldown_after": COOLDOWN_AFTER,
         "cooldown_s": 600,
     }
-    settings = Settings.model_validate(
-        {
-            "data_dir": tmp_path_factory.mktemp("breaker-tenancy"),
-            "server": {"reload_poll_s": 0},
-            "tenants": [
-                {"id": name, "api_key_sha256": hash_api_key(f"key-{name}")} for name in TENANTS
-            ],
-            "models": {
-                "small": {"model": "openai/fake-small", **tier},
-                "large": {"model": "openai/fake-large", **tier},
-            },
-            "cache": {"backend": "off"},
-            "router": {"classifier": "heuristic"},
-        }
+    return await app_client(
+        upstream=fake_upstream,
+        tenants=[{"id": name, "api_key_sha256": hash_api_key(f"key-{name}")} for name in TENANTS],
+        models={
+            "small": {"model": "openai/fake-small", **tier},
+            "large": {"model": "openai/fake-large", **tier},
+        },
+        cache={"backend": "off"},
+        router={"classifier": "heuristic"},
     )
-    async with TestClient(TestServer(create_app(settings))) as test_client:
-        yield test_client
 
 
 def question(key: str, **script: Any) -> str:
     return f"Say hello. {uuid.uuid4().hex[:6]} [[fake:{json.dumps({'key': key, **script})}]]"
 
 
-async def ask(client: TestClient[Any, Any], tenant: str, query: str) -> tuple[int, Any]:
+async def ask(client: Client, tenant: str, query: str) -> tuple[int, Any]:
     payload = {"query": query, "route": "direct"}
     async with client.post("/v1/query", json=payload, headers=auth(tenant)) as resp:
         return resp.status, await resp.json()
 
 
-async def gauges(client: TestClient[Any, Any], name: str) -> dict[tuple[Any, ...], float]:
-    async with client.get("/metrics") as resp:
-        text = await resp.text()
-    return {
-        tuple(sorted(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name == name
-    }
-
-
 async def test_one_tenants_failing_questions_leave_the_model_to_the_others(
-    client: TestClient[Any, Any], fake_upstream: str
+    client: Client, fake_upstream: str
 ) -> None:
     status, body = await ask(client, "quiet", question(uuid.uuid4().hex))
     assert status == 200, body
@@ -97,9 +74,10 @@ async def test_one_tenants_failing_questions_leave_the_model_to_the_others(
     status, body = await ask(client, "quiet", question(key))
     assert status == 200, body
     assert await calls_for(fake_upstream, key) >= 1
-    shared = await gauges(client, "querygate_llm_cooldown_open")
+    metrics = await scrape(client)
+    shared = metrics.series("querygate_llm_cooldown_open")
     assert all(v == 0 for v in shared.values()), shared
-    cooled = await gauges(client, "querygate_llm_tenant_cooldowns")
+    cooled = metrics.series("querygate_llm_tenant_cooldowns")
     assert sum(cooled.values()) == 1, cooled
     # bounded labels: the tenant is never one
     assert {k for labels in cooled for k, _ in labels} == {"tier", "model"}

@@ -1,7 +1,7 @@
 """The exact lookup and the single-flight claim in one round trip, against a real redis-server:
-a miss sends one command before the semantic tier (it sent two: the lookup script, then SET NX
-for the claim), on a single node and on a three-master cluster (one script, one slot), and
-what followed from the two calls still follows from the one."""
+a miss sends one command before the semantic tier (not the lookup script and then SET NX for
+the claim), on a single node and on a three-master cluster (one script, one slot), and what
+the lookup and the claim decide apart they decide in the one."""
 
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ async def test_a_miss_is_looked_up_and_claimed_in_one_round_trip(
         body, commands = await ask(question)
         assert body["cache"] == "miss"
         semantic = next(i for i, c in enumerate(commands) if CANDIDATES_SHA in c)
-        assert len(commands[:semantic]) == 1, commands  # was 2: the lookup, then SET NX
+        assert len(commands[:semantic]) == 1, commands  # not the lookup, then SET NX
         assert commands[0].startswith('"EVALSHA"')
         body, commands = await ask(question)
         assert body["cache"] == "exact"

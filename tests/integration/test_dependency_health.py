@@ -12,7 +12,6 @@ from types import SimpleNamespace
 from typing import cast
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from backends.cache.memory import MemoryCacheStore
 from backends.cache.redis import RedisCacheStore
@@ -21,6 +20,7 @@ from backends.retrieval.embedded import EmbeddedRetriever
 from gateway.core.health import watch_dependencies
 from gateway.core.services import Services
 from gateway.obs.metrics import Metrics
+from tests.metrics import Scrape
 from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -52,14 +52,7 @@ async def retriever(tmp_path: Path) -> AsyncIterator[EmbeddedRetriever]:
 
 def up(metrics: Metrics, dependency: str) -> float | None:
     """The scraped value of querygate_dependency_up{dependency}, None while it has none."""
-    for family in text_string_to_metric_families(metrics.exposition().decode()):
-        for sample in family.samples:
-            if (
-                sample.name == "querygate_dependency_up"
-                and sample.labels["dependency"] == dependency
-            ):
-                return sample.value
-    return None
+    return Scrape.of(metrics).get("querygate_dependency_up", dependency=dependency)
 
 
 async def until(metrics: Metrics, dependency: str, value: float) -> None:

@@ -1,54 +1,37 @@
-"""The multihop route over HTTP, in process: the app from `create_app`, litellm's real client
-path to the fake upstream, a real embedded index. Streams stay open through the agent's silent
+"""The multihop route over HTTP, in process (`app_client`): litellm's real client path to the
+fake upstream, a real embedded index. Streams stay open through the agent's silent
 steps (SSE comments), carry only the final answer as text, and end with usage and citations."""
 
 from __future__ import annotations
 
 import json
-import re
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
-from backends.embeddings.minilm import MiniLMEmbedder
-from backends.retrieval.embedded import EmbeddedRetriever
-from gateway.ingest.pipeline import ingest_documents
-from gateway.ingest.readers import read_paths
-from gateway.server.app import create_app
-from gateway.settings import Settings, hash_api_key
-from tests.fixtures.gateway import DATA
+from tests.fixtures.app import Client, OpenClient, auth, scrape
 from tests.fixtures.upstream import calls_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
-KEY = "key-stream-0001"
-AUTH = {"Authorization": f"Bearer {KEY}"}
+AUTH = auth()
 KEEPALIVE_S = 0.2
 
 
 @pytest.fixture(scope="module")
-async def client(
-    fake_upstream: str, minilm: MiniLMEmbedder, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[TestClient[Any, Any]]:
-    data_dir = tmp_path_factory.mktemp("stream")
-    async with EmbeddedRetriever(data_dir / "index.sqlite3") as index:
-        await ingest_documents("acme", list(read_paths([DATA / "acme"])), minilm, index)
+async def client(app_client: OpenClient, fake_upstream: str) -> Client:
     tier = {"api_base": fake_upstream, "retries": 0, "input_cost_per_token": 1e-6}
-    settings = Settings(
-        data_dir=data_dir,
-        server={"sse_keepalive_s": KEEPALIVE_S, "reload_poll_s": 0},
-        tenants=[{"id": "acme", "api_key_sha256": hash_api_key(KEY)}],
+    return await app_client(
+        upstream=fake_upstream,
+        server={"sse_keepalive_s": KEEPALIVE_S},
         models={
             "small": {"model": "openai/fake-small", **tier},
             "large": {"model": "openai/fake-large", **tier},
         },
         cache={"backend": "off"},
+        router={"escalation": {"enabled": False}},  # the routes here are forced
     )
-    async with TestClient(TestServer(create_app(settings))) as test_client:
-        yield test_client
 
 
 def slow_script(**final: Any) -> dict[str, Any]:
@@ -71,7 +54,7 @@ def question(script: dict[str, Any]) -> str:
 
 
 async def test_a_streamed_agent_answer_keeps_the_connection_alive_then_ends_with_the_body(
-    client: TestClient[Any, Any], fake_upstream: str
+    client: Client, fake_upstream: str
 ) -> None:
     script = slow_script()
     body = {"query": question(script), "route": "multihop", "stream": True, "debug": True}
@@ -99,7 +82,7 @@ async def test_a_streamed_agent_answer_keeps_the_connection_alive_then_ends_with
 
 
 async def test_the_chat_endpoint_streams_the_agent_answer_in_openai_chunks(
-    client: TestClient[Any, Any],
+    client: Client,
 ) -> None:
     body = {
         "model": "multihop",
@@ -121,7 +104,7 @@ async def test_the_chat_endpoint_streams_the_agent_answer_in_openai_chunks(
 
 
 async def test_a_model_failure_mid_loop_ends_the_open_stream_with_a_degraded_answer(
-    client: TestClient[Any, Any],
+    client: Client,
 ) -> None:
     script = slow_script()
     script["turns"][1] = {**script["turns"][1], "status": 400}  # refused: no retry, no fallback
@@ -140,14 +123,12 @@ async def test_a_model_failure_mid_loop_ends_the_open_stream_with_a_degraded_ans
     assert [c["doc_id"] for c in done["citations"]] == ["warranty.txt"]
     assert "degraded: the large tier failed mid-loop (request refused)" in done["route_reason"]
     assert done["usage"]["by_tier"]["small"]["prompt_tokens"] > 0
-    metrics = await (await client.get("/metrics")).text()
-    assert re.search(
-        r'^querygate_agent_degraded_total\{answer="fallback_tier"\} [1-9]', metrics, re.M
-    )
+    metrics = await scrape(client)
+    assert metrics.value("querygate_agent_degraded_total", answer="fallback_tier") >= 1
 
 
 async def test_a_model_failure_before_anything_was_found_ends_the_open_stream_with_an_error(
-    client: TestClient[Any, Any],
+    client: Client,
 ) -> None:
     script = slow_script()
     script["turns"][0] = {**script["turns"][0], "status": 400}  # nothing searched yet
@@ -164,7 +145,7 @@ async def test_a_model_failure_before_anything_was_found_ends_the_open_stream_wi
     }
 
 
-async def test_a_fast_failure_keeps_its_status(client: TestClient[Any, Any]) -> None:
+async def test_a_fast_failure_keeps_its_status(client: Client) -> None:
     script = {"key": uuid.uuid4().hex, "status": 400}
     body = {"query": question(script), "route": "multihop", "stream": True}
     resp = await client.post("/v1/query", json=body, headers=AUTH)
@@ -173,7 +154,7 @@ async def test_a_fast_failure_keeps_its_status(client: TestClient[Any, Any]) -> 
 
 
 async def test_a_degraded_answer_says_so_in_a_field_a_client_can_read(
-    client: TestClient[Any, Any],
+    client: Client,
 ) -> None:
     """Not only in route_reason's prose: `degraded` is null, `fallback_tier` or `extractive`."""
     script = slow_script()

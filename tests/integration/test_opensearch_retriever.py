@@ -588,7 +588,9 @@ def closed_port() -> int:
 
 
 async def test_node_down_raises_backend_unavailable_fast() -> None:
-    timeout = 1.0
+    # A refused connection fails at once, not at the timeout: far under half of a long one,
+    # however busy the machine.
+    timeout = 20.0
     config = OpenSearchConfig(
         hosts=(f"http://127.0.0.1:{closed_port()}",),
         alias="down",

@@ -1,25 +1,17 @@
-"""Rate limits and budgets over HTTP, in process (per-process store: no Redis configured): the
-app from `create_app`, litellm's real client path to the fake upstream pricing each call."""
+"""Rate limits and budgets over HTTP, in process (`app_client`; per-process store: no Redis
+configured), litellm's real client path to the fake upstream pricing each call."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
-from prometheus_client.parser import text_string_to_metric_families
 
-from backends.embeddings.minilm import MiniLMEmbedder
-from backends.retrieval.embedded import EmbeddedRetriever
-from gateway.ingest.pipeline import ingest_documents
-from gateway.ingest.readers import read_paths
-from gateway.server.app import create_app
-from gateway.settings import Settings, hash_api_key
-from tests.fixtures.gateway import DATA
+from gateway.settings import hash_api_key
+from tests.fixtures.app import Client, OpenClient, scrape
 from tests.fixtures.upstream import calls_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -49,32 +41,30 @@ def auth(tenant: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-async def client(
-    fake_upstream: str, minilm: MiniLMEmbedder, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[TestClient[Any, Any]]:
-    data_dir = tmp_path_factory.mktemp("quotas")
-    async with EmbeddedRetriever(data_dir / "index.sqlite3") as index:
-        await ingest_documents("agent", list(read_paths([DATA / "acme"])), minilm, index)
-    tier = {"api_base": fake_upstream, "retries": 0, "input_cost_per_token": 1e-6}
-    settings = Settings.model_validate(
-        {
-            "data_dir": data_dir,
-            # A stream opens (keep-alives) when its answer takes longer than this.
-            "server": {"reload_poll_s": 0, "sse_keepalive_s": KEEPALIVE_S},
-            "tenants": [
-                {"id": name, "api_key_sha256": hash_api_key(f"key-{name}"), **limits}
-                for name, limits in TENANTS.items()
-            ],
-            "models": {
-                "small": {"model": "openai/fake-small", **tier},
-                "large": {"model": "openai/fake-large", **tier},
-            },
-            "cache": {"backend": "off"},
-            "router": {"classifier": "heuristic"},  # the questions here force their route
-        }
+async def client(app_client: OpenClient, fake_upstream: str) -> Client:
+    tier = {
+        "api_base": fake_upstream,
+        "retries": 0,
+        "input_cost_per_token": 1e-6,
+        "output_cost_per_token": 0.0,
+    }
+    return await app_client(
+        upstream=fake_upstream,
+        corpora={"agent": "acme"},
+        # A stream opens (keep-alives) when its answer takes longer than this.
+        server={"sse_keepalive_s": KEEPALIVE_S},
+        tenants=[
+            {"id": name, "api_key_sha256": hash_api_key(f"key-{name}"), **limits}
+            for name, limits in TENANTS.items()
+        ],
+        models={
+            "small": {"model": "openai/fake-small", **tier},
+            "large": {"model": "openai/fake-large", **tier},
+        },
+        cache={"backend": "off"},
+        # the questions here force their route
+        router={"classifier": "heuristic", "escalation": {"enabled": False}},
     )
-    async with TestClient(TestServer(create_app(settings))) as test_client:
-        yield test_client
 
 
 def priced(key: str, prompt_tokens: int = 1000, **script: Any) -> str:
@@ -85,7 +75,7 @@ def priced(key: str, prompt_tokens: int = 1000, **script: Any) -> str:
 
 
 async def ask(
-    client: TestClient[Any, Any], tenant: str, query: str, **body: Any
+    client: Client, tenant: str, query: str, **body: Any
 ) -> tuple[int, dict[str, str], Any]:
     payload = {"query": query, "route": "direct", **body}
     async with client.post("/v1/query", json=payload, headers=auth(tenant)) as resp:
@@ -94,18 +84,8 @@ async def ask(
         return resp.status, dict(resp.headers), json.loads(raw) if is_json else raw.decode()
 
 
-async def samples(client: TestClient[Any, Any]) -> dict[tuple[str, tuple[Any, ...]], float]:
-    async with client.get("/metrics") as resp:
-        text = await resp.text()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
 async def test_a_spent_budget_refuses_the_next_question_naming_it_before_any_model_call(
-    client: TestClient[Any, Any], fake_upstream: str
+    client: Client, fake_upstream: str
 ) -> None:
     key = uuid.uuid4().hex
     for _ in range(3):  # 0, 0.001, 0.002 spent before each: under 0.0025
@@ -121,7 +101,7 @@ async def test_a_spent_budget_refuses_the_next_question_naming_it_before_any_mod
 
 
 async def test_a_stream_refused_before_it_starts_is_a_plain_429(
-    client: TestClient[Any, Any], fake_upstream: str
+    client: Client, fake_upstream: str
 ) -> None:
     key = uuid.uuid4().hex
     for _ in range(3):
@@ -136,7 +116,7 @@ async def test_a_stream_refused_before_it_starts_is_a_plain_429(
 
 
 async def test_a_stream_whose_own_rewrite_spent_the_budget_is_still_a_plain_429(
-    client: TestClient[Any, Any], fake_upstream: str
+    client: Client, fake_upstream: str
 ) -> None:
     key = uuid.uuid4().hex
     history = [
@@ -153,7 +133,7 @@ async def test_a_stream_whose_own_rewrite_spent_the_budget_is_still_a_plain_429(
 
 
 async def test_a_tenant_at_its_limits_never_limits_another(
-    client: TestClient[Any, Any],
+    client: Client,
 ) -> None:
     # "exhausted" spends its budget here, in one call; "bystander" has the same budget.
     status, _, body = await ask(client, "exhausted", priced(uuid.uuid4().hex, 3000))
@@ -166,7 +146,7 @@ async def test_a_tenant_at_its_limits_never_limits_another(
 
 
 async def test_over_the_rate_limit_is_429_with_retry_after_before_the_body_is_read(
-    client: TestClient[Any, Any],
+    client: Client,
 ) -> None:
     for _ in range(2):  # the burst
         async with client.post("/v1/route", json={"query": "hi"}, headers=auth("burster")) as r:
@@ -179,14 +159,14 @@ async def test_over_the_rate_limit_is_429_with_retry_after_before_the_body_is_re
     assert retry_after.isdigit() and 90 <= int(retry_after) <= 100  # one token per 100 s
     assert body["error"]["type"] == "rate_limit_exceeded"
     assert "rate limit of 0.01 requests/s (burst 2)" in body["error"]["message"]
-    got = await samples(client)
+    got = (await scrape(client)).samples()
     assert got[("querygate_quota_refusals_total", (("reason", "rate_limit"),))] >= 1
     endpoint = (("endpoint", "POST /v1/route"), ("outcome", "rate_limited"))
     assert got[("querygate_http_requests_total", endpoint)] >= 1
 
 
 async def test_an_agent_whose_budget_runs_out_stops_at_its_next_call_with_429(
-    client: TestClient[Any, Any], fake_upstream: str
+    client: Client, fake_upstream: str
 ) -> None:
     key = uuid.uuid4().hex
     search = {"name": "search", "arguments": {"query": "Acme warranty"}, "id": "s"}
@@ -199,7 +179,7 @@ async def test_an_agent_whose_budget_runs_out_stops_at_its_next_call_with_429(
 
 
 async def test_an_agent_stream_already_open_ends_with_a_budget_error_event(
-    client: TestClient[Any, Any], fake_upstream: str
+    client: Client, fake_upstream: str
 ) -> None:
     key = uuid.uuid4().hex
     search = {"name": "search", "arguments": {"query": "Acme warranty"}, "id": "s"}
@@ -217,16 +197,16 @@ async def test_an_agent_stream_already_open_ends_with_a_budget_error_event(
     error = json.loads(events[0].split("data: ", 1)[1])["error"]
     assert error["type"] == "budget_exceeded"
     assert await calls_for(fake_upstream, key) == 1
-    got = await samples(client)
+    got = (await scrape(client)).samples()
     outcome = (("endpoint", "POST /v1/query"), ("outcome", "budget_exceeded"))
     assert got[("querygate_http_requests_total", outcome)] >= 1
 
 
-async def test_quota_metrics_name_no_tenant(client: TestClient[Any, Any]) -> None:
+async def test_quota_metrics_name_no_tenant(client: Client) -> None:
     # A refusal of its own: the metrics exist whichever tests ran before.
     assert (await ask(client, "metered", priced(uuid.uuid4().hex, 3000)))[0] == 200
     assert (await ask(client, "metered", priced(uuid.uuid4().hex)))[0] == 429
-    got = await samples(client)
+    got = (await scrape(client)).samples()
     quota = [labels for name, labels in got if name.startswith("querygate_quota_")]
     assert quota  # else the check below passes vacuously
     assert {k for labels in quota for k, _ in labels} <= {"reason", "check"}
@@ -234,12 +214,12 @@ async def test_quota_metrics_name_no_tenant(client: TestClient[Any, Any]) -> Non
 
 
 async def test_a_stream_the_client_hangs_up_on_is_charged_what_it_used(
-    client: TestClient[Any, Any], fake_upstream: str
+    client: Client, fake_upstream: str
 ) -> None:
-    def cost(got: dict[tuple[str, tuple[Any, ...]], float]) -> float:
-        return sum(v for (name, _), v in got.items() if name == "querygate_llm_cost_usd_total")
+    async def cost() -> float:
+        return (await scrape(client)).value("querygate_llm_cost_usd_total")
 
-    before = cost(await samples(client))
+    before = await cost()
     directive = {"key": uuid.uuid4().hex, "chunk_delay_ms": 200, "answer": "word " * 60}
     query = f"Say hello. [[fake:{json.dumps(directive)}]]"
     payload = {"query": query, "route": "direct", "stream": True}
@@ -250,10 +230,10 @@ async def test_a_stream_the_client_hangs_up_on_is_charged_what_it_used(
                 break
         resp.close()  # the client hangs up before the usage chunk
     for _ in range(50):  # the server notices at its next write
-        if cost(await samples(client)) > before:
+        if await cost() > before:
             break
         await asyncio.sleep(0.1)
-    charged = cost(await samples(client)) - before
+    charged = await cost() - before
     assert charged >= 0.00005  # the prompt (hundreds of tokens at 1e-6) plus the text so far
     status, _, body = await ask(client, "hanger", priced(uuid.uuid4().hex, prompt_tokens=1))
     assert status == 429, body  # the cut call was charged to the budget too

@@ -35,6 +35,7 @@ from gateway.settings import Settings, TenantConfig
 from routers.classifier import HeuristicClassifier
 from tests.fixtures.gateway import DATA
 from tests.fixtures.upstream import calls_for
+from tests.metrics import Scrape
 from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -131,8 +132,7 @@ async def streamed(pipeline: Pipeline, request: QueryRequest) -> tuple[list[str]
 
 
 def sample(pipeline: Pipeline, name: str, labels: dict[str, str] | None = None) -> float:
-    value = pipeline._s.metrics.registry.get_sample_value(name, labels or {})
-    return value or 0.0
+    return Scrape.of(pipeline._s.metrics).get(name, **(labels or {})) or 0.0
 
 
 def unique(text: str) -> str:

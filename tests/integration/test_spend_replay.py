@@ -1,7 +1,8 @@
 """A replayed amount of spend is added once however many amounts other replicas added
-meanwhile, against a real redis-server (paused: the reply lost for real). dff2e1e kept only the
-day's newest 1024 ids, so a replay after 1024 amounts of the other replicas was added again:
-the tenant's total rose by an amount never spent, and it was refused below its budget."""
+meanwhile, against a real redis-server (paused: the reply lost for real): a replay after more
+than 1024 amounts of the other replicas (more ids than a window of the day's newest would
+keep) is not added again, so the tenant's total never rises by an amount not spent and it is
+not refused below its budget."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """A busy tenant's spend records keep up with a slow Redis, against a real redis-server behind a
-forwarder adding 10 ms each way. Since 64c8727 a process sends one (tenant, day)'s amounts one
-at a time: each record's task waited its turn and then sent what had been kept meanwhile, one
-round trip per model call, even when an earlier send had carried its amount already. With
-more calls per round trip than one the tasks queued without end (memory, and each record
-confirmed later and later); a record already carried by a confirmed send now ends at once."""
+forwarder adding 10 ms each way. A process sends one (tenant, day)'s amounts one send at a
+time, each carrying what was kept meanwhile; a record already carried by a confirmed send ends
+at once rather than waiting its turn for a round trip of its own, so with more model calls
+per round trip than one the records do not queue without end (memory, and each confirmed
+later and later)."""
 
 from __future__ import annotations
 

@@ -86,8 +86,8 @@ def _digest(chunks: Iterable[TextChunk]) -> tuple[int, str]:
     return n, digest.hexdigest()
 
 
-# Made by the chunker before it stopped counting every candidate chunk (32f6c0f): the same
-# chunks, byte for byte, are made now.
+# The chunks, byte for byte, that a chunker counting every candidate chunk makes: the chunker
+# that stops counting at the cap must make the same ones.
 SAMPLE_WINDOW = (10092, "3ea91e648da3aa9cea85a3d58df54b9706e9166e4215a6576bb3d78f16790050")
 SAMPLE_APPROX = (10037, "bd74b19ea6a8bf4e16786f5b14a21163437b3836e9bd1c8cf6bd6cc7f7b1dc08")
 SAMPLE_SMALL = (1068, "68439ea48a36678773a3ffdee9872d4bc92c042817125d43e46b480e37ad8aa4")
