@@ -212,14 +212,16 @@ class RedisConnection:
         except BackendUnavailable as exc:
             log.warning("Redis cluster slots not mapped at start-up", extra={"error": str(exc)})
 
-    async def call(self, pending: Awaitable[T]) -> T:
-        """Await one client call under the whole-call bound, translating every failure."""
+    async def call(self, pending: Awaitable[T], spend: RequestSpend | None = None) -> T:
+        """Await one client call under the whole-call bound, translating every failure;
+        `spend`: the request's it is made for (None: the one in `request_spend`)."""
         if self._closed:
             _close_unawaited(pending)
             raise BackendUnavailable("redis", "the Redis connection is closed")
         timeout_s = self.options.op_timeout_s
         budget_s = self.options.request_budget_s
-        spend = request_spend.get() if budget_s is not None else None
+        if spend is None:
+            spend = request_spend.get() if budget_s is not None else None
         if spend is None or budget_s is None:
             return await guarded(self._in_slot(pending), timeout_s)
         left = budget_s - spend.spent_s
