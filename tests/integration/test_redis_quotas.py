@@ -174,9 +174,11 @@ class CountingStore(RedisQuotaStore):
 
     takes = 0
 
-    async def take(self, tenant: str, rate_per_s: float, burst: float) -> float:
+    async def take(
+        self, tenant: str, rate_per_s: float, burst: float, *, spend: RequestSpend | None = None
+    ) -> float:
         self.takes += 1
-        return await super().take(tenant, rate_per_s, burst)
+        return await super().take(tenant, rate_per_s, burst, spend=spend)
 
 
 async def test_a_slow_redis_is_asked_again_by_one_request_not_by_every_one_waiting(
