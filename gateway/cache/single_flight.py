@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 from backends.cache.base import CacheStore
 from backends.errors import BackendError
-from backends.redis_client import RequestSpend, request_spend, unbudgeted
+from backends.redis_client import RequestSpend
 from gateway.cache.background import PROCESS_WRITES
 
 # How often a waiter in another process looks for the leader's answer.
@@ -199,23 +199,20 @@ class SingleFlight:
             return None
         loop = asyncio.get_running_loop()
         until = loop.time() + self.budget_s(deadline)
-        # The wait is bounded by `until`, not by the request's Redis time budget: two
-        # calls every 50 ms spend 0.25 s in ~3 s at a 2 ms round trip, and the follower
-        # gave up on the leader (computing the answer again, uncached).
-        spend = request_spend.set(None)
-        try:
-            while (left := until - loop.time()) > 0:
-                await asyncio.sleep(min(POLL_INTERVAL_S, left))
-                if (payload := await poll()) is not None:
-                    return payload
-                if await self._store.claim(lease.tenant, lease.key, self._lease_s):
-                    lease.claimed = True
-                    self._keep(lease)
-                    # The leader may have stored its answer and released between the
-                    # two reads: look once more before computing it again.
-                    return await poll()
-        finally:
-            request_spend.reset(spend)
+        # The wait is bounded by `until`, not by the request's Redis time budget (its polls
+        # and claims pass none): two calls every 50 ms spend 0.25 s in ~3 s at a 2 ms round
+        # trip, and the follower would give up on the leader (computing the answer again,
+        # uncached).
+        while (left := until - loop.time()) > 0:
+            await asyncio.sleep(min(POLL_INTERVAL_S, left))
+            if (payload := await poll()) is not None:
+                return payload
+            if await self._store.claim(lease.tenant, lease.key, self._lease_s):
+                lease.claimed = True
+                self._keep(lease)
+                # The leader may have stored its answer and released between the two
+                # reads: look once more before computing it again.
+                return await poll()
         return None
 
     async def finish(self, lease: Lease | None, shared: Shared | None) -> None:
@@ -279,7 +276,6 @@ class SingleFlight:
         lease.renewing = asyncio.get_running_loop().create_task(self._renew(lease))
 
     async def _renew(self, lease: Lease) -> None:
-        unbudgeted()  # renewals outlast the request's Redis budget
         while not lease.done:
             await asyncio.sleep(self._lease_s / 3)
             try:
