@@ -1,8 +1,9 @@
 """A lookup-and-claim whose reply never came (Redis paused past the call's bound; a client that
-hung up) may still have taken the claim when the server ran it. Since 3066d14 every exact
-lookup of a miss claims, so a blip of Redis left a claim nobody held on each question asked
-during it, and the next request for it, in any process, polled the store for the whole lease
-(6 s) before computing. Against a real redis-server (SIGSTOP, then SIGCONT)."""
+hung up) may still have taken the claim when the server ran it. Every exact lookup of a miss
+claims, so unless such a claim is abandoned, a blip of Redis leaves a claim nobody holds on
+each question asked during it, and the next request for it, in any process, polls the store
+for the whole lease (6 s) before computing. Against a real redis-server (SIGSTOP, then
+SIGCONT)."""
 
 from __future__ import annotations
 
