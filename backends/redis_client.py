@@ -13,12 +13,15 @@ Built once per process from `RedisOptions` (services.py fills them from `cache.r
   and the latency of every miss;
 - every call goes through `call()`, which bounds it as a whole (`op_timeout_s`) and turns any
   client failure into `BackendUnavailable`, so no caller ever catches a redis-py exception;
-- a request's calls together are bounded too (`request_budget_s`, the `RequestSpend` the
-  request's middleware puts in `request_spend`): each call is cut at what is left of it, and
-  once it is spent every call fails at once, so a slow-but-alive Redis costs a request at most
-  that budget, not one socket timeout per round trip, and degrades like a down one (the cache
-  fails open, the quotas decide per process). Work that no answer waits for (spend records,
-  cache writes, lease renewals and releases) runs in tasks of its own with `unbudgeted()`.
+- a request's calls together are bounded too (`request_budget_s`): the gateway makes one
+  `RequestSpend` per request, and every call made for the request passes it to `call()`.
+  Each call is cut at what is left of the budget, and once it is spent every call fails at
+  once, so a slow-but-alive Redis costs a request at most that budget, not one socket timeout
+  per round trip, and degrades like a down one (the cache fails open, the quotas decide per
+  process). Work that no answer waits for (spend records, cache writes, lease renewals and
+  releases) passes none: its calls are bounded one by one, not by a request's budget, which
+  it would otherwise eat into, or find spent and fail (a cache write or spend record lost
+  for nothing).
 
 Cluster mode is chosen by the URL's scheme, never guessed: `redis+cluster://host:port` (or
 `rediss+cluster://` for TLS) names one or more seed nodes of a Redis Cluster and builds a
@@ -41,7 +44,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit, urlunsplit
@@ -112,18 +114,6 @@ class RequestBudgetSpent(BackendUnavailable):
 
     def __init__(self, budget_s: float) -> None:
         super().__init__("redis", f"the request's Redis time budget ({budget_s:g}s) is spent")
-
-
-# The current request's spend, set by the request's middleware; None outside a request and in
-# the tasks that `unbudgeted()` runs.
-request_spend: ContextVar[RequestSpend | None] = ContextVar("redis_request_spend", default=None)
-
-
-def unbudgeted() -> None:
-    """Called first in a task that no answer waits for (a task copies its creator's context):
-    its calls are bounded one by one, not by the request's budget, which it would otherwise
-    eat into, or find spent and fail (a cache write or spend record lost for nothing)."""
-    request_spend.set(None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,14 +202,15 @@ class RedisConnection:
         except BackendUnavailable as exc:
             log.warning("Redis cluster slots not mapped at start-up", extra={"error": str(exc)})
 
-    async def call(self, pending: Awaitable[T]) -> T:
-        """Await one client call under the whole-call bound, translating every failure."""
+    async def call(self, pending: Awaitable[T], spend: RequestSpend | None = None) -> T:
+        """Await one client call under the whole-call bound, translating every failure;
+        `spend`: that of the request it is made for, whose time budget bounds the call too
+        (None: work no answer waits for)."""
         if self._closed:
             _close_unawaited(pending)
             raise BackendUnavailable("redis", "the Redis connection is closed")
         timeout_s = self.options.op_timeout_s
         budget_s = self.options.request_budget_s
-        spend = request_spend.get() if budget_s is not None else None
         if spend is None or budget_s is None:
             return await guarded(self._in_slot(pending), timeout_s)
         left = budget_s - spend.spent_s

@@ -13,6 +13,11 @@ Guarantees a store gives:
 - `nearest` costs no more than a bounded candidate set, not a scan of the tenant's entries;
 - an entry that cannot be decoded is deleted and never returned (`CorruptEntry` says so);
 - errors raise `BackendError` (unavailable, timeout, garbage); callers fail open.
+
+The lookups a request waits for (`get`, `nearest`, `delete`, `claim`, `get_or_claim`) take the
+request's `spend`: a remote store bounds them, with every other call made for the request, by
+its shared time budget (`backends.redis_client`). None: work no answer waits for. The writes,
+renewals, releases and abandons run after the answer, in tasks of their own, and take none.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Protocol
 import numpy as np
 
 from backends.errors import BackendError
+from backends.redis_client import RequestSpend
 from backends.retrieval.base import Vector
 
 
@@ -49,11 +55,21 @@ class Neighbour:
 class CacheStore(Protocol):
     name: str
 
-    async def get(self, tenant: str, key: str) -> CachedEntry | None:
+    async def get(
+        self, tenant: str, key: str, *, spend: RequestSpend | None = None
+    ) -> CachedEntry | None:
         """The entry under `key`, or None."""
         ...
 
-    async def nearest(self, tenant: str, scope: str, vector: Vector, limit: int) -> list[Neighbour]:
+    async def nearest(
+        self,
+        tenant: str,
+        scope: str,
+        vector: Vector,
+        limit: int,
+        *,
+        spend: RequestSpend | None = None,
+    ) -> list[Neighbour]:
         """Up to `limit` entries of the tenant's `scope`, most similar first (approximate:
         a candidate set bounded independently of how many entries the tenant has)."""
         ...
@@ -62,9 +78,11 @@ class CacheStore(Protocol):
         self, tenant: str, scope: str, entry: CachedEntry, *, ttl_s: int, max_entries: int
     ) -> None: ...
 
-    async def delete(self, tenant: str, key: str) -> None: ...
+    async def delete(self, tenant: str, key: str, *, spend: RequestSpend | None = None) -> None: ...
 
-    async def claim(self, tenant: str, key: str, ttl_s: float) -> bool:
+    async def claim(
+        self, tenant: str, key: str, ttl_s: float, *, spend: RequestSpend | None = None
+    ) -> bool:
         """Single flight: True for the one caller (across every process sharing the store)
         that should compute `key`'s answer now; the lease ends at `release` or after ttl_s.
         The store remembers the claim's owner token: only this store object's own claim is
@@ -72,7 +90,7 @@ class CacheStore(Protocol):
         ...
 
     async def get_or_claim(
-        self, tenant: str, key: str, ttl_s: float
+        self, tenant: str, key: str, ttl_s: float, *, spend: RequestSpend | None = None
     ) -> tuple[CachedEntry | None, bool]:
         """`get`, then on a miss `claim`, in one step (one round trip to a remote store): the
         entry and False (nothing claimed), or None and whether this caller now holds the

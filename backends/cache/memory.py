@@ -17,7 +17,8 @@ is rarely missed, and a miss only costs a recomputed answer.
 
 A single-flight claim holds an owner token, as the Redis store's does: `renew` and `release`
 touch a claim only while it is still the one this store took, never one taken after it expired.
-A closed store fails every call with `BackendUnavailable`, which callers fail open on.
+A closed store fails every call with `BackendUnavailable`, which callers fail open on. A
+request's `spend` (its Redis time budget) is taken and not used: nothing here waits on Redis.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import numpy as np
 from backends.cache.base import CachedEntry, Neighbour, unit_vector
 from backends.cache.lsh import LshScheme
 from backends.errors import BackendUnavailable
+from backends.redis_client import RequestSpend
 from backends.retrieval.base import Vector
 
 
@@ -75,7 +77,9 @@ class MemoryCacheStore:
 
     # -- the seam ---------------------------------------------------------------------------
 
-    async def get(self, tenant: str, key: str) -> CachedEntry | None:
+    async def get(
+        self, tenant: str, key: str, *, spend: RequestSpend | None = None
+    ) -> CachedEntry | None:
         self._check_open()
         entries = self._tenants.get(tenant)
         stored = None if entries is None else entries.get(key)
@@ -86,7 +90,15 @@ class MemoryCacheStore:
             return None
         return stored.entry
 
-    async def nearest(self, tenant: str, scope: str, vector: Vector, limit: int) -> list[Neighbour]:
+    async def nearest(
+        self,
+        tenant: str,
+        scope: str,
+        vector: Vector,
+        limit: int,
+        *,
+        spend: RequestSpend | None = None,
+    ) -> list[Neighbour]:
         self._check_open()
         entries = self._tenants.get(tenant)
         if not entries:
@@ -130,11 +142,13 @@ class MemoryCacheStore:
         while len(entries) > cap:
             self._remove(tenant, next(iter(entries)))
 
-    async def delete(self, tenant: str, key: str) -> None:
+    async def delete(self, tenant: str, key: str, *, spend: RequestSpend | None = None) -> None:
         self._check_open()
         self._remove(tenant, key)
 
-    async def claim(self, tenant: str, key: str, ttl_s: float) -> bool:
+    async def claim(
+        self, tenant: str, key: str, ttl_s: float, *, spend: RequestSpend | None = None
+    ) -> bool:
         self._check_open()
         now = self._clock()
         held = self._claims.get((tenant, key))
@@ -146,7 +160,7 @@ class MemoryCacheStore:
         return True
 
     async def get_or_claim(
-        self, tenant: str, key: str, ttl_s: float
+        self, tenant: str, key: str, ttl_s: float, *, spend: RequestSpend | None = None
     ) -> tuple[CachedEntry | None, bool]:
         entry = await self.get(tenant, key)  # never yields: atomic with the claim
         if entry is not None:

@@ -4,7 +4,9 @@ No module is needed (no RediSearch, no vector sets), so it runs on Redis 7, Valk
 services alike. The client is borrowed from `backends.redis_client.RedisConnection`: this
 store never builds or closes one, and every call goes through its timeout and error map, so a
 down, slow or garbled Redis is a `BackendUnavailable` within `op_timeout_s`. The keys and the
-scripts are `backends.cache.redis_scripts`; the bytes stored, `backends.cache.codec`.
+scripts are `backends.cache.redis_scripts`; the bytes stored, `backends.cache.codec`. A
+lookup's every call (its pruning and repairs included) passes the request's `spend` on, so the
+request's Redis time budget bounds them all.
 
 Semantic lookup without a scan (`backends.cache.lsh`): each entry is a member of one bucket
 per band, in the scope's part of the tenant's `lsh` sorted set. A probe reads, in each band,
@@ -43,7 +45,7 @@ from backends.cache.codec import (
 from backends.cache.lsh import LshScheme
 from backends.cache.redis_scripts import EXPIRY_DIGITS, lease_key, tenant_keys, void_key
 from backends.errors import BackendUnavailable
-from backends.redis_client import RedisConnection
+from backends.redis_client import RedisConnection, RequestSpend
 from backends.retrieval.base import Vector
 
 log = logging.getLogger(__name__)
@@ -103,32 +105,44 @@ class RedisCacheStore:
 
     # -- the seam ---------------------------------------------------------------------------
 
-    async def get(self, tenant: str, key: str) -> CachedEntry | None:
-        reply = await self._script(self._get, tenant, key)
+    async def get(
+        self, tenant: str, key: str, *, spend: RequestSpend | None = None
+    ) -> CachedEntry | None:
+        reply = await self._script(self._get, tenant, key, spend=spend)
         if not reply:
             return None
-        (entry,) = await self._decode_all(tenant, [reply])
+        (entry,) = await self._decode_all(tenant, [reply], spend)
         return entry
 
-    async def nearest(self, tenant: str, scope: str, vector: Vector, limit: int) -> list[Neighbour]:
+    async def nearest(
+        self,
+        tenant: str,
+        scope: str,
+        vector: Vector,
+        limit: int,
+        *,
+        spend: RequestSpend | None = None,
+    ) -> list[Neighbour]:
         unit = unit_vector(vector)
         self.last_candidates = 0
         if unit is None or limit <= 0:
             return []
         prefixes = self._lsh.probe_prefixes(scope, unit, self._flips)
-        flat = await self._script(self._candidates, tenant, self._bucket_limit, *prefixes)
+        flat = await self._script(
+            self._candidates, tenant, self._bucket_limit, *prefixes, spend=spend
+        )
         now_ms = _server_ms(flat[0] if flat else None)
         ids, similarities, corrupt, stale = self._score(flat[1:], unit, now_ms)
         self.last_candidates = len(ids) + len(corrupt) + len(stale)
         if corrupt or stale:  # expired ones are pruned as they are met
-            await self._remove_ids(tenant, [*corrupt, *stale])
+            await self._remove_ids(tenant, [*corrupt, *stale], spend)
         if corrupt:
             raise CorruptEntry(f"{len(corrupt)} cached vector(s) undecodable; deleted")
         best = np.argsort(-similarities, kind="stable")[:limit]
         if best.size == 0:
             return []
-        replies = await self._script(self._fetch, tenant, *(ids[i] for i in best))
-        entries = await self._decode_all(tenant, replies)
+        replies = await self._script(self._fetch, tenant, *(ids[i] for i in best), spend=spend)
+        entries = await self._decode_all(tenant, replies, spend)
         by_id = dict(zip((_text(r[0]) for r in replies), entries, strict=True))
         similarity = {ids[i]: float(similarities[i]) for i in best}
         return [Neighbour(by_id[i], similarity[i]) for i in (ids[j] for j in best) if i in by_id]
@@ -146,17 +160,19 @@ class RedisCacheStore:
             *prefixes,
         )  # fmt: skip
 
-    async def delete(self, tenant: str, key: str) -> None:
-        await self._script(self._delete, tenant, "key", key)
+    async def delete(self, tenant: str, key: str, *, spend: RequestSpend | None = None) -> None:
+        await self._script(self._delete, tenant, "key", key, spend=spend)
 
     async def get_or_claim(
-        self, tenant: str, key: str, ttl_s: float
+        self, tenant: str, key: str, ttl_s: float, *, spend: RequestSpend | None = None
     ) -> tuple[CachedEntry | None, bool]:
         token = secrets.token_hex(16)
         ttl_ms = max(1, int(ttl_s * 1000))
         leases = (lease_key(tenant, key), void_key(tenant, key, token))
         try:
-            reply = await self._script(self._get_or_claim, tenant, key, token, ttl_ms, extra=leases)
+            reply = await self._script(
+                self._get_or_claim, tenant, key, token, ttl_ms, extra=leases, spend=spend
+            )
         except BaseException:
             # The server may have run it (a lost reply, a cancelled request): a claim nobody
             # holds would make every process wait out its lease for this key. `abandon`.
@@ -166,7 +182,7 @@ class RedisCacheStore:
             self._abandoned[(tenant, key, token)] = now
             raise
         if isinstance(reply, list):
-            (entry,) = await self._decode_all(tenant, [reply])
+            (entry,) = await self._decode_all(tenant, [reply], spend)
             return entry, False
         if reply == 1:
             self._leases[(tenant, key)] = token
@@ -183,13 +199,15 @@ class RedisCacheStore:
             await self._connection.call(self._abandon(keys=keys, args=[token, void_ms]))
             self._abandoned.pop((tenant, key, token), None)
 
-    async def claim(self, tenant: str, key: str, ttl_s: float) -> bool:
+    async def claim(
+        self, tenant: str, key: str, ttl_s: float, *, spend: RequestSpend | None = None
+    ) -> bool:
         self._check_open()
         token = secrets.token_hex(16)
         lease = lease_key(tenant, key)
         ttl_ms = max(1, int(ttl_s * 1000))
         taken = await self._connection.call(
-            self._connection.client.set(lease, token, nx=True, px=ttl_ms)
+            self._connection.client.set(lease, token, nx=True, px=ttl_ms), spend
         )
         if taken:
             self._leases[(tenant, key)] = token
@@ -231,25 +249,32 @@ class RedisCacheStore:
         if self._closed:
             raise BackendUnavailable("redis", "the cache store is closed")
 
-    async def _script(self, script: Any, tenant: str, *args: Any, extra: Sequence[str] = ()) -> Any:
+    async def _script(
+        self,
+        script: Any,
+        tenant: str,
+        *args: Any,
+        extra: Sequence[str] = (),
+        spend: RequestSpend | None = None,
+    ) -> Any:
         """Run a script on the tenant's eight keys (and `extra` ones, KEYS[9..], all under the
         tenant's hash tag)."""
         self._check_open()
         keys = tenant_keys(tenant)
         argv = [self._lsh.bands, self._lsh.prefix_width, *args]
         try:
-            return await self._connection.call(script(keys=[*keys, *extra], args=argv))
+            return await self._connection.call(script(keys=[*keys, *extra], args=argv), spend)
         except BackendUnavailable as exc:
             if _wrong_type(exc):
-                await self._reset_tenant(keys)
+                await self._reset_tenant(keys, spend)
             raise
 
-    async def _reset_tenant(self, keys: list[str]) -> None:
+    async def _reset_tenant(self, keys: list[str], spend: RequestSpend | None) -> None:
         """A key of the tenant's cache holds another type (something else wrote it): every
         script on it would fail until it expired, and it may never. The cache is only a
         cache, so the tenant's keys are dropped and the next write starts afresh."""
         log.warning("cache keys of the wrong type; the tenant's cache is reset")
-        await self._connection.call(self._connection.client.delete(*keys))
+        await self._connection.call(self._connection.client.delete(*keys), spend)
 
     def _score(
         self, flat: Sequence[Any], unit: Vector, now_ms: int
@@ -286,7 +311,9 @@ class RedisCacheStore:
         scores: npt.NDArray[np.float32] = matrix.astype(np.float32) @ unit
         return ids, scores, corrupt, stale
 
-    async def _decode_all(self, tenant: str, replies: Sequence[Any]) -> list[CachedEntry]:
+    async def _decode_all(
+        self, tenant: str, replies: Sequence[Any], spend: RequestSpend | None
+    ) -> list[CachedEntry]:
         """Decode {id, blob, vector} replies; any undecodable one is deleted and raises."""
         entries: list[CachedEntry] = []
         corrupt: list[str] = []
@@ -296,12 +323,14 @@ class RedisCacheStore:
             except (ValueError, UnicodeDecodeError, TypeError, IndexError):
                 corrupt.append(_text(reply[0]))
         if corrupt:
-            await self._remove_ids(tenant, corrupt)
+            await self._remove_ids(tenant, corrupt, spend)
             raise CorruptEntry(f"{len(corrupt)} cached entr(y/ies) undecodable; deleted")
         return entries
 
-    async def _remove_ids(self, tenant: str, ids: Sequence[str]) -> None:
-        await self._script(self._delete, tenant, "id", *ids)
+    async def _remove_ids(
+        self, tenant: str, ids: Sequence[str], spend: RequestSpend | None
+    ) -> None:
+        await self._script(self._delete, tenant, "id", *ids, spend=spend)
 
 
 def _wrong_type(exc: BackendUnavailable) -> bool:

@@ -6,29 +6,44 @@ store only keeps the counters, each update atomic. Errors raise `BackendError`:
 `BackendUnavailable` when the store cannot be reached or is too slow (the whole store is down),
 any other `BackendError` when one tenant's keys hold something unusable (that tenant only:
 `repair` fixes them).
+
+The calls a request waits for (`take`, `take_and_spent`, `spent`, `repair`) take the request's
+`spend`: a remote store bounds them, with every other call made for the request, by its shared
+time budget (`backends.redis_client`). None: work no answer waits for. `add_spend` is only
+sent after the answer, in a task of its own (or by the health probe), and takes none.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
+from backends.redis_client import RequestSpend
+
 
 class QuotaStore(Protocol):
     name: str
 
-    async def take(self, tenant: str, rate_per_s: float, burst: float) -> float:
+    async def take(
+        self, tenant: str, rate_per_s: float, burst: float, *, spend: RequestSpend | None = None
+    ) -> float:
         """Take one token from the tenant's bucket (refilled at `rate_per_s`, holding at most
         `burst`). Returns 0.0 when taken, else the seconds until one will be there."""
         ...
 
     async def take_and_spent(
-        self, tenant: str, rate_per_s: float, burst: float, day: str
+        self,
+        tenant: str,
+        rate_per_s: float,
+        burst: float,
+        day: str,
+        *,
+        spend: RequestSpend | None = None,
     ) -> tuple[float, float]:
         """`take`, then `spent` on `day`, in one step (one round trip to a remote store): a
         request's rate limit and budget, checked as it arrives."""
         ...
 
-    async def spent(self, tenant: str, day: str) -> float:
+    async def spent(self, tenant: str, day: str, *, spend: RequestSpend | None = None) -> float:
         """USD the tenant has spent on `day` (UTC, YYYY-MM-DD)."""
         ...
 
@@ -40,7 +55,9 @@ class QuotaStore(Protocol):
         keep only each origin's latest `seq`. "": the amount is added every time it is sent."""
         ...
 
-    async def repair(self, tenant: str, day: str, usd: float) -> None:
+    async def repair(
+        self, tenant: str, day: str, usd: float, *, spend: RequestSpend | None = None
+    ) -> None:
         """Fix the tenant's keys that hold something unusable: a bucket is started afresh, a
         day's spend that is not a number is set to `usd` (the last total the caller saw)."""
         ...

@@ -2,13 +2,16 @@
 
 The store of a deployment with no Redis (each process enforces the limits on its own), and
 the fallback the gateway uses while Redis is unreachable (`gateway.limits.quotas`). The bucket
-maths is `refill_and_take`; the Redis store's script does the same sums on the server.
+maths is `refill_and_take`; the Redis store's script does the same sums on the server. A
+request's `spend` (its Redis time budget) is taken and not used: nothing here waits on Redis.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+
+from backends.redis_client import RequestSpend
 
 
 def refill_and_take(
@@ -38,7 +41,9 @@ class MemoryQuotaStore:
         self._day = ""
         self._closed = False
 
-    async def take(self, tenant: str, rate_per_s: float, burst: float) -> float:
+    async def take(
+        self, tenant: str, rate_per_s: float, burst: float, *, spend: RequestSpend | None = None
+    ) -> float:
         self._check_open()
         now = self._clock()
         tokens, last = self._buckets.get(tenant, (burst, now))
@@ -47,11 +52,17 @@ class MemoryQuotaStore:
         return wait
 
     async def take_and_spent(
-        self, tenant: str, rate_per_s: float, burst: float, day: str
+        self,
+        tenant: str,
+        rate_per_s: float,
+        burst: float,
+        day: str,
+        *,
+        spend: RequestSpend | None = None,
     ) -> tuple[float, float]:
         return await self.take(tenant, rate_per_s, burst), await self.spent(tenant, day)
 
-    async def spent(self, tenant: str, day: str) -> float:
+    async def spent(self, tenant: str, day: str, *, spend: RequestSpend | None = None) -> float:
         self._check_open()
         return self._spend.get((tenant, day), 0.0)
 
@@ -70,7 +81,9 @@ class MemoryQuotaStore:
         self._spend[(tenant, day)] = total
         return total
 
-    async def repair(self, tenant: str, day: str, usd: float) -> None:
+    async def repair(
+        self, tenant: str, day: str, usd: float, *, spend: RequestSpend | None = None
+    ) -> None:
         pass  # nothing here is ever unusable
 
     async def ping(self) -> None:

@@ -42,7 +42,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from backends.errors import BackendUnavailable, UpstreamError
-from backends.redis_client import RedisConnection
+from backends.redis_client import RedisConnection, RequestSpend
 
 # The same sums as backends.quotas.memory.refill_and_take, on the server's clock. A clock
 # that went backwards (a failover to a node whose clock lags) refills nothing.
@@ -176,21 +176,29 @@ class RedisQuotaStore:
         self._repair = connection.register_script(REPAIR)
         self._closed = False
 
-    async def take(self, tenant: str, rate_per_s: float, burst: float) -> float:
-        reply = await self._call(self._take([bucket_key(tenant)], [repr(rate_per_s), burst]))
+    async def take(
+        self, tenant: str, rate_per_s: float, burst: float, *, spend: RequestSpend | None = None
+    ) -> float:
+        reply = await self._call(self._take([bucket_key(tenant)], [repr(rate_per_s), burst]), spend)
         return _number(reply, "bucket")
 
     async def take_and_spent(
-        self, tenant: str, rate_per_s: float, burst: float, day: str
+        self,
+        tenant: str,
+        rate_per_s: float,
+        burst: float,
+        day: str,
+        *,
+        spend: RequestSpend | None = None,
     ) -> tuple[float, float]:
         keys = [bucket_key(tenant), spend_key(tenant, day)]
-        reply = await self._call(self._take_and_spent(keys, [repr(rate_per_s), burst]))
+        reply = await self._call(self._take_and_spent(keys, [repr(rate_per_s), burst]), spend)
         if not isinstance(reply, list) or len(reply) != 2:
             raise UpstreamError("redis", f"the bucket script answered {reply!r:.40}")
         return _number(reply[0], "bucket"), _number(reply[1], "spend")
 
-    async def spent(self, tenant: str, day: str) -> float:
-        reply = await self._call(self._connection.client.get(spend_key(tenant, day)))
+    async def spent(self, tenant: str, day: str, *, spend: RequestSpend | None = None) -> float:
+        reply = await self._call(self._connection.client.get(spend_key(tenant, day)), spend)
         return 0.0 if reply is None else _number(reply, "spend")
 
     async def add_spend(self, tenant: str, day: str, usd: float, amount_id: str) -> float:
@@ -199,9 +207,11 @@ class RedisQuotaStore:
         reply = await self._call(self._add(keys, [repr(usd), expire_at, amount_id]))
         return _number(reply, "spend")
 
-    async def repair(self, tenant: str, day: str, usd: float) -> None:
+    async def repair(
+        self, tenant: str, day: str, usd: float, *, spend: RequestSpend | None = None
+    ) -> None:
         keys = [bucket_key(tenant), spend_key(tenant, day), applied_key(tenant, day)]
-        await self._call(self._repair(keys, [repr(usd), _day_end(day) + SPEND_GRACE_S]))
+        await self._call(self._repair(keys, [repr(usd), _day_end(day) + SPEND_GRACE_S]), spend)
 
     async def ping(self) -> None:
         await self._call(self._connection.client.ping())
@@ -209,12 +219,12 @@ class RedisQuotaStore:
     async def aclose(self) -> None:
         self._closed = True
 
-    async def _call(self, pending: Any) -> Any:
+    async def _call(self, pending: Any, spend: RequestSpend | None = None) -> Any:
         if self._closed:
             pending.close()  # the coroutine never runs
             raise BackendUnavailable("redis", "the quota store is closed")
         try:
-            return await self._connection.call(pending)
+            return await self._connection.call(pending, spend)
         except BackendUnavailable as exc:
             cause = exc.__cause__
             # Exactly ResponseError: its subclasses (READONLY, OOM, CLUSTERDOWN, ...) are

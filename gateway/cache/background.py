@@ -3,7 +3,8 @@
 One per process (`PROCESS_WRITES`), shared by every pipeline (a reload builds a new one while
 the old one's writes are still going), so that shutdown can wait for them before the store's
 connection closes: else an answer computed and paid for is not stored, and its claim holds up
-the key in every other replica until the lease ends.
+the key in every other replica until the lease ends. The work passes no request's Redis time
+budget (`backends.redis_client.RequestSpend`): it would eat into it, or find it spent and fail.
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ import asyncio
 import logging
 from collections.abc import Coroutine
 from typing import Any
-
-from backends.redis_client import unbudgeted
 
 log = logging.getLogger(__name__)
 
@@ -27,17 +26,10 @@ class BackgroundWrites:
         self._tasks: set[asyncio.Task[None]] = set()
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        """Run `work` in a task of its own, off the request's Redis budget."""
-
-        async def unbudgeted_work() -> None:
-            unbudgeted()
-            await work
-
-        task = asyncio.get_running_loop().create_task(unbudgeted_work())
+        """Run `work` in a task of its own."""
+        task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        # A task cut before it ran (shutdown's drain timed out) never awaited `work`.
-        task.add_done_callback(lambda _: work.close())
         return task
 
     async def drain(self, timeout_s: float | None = None) -> None:

@@ -20,6 +20,9 @@ tool results, a follow-up that could not be rewritten).
 
 Exact, then semantic: the question's key covers the conversation the model reads (see
 `gateway.cache.keys`); the semantic tier serves only entries of the probe's own scope.
+
+The lookups pass the request's `spend` (its Redis time budget, `backends.redis_client`) to the
+store; the writes, and a follower's polls for its leader's answer, pass none.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from typing import Literal
 
 from backends.cache.base import CachedEntry, CacheStore, CorruptEntry
 from backends.errors import BackendError
+from backends.redis_client import RequestSpend
 from backends.retrieval.base import Vector
 from gateway.cache import guards
 from gateway.cache.entry import answer_from_cache
@@ -90,11 +94,13 @@ class ResponseCache:
     def count(self, result: LookupResult) -> None:
         self._metrics.cache_lookups.labels(result).inc()
 
-    async def exact(self, tenant: str, key: str) -> Payload | None:
+    async def exact(
+        self, tenant: str, key: str, *, spend: RequestSpend | None = None
+    ) -> Payload | None:
         """The answer stored under `key`; raises StoreFailed when the store failed."""
         assert self._store is not None
         try:
-            entry = await self._store.get(tenant, key)
+            entry = await self._store.get(tenant, key, spend=spend)
         except CorruptEntry as exc:
             log.warning("corrupt cache entry deleted", extra={"error": str(exc)})
             return None
@@ -102,20 +108,26 @@ class ResponseCache:
             raise self._failed("lookup", exc) from exc
         if entry is None:
             return None
-        return await self._decoded(tenant, entry)
+        return await self._decoded(tenant, entry, spend)
 
     async def exact_or_lead(
-        self, tenant: str, key: str, *, deadline: float | None = None
+        self,
+        tenant: str,
+        key: str,
+        *,
+        deadline: float | None = None,
+        spend: RequestSpend | None = None,
     ) -> tuple[Lease | None, tuple[Payload, HitTier] | None]:
         """The exact tier and single flight: the answer stored under `key` or the one a
         leader computing it shares (with its tier), else None and the lead this request now
         holds (None: it computes unled). `deadline`: the request's (a loop time), which bounds
-        a follower's wait. Raises StoreFailed, or BackendError for a claim."""
+        a follower's wait; `spend`: its Redis time budget. Raises StoreFailed, or BackendError
+        for a claim."""
         flights = self.flights
         assert flights is not None
         if flights.leader_of(tenant, key) is not None:
             # This process computes it already: look it up, else follow (nothing to claim).
-            payload = await self.exact(tenant, key)
+            payload = await self.exact(tenant, key, spend=spend)
             if payload is not None:
                 return None, (payload, "exact")
             if (leader := flights.leader_of(tenant, key)) is not None:
@@ -124,18 +136,22 @@ class ResponseCache:
         lease, payload = await flights.look_and_lead(
             tenant,
             key,
-            lambda: self._exact_or_claim(tenant, key),
+            lambda: self._exact_or_claim(tenant, key, spend),
             lambda: self.exact(tenant, key),
             deadline=deadline,
+            spend=spend,
         )
         return lease, None if payload is None else (payload, "exact")
 
-    async def _exact_or_claim(self, tenant: str, key: str) -> tuple[Payload | None, bool | None]:
+    async def _exact_or_claim(
+        self, tenant: str, key: str, spend: RequestSpend | None
+    ) -> tuple[Payload | None, bool | None]:
         """`exact` and, on a miss, the store's claim, in one call: (answer, None) or (None,
         claimed); (None, None) for an entry that could not be served (nothing claimed)."""
         assert self._store is not None and self.flights is not None
+        lease_s = self.flights.lease_s
         try:
-            entry, claimed = await self._store.get_or_claim(tenant, key, self.flights.lease_s)
+            entry, claimed = await self._store.get_or_claim(tenant, key, lease_s, spend=spend)
         except CorruptEntry as exc:
             log.warning("corrupt cache entry deleted", extra={"error": str(exc)})
             return None, None
@@ -143,17 +159,25 @@ class ResponseCache:
             raise self._failed("lookup", exc) from exc
         if entry is None:
             return None, claimed
-        return await self._decoded(tenant, entry), None
+        return await self._decoded(tenant, entry, spend), None
 
     async def semantic(
-        self, tenant: str, scope: str, question: str, vector: Vector
+        self,
+        tenant: str,
+        scope: str,
+        question: str,
+        vector: Vector,
+        *,
+        spend: RequestSpend | None = None,
     ) -> SemanticLookup:
         """The nearest cached answer that may be served for `question`; raises StoreFailed."""
         assert self._store is not None
         found = SemanticLookup()
         semantic = self._config.semantic
         try:
-            neighbours = await self._store.nearest(tenant, scope, vector, semantic.candidates)
+            neighbours = await self._store.nearest(
+                tenant, scope, vector, semantic.candidates, spend=spend
+            )
         except CorruptEntry as exc:
             log.warning("corrupt cache entry deleted", extra={"error": str(exc)})
             neighbours = []
@@ -170,7 +194,7 @@ class ResponseCache:
                 # would otherwise serve another configuration's or conversation's answer).
                 log.warning("cache neighbour from another scope ignored")
                 continue
-            payload = await self._decoded(tenant, neighbour.entry)
+            payload = await self._decoded(tenant, neighbour.entry, spend)
             if payload is None:
                 continue
             threshold = semantic.thresholds.get(Route(payload["route"]))
@@ -231,7 +255,9 @@ class ResponseCache:
         task = flights.spawn(write())
         flights.writes[(tenant, key)] = task
 
-    async def _decoded(self, tenant: str, entry: CachedEntry) -> Payload | None:
+    async def _decoded(
+        self, tenant: str, entry: CachedEntry, spend: RequestSpend | None
+    ) -> Payload | None:
         """The entry's answer; one that does not decode is deleted and never served."""
         try:
             payload = json.loads(entry.payload)
@@ -242,7 +268,7 @@ class ResponseCache:
             log.warning("undecodable cache entry deleted", extra={"error": str(exc)})
             assert self._store is not None
             with contextlib.suppress(BackendError):  # else its TTL ends it
-                await self._store.delete(tenant, entry.key)
+                await self._store.delete(tenant, entry.key, spend=spend)
             return None
         return payload
 

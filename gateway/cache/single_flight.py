@@ -17,6 +17,10 @@ not for a whole request timeout. A follower waits no longer than `single_flight_
 never past half of what is left of its own deadline (the `deadline` its caller passes, a loop
 time): the other half is left to compute the answer itself. An in-process lead older than the
 request timeout (a leader whose request never reached `finish`) is dropped, not followed.
+
+A lead's first lookup and claim pass the request's `spend` (its Redis time budget,
+`backends.redis_client`); a follower's polls and claims do not (its wait has its own bound,
+`budget_s`), nor do the renewals and releases, which run in tasks of their own.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from typing import Any, Literal
 
 from backends.cache.base import CacheStore
 from backends.errors import BackendError
-from backends.redis_client import request_spend, unbudgeted
+from backends.redis_client import RequestSpend
 from gateway.cache.background import PROCESS_WRITES
 
 # How often a waiter in another process looks for the leader's answer.
@@ -122,16 +126,18 @@ class SingleFlight:
         poll: Callable[[], Awaitable[Payload | None]],
         *,
         deadline: float | None = None,
+        spend: RequestSpend | None = None,
     ) -> tuple[Lease, Payload | None]:
         """Lead the key's computation in this process, and across processes when the store's
         claim is free. When another process holds it, poll (`poll()` returns the stored
         answer or None) until its answer is stored (returned with the lease, which the caller
         finishes with it), the claim comes free (this request leads), or the wait is over
         (this request computes, leading only this process's followers). Errors from the store
-        end the lead at once and propagate."""
+        end the lead at once and propagate. `spend`: the request's, for the first claim; `poll`
+        passes none (see `_claimed_or_wait`)."""
         lease = self._register(tenant, key)
         try:
-            claimed = await self._store.claim(tenant, key, self._lease_s)
+            claimed = await self._store.claim(tenant, key, self._lease_s, spend=spend)
             return lease, await self._claimed_or_wait(lease, claimed, poll, deadline)
         except BaseException:
             await self.finish(lease, None)
@@ -145,13 +151,15 @@ class SingleFlight:
         poll: Callable[[], Awaitable[Payload | None]],
         *,
         deadline: float | None = None,
+        spend: RequestSpend | None = None,
     ) -> tuple[Lease | None, Payload | None]:
         """`lead`, with the key's lookup and the store's claim in one call: `look()` returns
         the stored answer, or None and whether the claim was taken (None: not tried, as when
         the store found an entry it could not serve; it is claimed then). A hit ends the lead
         at once (no lease returned) and hands the answer to the followers that came
         meanwhile. The lead is this process's from before the call, as it is from before the
-        claim in `lead`: a request for the same key arriving meanwhile follows it."""
+        claim in `lead`: a request for the same key arriving meanwhile follows it. `look`
+        passes the request's `spend`, as the claim after it does."""
         lease = self._register(tenant, key)
         try:
             try:
@@ -165,7 +173,7 @@ class SingleFlight:
                 await self.finish(lease, Shared(payload, "exact"))
                 return None, payload
             if claimed is None:
-                claimed = await self._store.claim(tenant, key, self._lease_s)
+                claimed = await self._store.claim(tenant, key, self._lease_s, spend=spend)
             return lease, await self._claimed_or_wait(lease, claimed, poll, deadline)
         except BaseException:
             await self.finish(lease, None)
@@ -191,23 +199,20 @@ class SingleFlight:
             return None
         loop = asyncio.get_running_loop()
         until = loop.time() + self.budget_s(deadline)
-        # The wait is bounded by `until`, not by the request's Redis time budget: two
-        # calls every 50 ms spend 0.25 s in ~3 s at a 2 ms round trip, and the follower
-        # gave up on the leader (computing the answer again, uncached).
-        spend = request_spend.set(None)
-        try:
-            while (left := until - loop.time()) > 0:
-                await asyncio.sleep(min(POLL_INTERVAL_S, left))
-                if (payload := await poll()) is not None:
-                    return payload
-                if await self._store.claim(lease.tenant, lease.key, self._lease_s):
-                    lease.claimed = True
-                    self._keep(lease)
-                    # The leader may have stored its answer and released between the
-                    # two reads: look once more before computing it again.
-                    return await poll()
-        finally:
-            request_spend.reset(spend)
+        # The wait is bounded by `until`, not by the request's Redis time budget (its polls
+        # and claims pass none): two calls every 50 ms spend 0.25 s in ~3 s at a 2 ms round
+        # trip, and the follower would give up on the leader (computing the answer again,
+        # uncached).
+        while (left := until - loop.time()) > 0:
+            await asyncio.sleep(min(POLL_INTERVAL_S, left))
+            if (payload := await poll()) is not None:
+                return payload
+            if await self._store.claim(lease.tenant, lease.key, self._lease_s):
+                lease.claimed = True
+                self._keep(lease)
+                # The leader may have stored its answer and released between the two
+                # reads: look once more before computing it again.
+                return await poll()
         return None
 
     async def finish(self, lease: Lease | None, shared: Shared | None) -> None:
@@ -271,7 +276,6 @@ class SingleFlight:
         lease.renewing = asyncio.get_running_loop().create_task(self._renew(lease))
 
     async def _renew(self, lease: Lease) -> None:
-        unbudgeted()  # renewals outlast the request's Redis budget
         while not lease.done:
             await asyncio.sleep(self._lease_s / 3)
             try:

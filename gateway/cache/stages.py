@@ -4,7 +4,8 @@ tier, storing a computed answer and ending a request's lead.
 The core runs them in its stage order: the exact tier needs no embedding, so it runs before
 one is paid for; the semantic tier reuses the embedding the router needs anyway. They read what
 a request asks through `Asked` (the core's request satisfies it) and keep what they learn in
-the request's `CacheState`; the tiers' rules are `gateway.cache.response`'s.
+the request's `CacheState`; the tiers' rules are `gateway.cache.response`'s. The lookups take
+the request's deadline and its Redis time budget (`RequestSpend`) as plain arguments.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from backends.cache.base import CacheStore
 from backends.embeddings.base import Embedder, token_window
 from backends.errors import BackendError
 from backends.llm.base import GenerationOptions, Message
+from backends.redis_client import RequestSpend
 from backends.retrieval.base import Retriever, Vector
 from gateway.cache import policy as cache_policy
 from gateway.cache.entry import answer_from_cache, answer_to_cache
@@ -138,12 +140,17 @@ class CacheStages:
         return self.response.semantic_enabled and state.key is not None
 
     async def exact(
-        self, state: CacheState, asked: Asked, timer: StageTimer, deadline: float | None
+        self,
+        state: CacheState,
+        asked: Asked,
+        timer: StageTimer,
+        deadline: float | None,
+        spend: RequestSpend | None,
     ) -> Served | None:
         """The exact tier. An exact hit needs no embedding: answer before paying for one. A
         miss waits for the same question's answer when another request is computing it (as
         `SingleFlight` bounds the wait by the request's `deadline`, a loop time), or leads
-        that computation itself."""
+        that computation itself. `spend`: the request's Redis time budget."""
         if not self.response.enabled:
             return None
         if asked.original_query is None and looks_like_followup(asked.query, asked.history):
@@ -168,7 +175,7 @@ class CacheStages:
                 return None
             try:
                 state.flight, found = await self.response.exact_or_lead(
-                    asked.tenant.id, state.key, deadline=deadline
+                    asked.tenant.id, state.key, deadline=deadline, spend=spend
                 )
             except (StoreFailed, BackendError) as exc:
                 if isinstance(exc, BackendError):  # the claim; StoreFailed is logged already
@@ -182,10 +189,16 @@ class CacheStages:
         return None
 
     async def semantic(
-        self, state: CacheState, asked: Asked, vector: Vector | None, timer: StageTimer
+        self,
+        state: CacheState,
+        asked: Asked,
+        vector: Vector | None,
+        timer: StageTimer,
+        spend: RequestSpend | None,
     ) -> Served | None:
         """The semantic tier, on the embedding the router needs anyway: the nearest cached
-        question's answer when it is close enough for its route and no guard objects."""
+        question's answer when it is close enough for its route and no guard objects.
+        `spend`: the request's Redis time budget."""
         if not state.looking:
             return None
         state.looking = False
@@ -198,7 +211,7 @@ class CacheStages:
         with timer.stage("cache_semantic"):
             try:
                 found = await self.response.semantic(
-                    asked.tenant.id, state.scope, state.question, vector
+                    asked.tenant.id, state.scope, state.question, vector, spend=spend
                 )
             except StoreFailed:
                 self._count(state, "error")

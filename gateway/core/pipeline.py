@@ -110,9 +110,11 @@ class Pipeline:
 
     def _bound(self, request: QueryRequest, scope: RequestScope | None) -> BudgetedLLM:
         """The LLM seam as `request` sees it: its tenant's calls, inside its budget; the
-        arrival's budget check (`scope.budget`) stands for its first call."""
-        budget = scope.budget if scope is not None else None
-        return BudgetedLLM(self._llm, self._s.quotas, request.tenant, budget)
+        arrival's budget check (`scope.budget`) stands for its first call, and the budget
+        checks share the request's Redis time (`scope.spend`)."""
+        if scope is None:
+            return BudgetedLLM(self._llm, self._s.quotas, request.tenant)
+        return BudgetedLLM(self._llm, self._s.quotas, request.tenant, scope.budget, scope.spend)
 
     async def release(self, ctx: RequestContext) -> None:
         """End the request's single-flight lead, if it holds one: followers get its stored
@@ -137,12 +139,14 @@ class Pipeline:
             await self.release(ctx)
 
     async def _cached(self, ctx: RequestContext) -> Outcome | None:
-        deadline = ctx.scope.deadline if ctx.scope is not None else None
-        found = await self._cache.exact(ctx.cache, ctx.request, ctx.timer, deadline)
+        scope = ctx.scope
+        deadline, spend = (scope.deadline, scope.spend) if scope is not None else (None, None)
+        found = await self._cache.exact(ctx.cache, ctx.request, ctx.timer, deadline, spend)
         return _served(ctx, found)
 
     async def _cached_semantic(self, ctx: RequestContext) -> Outcome | None:
-        found = await self._cache.semantic(ctx.cache, ctx.request, ctx.vector, ctx.timer)
+        spend = ctx.scope.spend if ctx.scope is not None else None
+        found = await self._cache.semantic(ctx.cache, ctx.request, ctx.vector, ctx.timer, spend)
         return _served(ctx, found)
 
 

@@ -17,6 +17,7 @@ from contextlib import aclosing
 from dataclasses import replace
 
 from backends.llm.base import LLM, Completion, LLMCall, StreamDelta, WrappedLLM
+from backends.redis_client import RequestSpend
 from gateway.limits.metering import estimate_usage, settled
 from gateway.limits.quotas import BudgetCheck, Quotas
 from gateway.settings import TenantConfig
@@ -26,7 +27,8 @@ class BudgetedLLM(WrappedLLM):
     """The LLM seam for one request of `tenant`: every model call of every stage and route
     (rewrite, agent turns, final answers, streams) passes through it. `quotas` None: no
     budget is kept, the calls are only made for the tenant. `arrival` is the budget check the
-    request's arrival made (`Quotas.admit`): it stands in for the first call's own.
+    request's arrival made (`Quotas.admit`): it stands in for the first call's own. `spend`:
+    the request's Redis time budget, which its budget checks share with its other Redis calls.
 
     A call cut before its usage arrived is charged an estimate (`estimate_usage`, the same
     tokens `MeteredLLM` counts): a stream without its final delta (the client hung up, the
@@ -40,11 +42,13 @@ class BudgetedLLM(WrappedLLM):
         quotas: Quotas | None,
         tenant: TenantConfig,
         arrival: BudgetCheck | None = None,
+        spend: RequestSpend | None = None,
     ) -> None:
         super().__init__(inner)
         self._quotas = quotas
         self._tenant = tenant
         self._arrival = arrival
+        self._spend = spend
         self._standing = arrival  # the check that stands for the next call, if any
 
     async def check_before_stream(self) -> None:
@@ -57,7 +61,7 @@ class BudgetedLLM(WrappedLLM):
         if self._quotas.stands(self._arrival, self._tenant):
             self._standing = self._arrival
             return
-        self._standing = await self._quotas.check_budget(self._tenant)
+        self._standing = await self._quotas.check_budget(self._tenant, spend=self._spend)
 
     async def complete(self, call: LLMCall) -> Completion:
         call = replace(call, tenant=self._tenant.id)
@@ -100,7 +104,7 @@ class BudgetedLLM(WrappedLLM):
         stands for one call only."""
         standing, self._standing = self._standing, None
         if not quotas.stands(standing, self._tenant):
-            await quotas.check_budget(self._tenant)
+            await quotas.check_budget(self._tenant, spend=self._spend)
 
     def _record(self, quotas: Quotas, usd: float) -> None:
         # Kept at once, sent by a task of its own that nothing waits for: no answer depends

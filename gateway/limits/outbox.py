@@ -22,7 +22,6 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from backends.redis_client import unbudgeted
 from gateway.limits.shared_store import Key, SharedStore
 from gateway.obs.metrics import Metrics
 
@@ -73,14 +72,9 @@ class SpendOutbox:
         await self._flush_key(ticket.key, counted=True, kept=ticket.number)
 
     def send_nowait(self, ticket: Ticket) -> asyncio.Task[None]:
-        """`send` in a task of its own (returned, for a caller that may wait for it), off the
-        request's Redis time budget: it runs after the answer."""
-
-        async def send() -> None:
-            unbudgeted()
-            await self.send(ticket)
-
-        return self._spawn(send())
+        """`send` in a task of its own (returned, for a caller that may wait for it). A send
+        passes no request's Redis time budget: it runs after the answer."""
+        return self._spawn(self.send(ticket))
 
     def outstanding(self) -> dict[Key, float]:
         """Spend not yet confirmed by the store, per key. An amount in flight or unconfirmed

@@ -30,7 +30,8 @@ total it read plus its own spend since (the fleet can pass the budget by up to N
 was left). Spend recorded during the outage is added to Redis when it is back, so the day's
 total there stays right. Failing open keeps answering through a Redis outage; the overshoot is
 bounded by the outage's length and the fleet's size, which we judge better than refusing every
-tenant's paid traffic.
+tenant's paid traffic. A request's checks pass its `spend` (its Redis time budget,
+`backends.redis_client`): past it a check is decided here, and the store is not marked down.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from dataclasses import dataclass
 
 from backends.quotas.base import QuotaStore
 from backends.quotas.memory import MemoryQuotaStore
+from backends.redis_client import RequestSpend
 from gateway.errors import TooManyRequests
 from gateway.limits.outbox import SpendOutbox, Ticket
 from gateway.limits.shared_store import Key, SharedStore, utc_day
@@ -133,23 +135,24 @@ class Quotas:
 
     # -- the checks -----------------------------------------------------------------------
 
-    async def admit(self, tenant: TenantConfig, *, answering: bool) -> BudgetCheck | None:
+    async def admit(
+        self, tenant: TenantConfig, *, answering: bool, spend: RequestSpend | None = None
+    ) -> BudgetCheck | None:
         """A request has arrived: its tenant's rate limit, then (for an endpoint that answers
         with a model) its budget. Raises RateLimited or BudgetExceeded. Both in one round trip
         to the shared store; the budget check returned then stands in for the request's first
-        model call's own (`stands`), as a stream's does."""
+        model call's own (`stands`), as a stream's does. `spend`: the request's."""
         limit = tenant.rate_limit
         budget = tenant.daily_budget_usd if answering else None
         if limit is None:
-            return await self.check_budget(tenant) if answering else None
+            return await self.check_budget(tenant, spend=spend) if answering else None
         now = self._clock()
         day = utc_day(now)
+        rate, burst = limit.requests_per_s, limit.burst
         if budget is None:
-            wait, spent = await self._take(tenant.id, limit.requests_per_s, limit.burst), 0.0
+            wait, spent = await self._take(tenant.id, rate, burst, spend), 0.0
         else:
-            wait, spent = await self._take_and_spent(
-                tenant.id, limit.requests_per_s, limit.burst, day
-            )
+            wait, spent = await self._take_and_spent(tenant.id, rate, burst, day, spend)
         if wait > 0:
             self._metrics.quota_refusals.labels("rate_limit").inc()
             seconds = retry_after(wait)
@@ -162,15 +165,17 @@ class Quotas:
             return None
         return self._judge_budget(tenant, budget, spent, now, day)
 
-    async def check_budget(self, tenant: TenantConfig) -> BudgetCheck | None:
+    async def check_budget(
+        self, tenant: TenantConfig, *, spend: RequestSpend | None = None
+    ) -> BudgetCheck | None:
         """Raises BudgetExceeded when the tenant's day is spent; the check passed (None: the
-        tenant has no budget)."""
+        tenant has no budget). `spend`: the request's it is made for."""
         budget = tenant.daily_budget_usd
         if budget is None:
             return None
         now = self._clock()
         day = utc_day(now)
-        spent = await self._spent(tenant.id, day)
+        spent = await self._spent(tenant.id, day, spend)
         return self._judge_budget(tenant, budget, spent, now, day)
 
     def _judge_budget(
@@ -243,22 +248,30 @@ class Quotas:
             return None
         return self._outbox.keep((tenant.id, day), usd)
 
-    async def _take(self, tenant: str, rate: float, burst: int) -> float:
+    async def _take(
+        self, tenant: str, rate: float, burst: int, spend: RequestSpend | None
+    ) -> float:
         if self._shared is not None:
             store = self._shared.store
-            wait = await self._shared.ask(lambda: store.take(tenant, rate, burst), tenant)
+            wait = await self._shared.ask(
+                lambda: store.take(tenant, rate, burst, spend=spend), tenant, spend=spend
+            )
             if wait is not None:
                 return wait
             self._metrics.quota_local_decisions.labels("rate_limit").inc()
         return await self._local.take(tenant, rate, burst)
 
     async def _take_and_spent(
-        self, tenant: str, rate: float, burst: int, day: str
+        self, tenant: str, rate: float, burst: int, day: str, spend: RequestSpend | None
     ) -> tuple[float, float]:
         """`_take` and `_spent` in one call to the shared store; each falls back as they do."""
         if self._shared is not None:
             shared, store, key = self._shared, self._shared.store, (tenant, day)
-            both = await shared.ask(lambda: store.take_and_spent(tenant, rate, burst, day), tenant)
+            both = await shared.ask(
+                lambda: store.take_and_spent(tenant, rate, burst, day, spend=spend),
+                tenant,
+                spend=spend,
+            )
             if both is not None:
                 wait, total = both
                 shared.seen(key, total)
@@ -268,16 +281,18 @@ class Quotas:
             self._metrics.quota_local_decisions.labels("budget").inc()
             wait = await self._local.take(tenant, rate, burst)
             return wait, shared.last_seen(key) + self._outstanding(key)
-        return await self._take(tenant, rate, burst), await self._spent(tenant, day)
+        return await self._take(tenant, rate, burst, spend), await self._spent(tenant, day, spend)
 
-    async def _spent(self, tenant: str, day: str) -> float:
+    async def _spent(self, tenant: str, day: str, spend: RequestSpend | None) -> float:
         """The shared total plus what this process has not yet added to it. Never a round
         trip for other tenants' spend: that is sent by the calls that recorded it, and by
         the probe (`ping`)."""
         if self._shared is None:
             return await self._local.spent(tenant, day)
         shared, store, key = self._shared, self._shared.store, (tenant, day)
-        total = await shared.ask(lambda: store.spent(tenant, day), tenant, day)
+        total = await shared.ask(
+            lambda: store.spent(tenant, day, spend=spend), tenant, day, spend=spend
+        )
         if total is None:
             self._metrics.quota_local_decisions.labels("budget").inc()
             total = shared.last_seen(key)

@@ -6,7 +6,9 @@ decide without it (half-open); the first answer, or the health probe (`ping`), e
 `querygate_quota_store_degraded` and one warning per outage say so. Any other error is one
 tenant's keys holding something unusable: logged, repaired from the last total the store gave,
 and that one decision made without it. The totals it gave are kept per (tenant, day), for the
-budget decisions made while it is down.
+budget decisions made while it is down. A request's calls pass its `spend` (its Redis time
+budget, `backends.redis_client`) to the repair too; a call past that budget is the request's
+doing and says nothing of the store's health.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import TypeVar
 
 from backends.errors import BackendError, BackendUnavailable
 from backends.quotas.base import QuotaStore
-from backends.redis_client import RequestBudgetSpent
+from backends.redis_client import RequestBudgetSpent, RequestSpend
 from gateway.obs.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -79,10 +81,16 @@ class SharedStore:
         return self._last_seen.get(key, 0.0)
 
     async def ask(
-        self, call: Callable[[], Awaitable[T]], tenant: str, day: str | None = None
+        self,
+        call: Callable[[], Awaitable[T]],
+        tenant: str,
+        day: str | None = None,
+        *,
+        spend: RequestSpend | None = None,
     ) -> T | None:
         """The store's answer to `call`, or None: skipped, down, or this tenant's keys unusable
-        (then repaired)."""
+        (then repaired). `spend`: the request's `call` is made for, which the repair passes
+        on too (None: work no answer waits for)."""
         now = self._monotonic()
         if now < self._retry_at:
             return None
@@ -99,7 +107,7 @@ class SharedStore:
             self._down(exc)
             return None
         except BackendError as exc:
-            await self._repair(tenant, day or utc_day(self._clock()), exc)
+            await self._repair(tenant, day or utc_day(self._clock()), exc, spend)
             return None
         self._up()
         return result
@@ -117,14 +125,16 @@ class SharedStore:
     async def aclose(self) -> None:
         await self.store.aclose()
 
-    async def _repair(self, tenant: str, day: str, exc: BackendError) -> None:
+    async def _repair(
+        self, tenant: str, day: str, exc: BackendError, spend: RequestSpend | None
+    ) -> None:
         usd = self.last_seen((tenant, day))
         log.warning(
             "a tenant's quota keys are unusable: repaired, this decision made here",
             extra={"tenant": tenant, "store": self.name, "error": str(exc), "usd": usd},
         )
         try:
-            await self.store.repair(tenant, day, usd)
+            await self.store.repair(tenant, day, usd, spend=spend)
         except BackendError as failed:
             log.warning("quota keys not repaired", extra={"tenant": tenant, "error": str(failed)})
 

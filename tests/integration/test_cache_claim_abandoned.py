@@ -15,7 +15,7 @@ import pytest
 
 from backends.cache.redis import RedisCacheStore
 from backends.cache.redis_scripts import lease_key
-from backends.redis_client import RedisConnection, RedisOptions, RequestSpend, request_spend
+from backends.redis_client import RedisConnection, RedisOptions, RequestSpend
 from gateway.cache.response import ResponseCache, StoreFailed
 from gateway.obs.metrics import Metrics
 from gateway.settings import CacheConfig
@@ -37,10 +37,9 @@ async def cache(url: str) -> AsyncIterator[ResponseCache]:
 async def lookup_while_paused(server: RedisServer, here: ResponseCache, key: str) -> None:
     """A request's lookup of `key` on a paused Redis: cut at its budget (StoreFailed), or
     cancelled (the client hung up); the server then resumes and runs the script it had."""
-    spend = request_spend.set(RequestSpend())
     server.pause()
     try:
-        task = asyncio.create_task(here.exact_or_lead("acme", key))
+        task = asyncio.create_task(here.exact_or_lead("acme", key, spend=RequestSpend()))
         await asyncio.sleep(0.1)
         if key.endswith("cancelled"):
             task.cancel()
@@ -51,7 +50,6 @@ async def lookup_while_paused(server: RedisServer, here: ResponseCache, key: str
                 await task
     finally:
         server.resume()
-        request_spend.reset(spend)
 
 
 @pytest.mark.parametrize("how", ["timed-out", "cancelled"])

@@ -18,7 +18,7 @@ import pytest
 
 from backends.errors import BackendError, BackendUnavailable, UpstreamError
 from backends.quotas.redis import RedisQuotaStore, applied_key, bucket_key, spend_key
-from backends.redis_client import RedisConnection, RedisOptions, RequestSpend, request_spend
+from backends.redis_client import RedisConnection, RedisOptions, RequestSpend
 from gateway.limits.quotas import BudgetExceeded, Quotas, RateLimited
 from gateway.limits.shared_store import utc_day
 from gateway.obs.metrics import Metrics
@@ -174,9 +174,11 @@ class CountingStore(RedisQuotaStore):
 
     takes = 0
 
-    async def take(self, tenant: str, rate_per_s: float, burst: float) -> float:
+    async def take(
+        self, tenant: str, rate_per_s: float, burst: float, *, spend: RequestSpend | None = None
+    ) -> float:
         self.takes += 1
-        return await super().take(tenant, rate_per_s, burst)
+        return await super().take(tenant, rate_per_s, burst, spend=spend)
 
 
 async def test_a_slow_redis_is_asked_again_by_one_request_not_by_every_one_waiting(
@@ -458,11 +460,9 @@ async def test_a_request_past_its_redis_budget_decides_alone_and_degrades_no_oth
     metrics = Metrics()
     async with store(redis_server.url) as shared:
         quotas = Quotas(shared, metrics)
-        token = request_spend.set(RequestSpend(spent_s=10.0))
-        try:
-            await quotas.admit(acme, answering=True)  # a full bucket: admitted, decided here
-        finally:
-            request_spend.reset(token)
+        spent = RequestSpend(spent_s=10.0)
+        # A full bucket: admitted, decided here.
+        await quotas.admit(acme, answering=True, spend=spent)
         assert not quotas.degraded
         assert metrics.registry.get_sample_value("querygate_quota_store_degraded") == 0.0
         local = metrics.registry.get_sample_value(
@@ -486,11 +486,8 @@ async def test_a_call_cut_at_what_is_left_of_the_requests_budget_degrades_no_oth
     async with store(redis_server.url) as shared:
         quotas = Quotas(shared, metrics)
         await quotas.check_budget(acme)  # the script and connection are warm
-        token = request_spend.set(RequestSpend(spent_s=0.25 - 2e-5))  # of the default 0.25 s
-        try:
-            await quotas.check_budget(acme)  # under budget: admitted, decided here
-        finally:
-            request_spend.reset(token)
+        nearly = RequestSpend(spent_s=0.25 - 2e-5)  # of the default 0.25 s
+        await quotas.check_budget(acme, spend=nearly)  # under budget: admitted, decided here
         assert not quotas.degraded
         assert metrics.registry.get_sample_value("querygate_quota_store_degraded") == 0.0
 
@@ -511,11 +508,7 @@ async def test_a_call_that_waited_out_its_budget_for_a_connection_degrades_no_ot
         # It holds the only connection for 0.2 s (or to its 0.25 s socket timeout).
         busy = asyncio.create_task(connection.call(connection.client.blpop(["qg:none"], 0.2)))
         await asyncio.sleep(0.02)
-        token = request_spend.set(RequestSpend())
-        try:
-            await quotas.check_budget(acme)  # decided here
-        finally:
-            request_spend.reset(token)
+        await quotas.check_budget(acme, spend=RequestSpend())  # decided here
         with contextlib.suppress(BackendUnavailable):
             await busy
         assert not quotas.degraded

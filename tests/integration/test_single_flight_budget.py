@@ -9,7 +9,7 @@ import time
 import pytest
 
 from backends.cache.redis import RedisCacheStore
-from backends.redis_client import RedisConnection, RedisOptions, RequestSpend, request_spend
+from backends.redis_client import RedisConnection, RedisOptions, RequestSpend
 from gateway.cache.single_flight import SingleFlight
 from tests.fixtures.gateway import TcpProxy
 from tests.redis_server import RedisServer
@@ -46,12 +46,8 @@ async def test_a_follower_waits_for_the_leader_past_its_requests_redis_budget(
 
         flights = SingleFlight(store, 3.0, 6.0)
         releasing = asyncio.create_task(leader_gives_up())
-        token = request_spend.set(RequestSpend())
         started = time.monotonic()
-        try:
-            lease, payload = await flights.lead("acme", "k", poll)
-        finally:
-            request_spend.reset(token)
+        lease, payload = await flights.lead("acme", "k", poll, spend=RequestSpend())
         await releasing
         assert lease.claimed and payload is None
         assert 0.9 < time.monotonic() - started < 2.0

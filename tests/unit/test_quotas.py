@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from backends.errors import BackendUnavailable, UpstreamError
 from backends.llm.base import Completion, LLMCall, Message, StreamDelta, Tier, Usage
 from backends.quotas.memory import MemoryQuotaStore, refill_and_take
+from backends.redis_client import RequestSpend
 from gateway.core.health import probes
 from gateway.core.services import Services
 from gateway.limits.budget import BudgetedLLM
@@ -233,11 +234,13 @@ class FlakyStore(MemoryQuotaStore):
         self.down = False
         self.calls = 0
 
-    async def take(self, tenant: str, rate_per_s: float, burst: float) -> float:
+    async def take(
+        self, tenant: str, rate_per_s: float, burst: float, *, spend: RequestSpend | None = None
+    ) -> float:
         self._use()
         return await super().take(tenant, rate_per_s, burst)
 
-    async def spent(self, tenant: str, day: str) -> float:
+    async def spent(self, tenant: str, day: str, *, spend: RequestSpend | None = None) -> float:
         self._use()
         return await super().spent(tenant, day)
 
@@ -246,7 +249,13 @@ class FlakyStore(MemoryQuotaStore):
         return await super().add_spend(tenant, day, usd, amount_id)
 
     async def take_and_spent(
-        self, tenant: str, rate_per_s: float, burst: float, day: str
+        self,
+        tenant: str,
+        rate_per_s: float,
+        burst: float,
+        day: str,
+        *,
+        spend: RequestSpend | None = None,
     ) -> tuple[float, float]:
         self._use()  # one call, as Redis's one script
         self.calls -= 2  # the two below are part of it
@@ -512,15 +521,19 @@ class CorruptStore(FlakyStore):
         self.corrupt = {"bad"}
         self.repaired: list[tuple[str, str, float]] = []
 
-    async def take(self, tenant: str, rate_per_s: float, burst: float) -> float:
+    async def take(
+        self, tenant: str, rate_per_s: float, burst: float, *, spend: RequestSpend | None = None
+    ) -> float:
         self._garbage(tenant)
         return await super().take(tenant, rate_per_s, burst)
 
-    async def spent(self, tenant: str, day: str) -> float:
+    async def spent(self, tenant: str, day: str, *, spend: RequestSpend | None = None) -> float:
         self._garbage(tenant)
         return await super().spent(tenant, day)
 
-    async def repair(self, tenant: str, day: str, usd: float) -> None:
+    async def repair(
+        self, tenant: str, day: str, usd: float, *, spend: RequestSpend | None = None
+    ) -> None:
         self.repaired.append((tenant, day, usd))
         self.corrupt.discard(tenant)
 

@@ -9,6 +9,7 @@ from backends.cache.base import CachedEntry, Neighbour
 from backends.cache.memory import MemoryCacheStore
 from backends.errors import BackendUnavailable
 from backends.llm.base import NO_OPTIONS, GenerationOptions, Message
+from backends.redis_client import RequestSpend
 from backends.retrieval.base import Vector
 from gateway.cache.keys import (
     CacheScope,
@@ -233,10 +234,20 @@ async def test_a_neighbour_from_another_scope_is_never_served() -> None:
 class BrokenStore:
     name = "broken"
 
-    async def get(self, tenant: str, key: str) -> CachedEntry | None:
+    async def get(
+        self, tenant: str, key: str, *, spend: RequestSpend | None = None
+    ) -> CachedEntry | None:
         raise BackendUnavailable("cache", "connection refused")
 
-    async def nearest(self, tenant: str, scope: str, vector: Vector, limit: int) -> list[Neighbour]:
+    async def nearest(
+        self,
+        tenant: str,
+        scope: str,
+        vector: Vector,
+        limit: int,
+        *,
+        spend: RequestSpend | None = None,
+    ) -> list[Neighbour]:
         raise BackendUnavailable("cache", "connection refused")
 
     async def put(
@@ -244,14 +255,16 @@ class BrokenStore:
     ) -> None:
         raise BackendUnavailable("cache", "connection refused")
 
-    async def delete(self, tenant: str, key: str) -> None:
+    async def delete(self, tenant: str, key: str, *, spend: RequestSpend | None = None) -> None:
         raise BackendUnavailable("cache", "connection refused")
 
-    async def claim(self, tenant: str, key: str, ttl_s: float) -> bool:
+    async def claim(
+        self, tenant: str, key: str, ttl_s: float, *, spend: RequestSpend | None = None
+    ) -> bool:
         raise BackendUnavailable("cache", "connection refused")
 
     async def get_or_claim(
-        self, tenant: str, key: str, ttl_s: float
+        self, tenant: str, key: str, ttl_s: float, *, spend: RequestSpend | None = None
     ) -> tuple[CachedEntry | None, bool]:
         raise BackendUnavailable("cache", "connection refused")
 

@@ -2,7 +2,8 @@
 the tenant's admission to its pool (`gateway.limits.admission`). The tenant's rate limit (and,
 for an answering endpoint, its budget: `gateway.limits.quotas`) is taken right after its key is
 checked, before the body is read or any other work; the request's `RequestScope` carries the
-budget check passed, which stands for its first model call.
+budget check passed, which stands for its first model call, and the `RequestSpend` its Redis
+calls share (`backends.redis_client`), the rate limit's and budget's first among them.
 
 Every endpoint that does work has a deadline and a body-read timeout; the endpoints in `POOLS`
 are admitted to a pool too. `/admin/reload` has both limits but bypasses admission (an operator
@@ -20,7 +21,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Middleware
 from aiohttp.web_protocol import RequestPayloadError
 
-from backends.redis_client import RequestSpend, request_spend
+from backends.redis_client import RequestSpend
 from gateway.core.scope import RequestScope
 from gateway.errors import (
     DEADLINE_RETRY_AFTER_S,
@@ -72,30 +73,26 @@ def limits_middleware(admission: Admission) -> Middleware:
         server = runtime.settings.server
         timeout_s = _timeout_s(server, kind)
         deadline = asyncio.get_running_loop().time() + timeout_s
-        # The request's Redis calls share one time budget (backends.redis_client).
-        spend_token = request_spend.set(RequestSpend())
-        try:
-            authorization = request.headers.get("Authorization")
-            if kind is None:
-                runtime.check_admin(authorization)
-                await read_body(request, min(server.body_read_timeout_s, timeout_s))
-                return await _within(deadline, handler, request)
-            tenant = runtime.tenant_for(authorization)
-            record.tenant = tenant.id
-            budget = None
-            if (quotas := request.app[SERVICES].quotas) is not None:
-                budget = await quotas.admit(tenant, answering=endpoint in ANSWERING)
-            request[SCOPE] = RequestScope(tenant, deadline, record, budget)
+        authorization = request.headers.get("Authorization")
+        if kind is None:
+            runtime.check_admin(authorization)
             await read_body(request, min(server.body_read_timeout_s, timeout_s))
-            config = server.admission
-            limits = config.writes if kind == "writes" else config.queries
-            async with admission.pool(kind).admit(tenant.id, deadline, limits, config):
-                if kind == "queries":
-                    # The handlers' own guards end at `deadline` (RequestScope.deadline).
-                    return await handler(request)
-                return await _within(deadline, handler, request)
-        finally:
-            request_spend.reset(spend_token)
+            return await _within(deadline, handler, request)
+        tenant = runtime.tenant_for(authorization)
+        record.tenant = tenant.id
+        spend = RequestSpend()
+        budget = None
+        if (quotas := request.app[SERVICES].quotas) is not None:
+            budget = await quotas.admit(tenant, answering=endpoint in ANSWERING, spend=spend)
+        request[SCOPE] = RequestScope(tenant, deadline, record, spend, budget)
+        await read_body(request, min(server.body_read_timeout_s, timeout_s))
+        config = server.admission
+        limits = config.writes if kind == "writes" else config.queries
+        async with admission.pool(kind).admit(tenant.id, deadline, limits, config):
+            if kind == "queries":
+                # The handlers' own guards end at `deadline` (RequestScope.deadline).
+                return await handler(request)
+            return await _within(deadline, handler, request)
 
     return middleware
 
