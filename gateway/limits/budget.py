@@ -47,20 +47,18 @@ class BudgetedLLM(WrappedLLM):
         super().__init__(inner)
         self._quotas = quotas
         self._tenant = tenant
-        self._arrival = arrival
         self._spend = spend
         self._standing = arrival  # the check that stands for the next call, if any
 
     async def check_before_stream(self) -> None:
         """Check the budget now, before a stream's headers (a refusal is then a plain 429, not
         a stream's error event); the check stands for the stream's call: one read, not two.
-        The arrival's check stands in for this one while it is fresh and nothing was spent
-        since."""
+        The check still standing (the arrival's, unless a call such as the rewrite used it)
+        stands in for this one while it is fresh and nothing was spent since."""
         if self._quotas is None:
             return
-        if self._quotas.stands(self._arrival, self._tenant):
-            self._standing = self._arrival
-            return
+        if self._quotas.stands(self._standing, self._tenant):
+            return  # it goes on standing for the stream's call
         self._standing = await self._quotas.check_budget(self._tenant, spend=self._spend)
 
     async def complete(self, call: LLMCall) -> Completion:

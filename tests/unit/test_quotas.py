@@ -399,6 +399,29 @@ async def test_without_quotas_the_calls_are_made_for_the_tenant_and_not_budgeted
     assert inner.tenants == ["acme"] * 3
 
 
+async def test_the_arrival_check_stands_for_one_call_only_even_a_free_one() -> None:
+    q = quotas(Clock())
+    acme = tenant(budget=1.0)
+    arrival = await q.admit(acme, answering=True)
+    assert arrival is not None
+    reads = 0
+    check_budget = q.check_budget
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal reads
+        reads += 1
+        return await check_budget(*args, **kwargs)
+
+    q.check_budget = counted  # type: ignore[method-assign]
+    llm = BudgetedLLM(PricedLLM(cost=0.0), q, acme, arrival)
+    await llm.complete(LLMCall("small", ()))  # a free call (a rewrite) uses the arrival's check
+    assert reads == 0
+    await llm.check_before_stream()  # the stream to come gets a check of its own
+    assert reads == 1
+    _ = [d async for d in llm.stream(LLMCall("small", ()))]  # which stands for it
+    assert reads == 1
+
+
 # -- calls cut before their usage arrived (H3) --------------------------------------------------
 
 MESSAGES = (Message("system", "Answer from the sources. " * 20), Message("user", "Where is Acme?"))
