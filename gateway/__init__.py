@@ -4,9 +4,9 @@ import os
 import signal
 import sys
 
-# One BLAS thread per process, set before numpy loads: the embedder's matrix products share two
-# cores with the event loop, and multi-threaded BLAS under that contention measured 4x slower
-# per query (33 ms vs 131 ms p50 for one MiniLM query on a loaded 2-core machine).
+# One BLAS thread per process, set before numpy loads: the embedder's matrix products share the
+# cores with the event loop, and BLAS threads contending for them make each query slower, not
+# faster (docs/benchmarks.md).
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 

@@ -21,7 +21,7 @@ from backends.retrieval.base import RRF_K, Hit
 from backends.retrieval.stopwords import STOPWORDS
 from routers.rules import EscalationConfig
 from routers.sufficiency import F64, current_model, sufficiency_features
-from routers.types import Classification
+from routers.types import Classification, GradeReason
 
 _WORD = re.compile(r"[\w-]+")
 _PASSAGES = 3
@@ -39,9 +39,7 @@ class EvidenceGrade:
     sufficient: bool
     coverage: float
     agreement: float
-    # A short tag from a closed set, safe as a metric label: no_hits, low_coverage,
-    # arms_disagree, learned_insufficient, sufficient.
-    reason: str
+    reason: GradeReason
     # The learned model's P(insufficient); None for the signals method.
     probability: float | None = None
 

@@ -27,6 +27,10 @@ class Route(StrEnum):
     FULL_CONTEXT = "full_context"
 
 
+# What the evidence grade found (a metric label): why a lookup escalates, or "sufficient".
+GradeReason = Literal[
+    "no_hits", "low_coverage", "arms_disagree", "learned_insufficient", "sufficient"
+]
 # The agent loop's cap that stopped it (a metric label).
 Cap = Literal["steps", "tool_calls", "tokens", "cost", "deadline"]
 
@@ -162,7 +166,7 @@ class Generation:
 class Escalation:
     """A lookup whose evidence was graded insufficient: the pipeline hands it to multihop."""
 
-    reason: str  # a short tag from a closed set, safe as a metric label
+    reason: GradeReason
     note: str
     # The best of what the lookup found, for an honest answer when multihop cannot run.
     sources: tuple[Citation, ...] = ()

@@ -2,9 +2,9 @@
 
 `LiteLLMTiers` sends a tier's `openai/<model>` deployments through this instead of
 `litellm.acompletion`: the retries, fallbacks, cooldowns and cost stay in `LiteLLMTiers`, only
-the HTTP call changes. litellm's call costs ~2-4 ms of CPU (logging objects, its own cost
-calculation, parameter mapping, the OpenAI SDK over httpx); this one a few tenths of a
-millisecond (docs/benchmarks.md). Every other provider, and the token counting used when an
+the HTTP call changes. litellm's call builds logging objects, computes its own cost, maps
+parameters and goes through the OpenAI SDK over httpx; this one only sends JSON, at a fraction of
+the CPU (docs/benchmarks.md). Every other provider, and the token counting used when an
 upstream reports no usage, stay on litellm.
 
 Errors keep the meaning `backends.llm.failures.classify` gives litellm's: a connection that fails,

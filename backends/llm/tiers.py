@@ -133,7 +133,8 @@ class LiteLLMTiers:
     async def warm_up(self) -> None:
         """Run litellm's lazy imports and setup now rather than on the first real request.
 
-        The first `acompletion` in a process takes 130-530 ms. A mocked call per model exercises
+        The first `acompletion` in a process pays for litellm's lazy imports and setup, a
+        request's worth of latency. A mocked call per model exercises
         the same code path without touching the upstream (no tokens billed, works while the
         upstream is still starting). The lean wire's session opens here too.
         """

@@ -31,7 +31,7 @@ from backends.llm.base import GenerationOptions, Message
 from gateway.settings import Settings, TenantConfig
 from routers import prompts
 
-# Bump when the cached payload's shape changes (gateway.http.wire.answer_to_cache).
+# Bump when the cached payload's shape changes (gateway.cache.entry.answer_to_cache).
 PAYLOAD_VERSION = 2
 
 

@@ -19,7 +19,7 @@ from gateway.cache.stages import CacheStages
 from gateway.core.request import RequestContext
 from gateway.core.result import QueryResult, rewrite_fields
 from gateway.core.services import Services
-from gateway.limits.metering import MeteredLLM, estimate_usage
+from gateway.limits.metering import estimate_usage
 from routers.generation import CitationStream, clients_fault, finish, usage_total, with_usage
 from routers.types import Answer, Generation
 
@@ -27,11 +27,8 @@ log = logging.getLogger(__name__)
 
 
 class Finisher:
-    def __init__(
-        self, services: Services, llm: MeteredLLM, cache: CacheStages, config_version: str
-    ) -> None:
+    def __init__(self, services: Services, cache: CacheStages, config_version: str) -> None:
         self._s = services
-        self._llm = llm
         self._cache = cache
         self._version = config_version
 

@@ -43,10 +43,10 @@ class Pipeline:
             services.cache_store, services.retriever, services.embedder, services.metrics, settings
         )
         llm = self._llm = MeteredLLM(services.llm, services.metrics)
-        # Settings.version dumps and hashes the whole configuration (~50 us): once, not per
-        # answer. A reload builds a new pipeline.
+        # Settings.version dumps and hashes the whole configuration: once, not per answer. A
+        # reload builds a new pipeline.
         self._version = settings.version
-        self._finisher = Finisher(services, llm, self._cache, self._version)
+        self._finisher = Finisher(services, self._cache, self._version)
         registry = build_registry(
             AgentDeps(
                 llm,

@@ -21,7 +21,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from backends.retrieval.base import EmptyDocument
 from gateway.errors import NotFound, PayloadTooLarge, Unprocessable
-from gateway.http.appkeys import RUNTIME, SERVICES
+from gateway.http.appkeys import RUNTIME, SCOPE, SERVICES
 from gateway.http.body import parse_body
 from gateway.http.schemas import NonBlankStr
 from gateway.ingest.pipeline import ingest_documents
@@ -66,7 +66,7 @@ def _doc_id(request: web.Request) -> str:
 
 async def handle_put_document(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME].current
-    tenant = runtime.tenant_for(request.headers.get("Authorization"))
+    tenant = request[SCOPE].tenant
     doc_id = _doc_id(request)
     body = await parse_body(request, DocumentBody)
     services = request.app[SERVICES]
@@ -98,8 +98,7 @@ async def handle_put_document(request: web.Request) -> web.Response:
 
 
 async def handle_delete_document(request: web.Request) -> web.Response:
-    runtime = request.app[RUNTIME].current
-    tenant = runtime.tenant_for(request.headers.get("Authorization"))
+    tenant = request[SCOPE].tenant
     doc_id = _doc_id(request)
     services = request.app[SERVICES]
     if not await services.retriever.delete_document(tenant.id, doc_id):

@@ -5,11 +5,7 @@ No business logic; the chat endpoint (`gateway.http.handlers.chat`) shares the l
 
 from __future__ import annotations
 
-import logging
-from typing import TypeVar
-
 from aiohttp import web
-from pydantic import BaseModel
 
 from backends.llm.base import Message
 from gateway.core.guard import request_guard
@@ -24,10 +20,6 @@ from gateway.http.schemas import QueryBody, RouteBody
 from gateway.http.streaming import stream_query
 from gateway.http.wire import decision_body, query_body
 from gateway.obs.timing import StageTimer
-
-Model = TypeVar("Model", bound=BaseModel)
-
-log = logging.getLogger(__name__)
 
 
 def check_limits(runtime: Runtime, query: str, history_len: int) -> None:
