@@ -1,7 +1,8 @@
 """Gateway errors, and the one table of what a client is told of each failure.
 
-Handlers and stages raise, never format: the outcome middleware (`gateway.http.middleware.outcome`)
-turns every exception into `{"error": {"type", "message"}}` through `failure_of`, and a stream
+Handlers and stages raise, never format: the outcome middleware
+(`gateway.http.middleware.outcome`) turns every exception into `{"error": {"type", "message"}}`
+through `failure_of` (aiohttp's own exceptions beside it: `gateway.http.failures`), and a stream
 that fails after its headers went out (`gateway.http.streaming`) ends with an error event from
 the same `Failure`. `detail`, and a library's own text, go to the log line only.
 
@@ -34,7 +35,7 @@ the message of the JSON error and, where it differs, of a stream's error event):
     └── UpstreamError            503 upstream_error       upstream_error
         └── UpstreamRefused      400 bad_request          client_error      if the client
                                                                             shaped the calls
-    aiohttp's HTTPException      its own status                             obs.accounting
+    aiohttp's HTTPException      its own status                             http.failures
     any other exception          500 internal_error       error (a bug)
 """
 

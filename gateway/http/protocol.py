@@ -36,7 +36,7 @@ from aiohttp.web_request import BaseRequest
 from aiohttp.web_runner import GracefulExit
 
 from gateway.errors import RequestTimeout, clip
-from gateway.obs.accounting import error_response
+from gateway.http.failures import error_response
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ class GatewayRequestHandler(RequestHandler):
         queues that as a next request and leaves the body waiting for bytes that never come,
         so the request would hang until `body_read_timeout_s` (a 408 for a 400), then hold the
         connection another 10 s lingering on the body. The body's reader gets the error now
-        (`gateway.http.middleware.limits.read_body` answers 400) and the connection closes
+        (`gateway.http.body.read_body` answers 400) and the connection closes
         after the answer: where the next request would start is unknown."""
         self._messages.pop()
         self._request_count -= 1

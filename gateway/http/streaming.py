@@ -20,8 +20,8 @@ from gateway.core.request import QueryRequest, RequestContext
 from gateway.core.result import QueryResult
 from gateway.core.runtime import Runtime
 from gateway.core.scope import RequestScope
+from gateway.http.failures import request_failure
 from gateway.http.wire import query_body
-from gateway.obs.accounting import failure_of
 from gateway.settings import ServerConfig
 from routers.types import Generation
 
@@ -176,7 +176,7 @@ async def _end_with_error(
     if isinstance(exc, ConnectionError):
         raise exc  # the client went away: nobody to tell
     record = scope.record
-    failure = failure_of(exc, client_gone=False, client_shaped=record.client_shaped)
+    failure = request_failure(exc, client_gone=False, client_shaped=record.client_shaped)
     record.failure = failure
     await response.write(fmt.error(*failure.streamed))
     await response.write_eof()

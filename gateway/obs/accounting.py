@@ -4,23 +4,19 @@ The outcome middleware (`gateway.http.middleware.outcome`) opens a `RequestRecor
 request and puts it on the request (the `RequestScope` carries it into the core); whatever runs
 for the request (admission, the finisher's `_observe`, a stream that ends with an error event)
 adds to it, and every request, ok or not, ends with one `account` call: one counter increment
-and one log line. `failure_of` maps an exception to its outcome (the closed set
-`gateway.errors.Outcome`) and to the JSON error the client gets, by `gateway.errors`' table.
+and one log line. What an exception means (its outcome, the closed set `gateway.errors.Outcome`,
+and the JSON error the client gets) is `gateway.errors`' table; its HTTP side is
+`gateway.http.failures`.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiohttp import web
-from aiohttp.web_urldispatcher import SystemRoute
-
-from gateway import errors
-from gateway.errors import Failure, Outcome, status_outcome
+from gateway.errors import Failure, Outcome
 from gateway.obs.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -50,43 +46,6 @@ class RequestRecord:
 
     def elapsed_s(self) -> float:
         return time.perf_counter() - self.started
-
-
-def endpoint_of(request: web.Request) -> str:
-    """The method and route template: a closed set (unknown paths are 'unmatched')."""
-    route = request.match_info.route
-    resource = route.resource
-    if resource is None or isinstance(route, SystemRoute):
-        return "unmatched"
-    path = re.sub(r"\{(\w+)(:[^}]*)?\}", r"{\1}", resource.canonical)
-    return f"{route.method} {path}"
-
-
-def error_response(
-    status: int, kind: str, message: str, retry_after_s: int | None = None
-) -> web.Response:
-    headers = {"Retry-After": str(retry_after_s)} if retry_after_s is not None else None
-    body = {"error": {"type": kind, "message": message}}
-    return web.json_response(body, status=status, headers=headers)
-
-
-def failure_of(exc: Exception, *, client_gone: bool, client_shaped: bool = False) -> Failure:
-    """The failure an exception means (`gateway.errors.failure_of`, and aiohttp's own HTTP
-    exceptions). `client_gone`: the client's connection is closed; `client_shaped`: the
-    request's `RequestRecord.client_shaped`."""
-    if isinstance(exc, web.HTTPException):  # aiohttp's own: 404, 405, 413
-        kind = _HTTP_KINDS.get(exc.status, "bad_request")
-        return Failure(status_outcome(exc.status), exc.status, kind, exc.reason, exc.reason)
-    return errors.failure_of(exc, client_gone=client_gone, client_shaped=client_shaped)
-
-
-def failure_response(failure: Failure) -> web.Response:
-    if failure.outcome == "disconnect":
-        return web.Response(status=499)  # nobody reads it
-    return error_response(failure.status, failure.kind, failure.message, failure.retry_after_s)
-
-
-_HTTP_KINDS = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
 
 
 def account(

@@ -126,7 +126,13 @@ def test_the_walk_sees_lazy_and_plain_imports(source: str, expected: list[str]) 
 
 # The request core and what it stands on know nothing of the HTTP framework: they are driven
 # by plain arguments, so they run (and are tested) without a server.
-FRAMEWORK_FREE = ("gateway.core", "gateway.cache", "gateway.limits", "gateway.ingest", "routers")
+FRAMEWORK_FREE = (
+    "gateway.core",
+    "gateway.cache",
+    "gateway.limits",
+    "gateway.ingest",
+    "routers",
+)
 
 
 def test_the_core_does_not_import_the_http_framework() -> None:

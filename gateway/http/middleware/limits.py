@@ -17,21 +17,16 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Middleware
-from aiohttp.web_protocol import RequestPayloadError
 
 from backends.redis_client import RequestSpend
 from gateway.core.scope import RequestScope
 from gateway.errors import (
     DEADLINE_RETRY_AFTER_S,
-    BadRequest,
-    ClientGone,
     DeadlineExceeded,
-    PayloadTooLarge,
-    RequestTimeout,
 )
 from gateway.http.appkeys import RECORD, RUNTIME, SCOPE, SERVICES
+from gateway.http.body import read_body
 from gateway.limits.admission import Admission
 from gateway.obs.accounting import ANSWERING
 from gateway.settings import ServerConfig
@@ -48,7 +43,6 @@ POOLS = {
 }
 # Limited but not admitted: the admin key is checked before the body is read.
 ADMIN = frozenset({"POST /admin/reload"})
-UNDECODABLE_BODY = "the request body cannot be decoded (its Content-Encoding or chunked framing)"
 
 
 def _timeout_s(server: ServerConfig, kind: str | None) -> float:
@@ -110,33 +104,3 @@ async def _within(deadline: float, handler: Handler, request: web.Request) -> we
         raise DeadlineExceeded(
             "the request deadline passed", retry_after_s=DEADLINE_RETRY_AFTER_S
         ) from exc
-
-
-async def read_body(request: web.Request, timeout_s: float) -> bytes:
-    """The whole body (cached: `request.read()` returns it again), or the error to answer.
-
-    The one place a body read becomes an HTTP error; a library's detail goes to the log only.
-    """
-    declared = request.content_length
-    if declared is not None and declared > request.client_max_size and not _encoded(request):
-        # Refused before a byte of it is read: waiting for a body that will be refused anyway
-        # held the connection (and a slot) for body_read_timeout_s when the client stalled.
-        raise PayloadTooLarge(f"request body over {request.client_max_size} bytes")
-    try:
-        async with asyncio.timeout(timeout_s):
-            return await request.read()
-    except TimeoutError as exc:
-        raise RequestTimeout(f"the request body did not arrive within {timeout_s:g} s") from exc
-    except web.HTTPRequestEntityTooLarge as exc:
-        raise PayloadTooLarge(f"request body over {request.client_max_size} bytes") from exc
-    except ConnectionError as exc:
-        raise ClientGone("the client closed the connection during the body") from exc
-    except HttpProcessingError as exc:  # a corrupt gzip/deflate body, a broken chunked body
-        raise BadRequest(UNDECODABLE_BODY, detail=exc.message) from exc
-    except RequestPayloadError as exc:  # how aiohttp's reader reports the same (zlib's error)
-        raise BadRequest(UNDECODABLE_BODY, detail=str(exc)) from exc
-
-
-def _encoded(request: web.Request) -> bool:
-    """A compressed body's declared length is not the length the limit applies to."""
-    return request.headers.get("Content-Encoding", "identity").lower() != "identity"

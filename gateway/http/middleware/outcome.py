@@ -17,13 +17,8 @@ from aiohttp.typedefs import Middleware
 
 from gateway.errors import status_outcome
 from gateway.http.appkeys import RECORD, REQUEST_ID
-from gateway.obs.accounting import (
-    RequestRecord,
-    account,
-    endpoint_of,
-    failure_of,
-    failure_response,
-)
+from gateway.http.failures import endpoint_of, failure_response, request_failure
+from gateway.obs.accounting import RequestRecord, account
 from gateway.obs.metrics import Metrics
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -60,7 +55,7 @@ def outcome_middleware(metrics: Metrics) -> Middleware:
         except Exception as exc:
             if isinstance(exc, web.HTTPException) and exc.status < 400:
                 raise  # a redirect is an answer
-            failure = failure_of(
+            failure = request_failure(
                 exc, client_gone=_client_gone(request), client_shaped=record.client_shaped
             )
             outcome, error, bug = failure.outcome, failure.error, failure.bug
