@@ -1,5 +1,7 @@
-"""`querygate`: serve, ingest, route, eval, config. Every command reads the same configuration
-(`config` reads the file it is given, or none)."""
+"""`querygate`: serve, ingest, route, eval, config, opensearch. Argument parsing and what each
+command prints; the work is `gateway/server`'s (run, commands), `gateway/eval`'s and the
+backends'. Every command reads the same configuration (`config` reads the file it is given, or
+none)."""
 
 from __future__ import annotations
 
@@ -7,10 +9,9 @@ import argparse
 import asyncio
 import json
 import logging
-import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gateway.obs.logs import configure_logging
 from gateway.settings import ConfigError, Settings, load_settings
@@ -150,10 +151,10 @@ def _workers(value: str) -> int:
 
 def _serve(settings: Settings, args: argparse.Namespace) -> int:
     from gateway.core.runtime import DEMO_TENANT
-    from gateway.server import run
+    from gateway.server import commands, run
 
-    if args.workers > 1:  # a SIGHUP before the supervisor is up must not end it
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    # A SIGHUP before the server or the supervisor is up is ignored from the package's import
+    # (gateway/__init__.py): it must not end the process.
     options = run.ServeOptions(args.config, args.host, args.port, args.log_level, args.workers)
     settings = run.serve_settings(settings, options)  # the demo key is made here, once
     if args.workers == 1:
@@ -167,11 +168,13 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
         return run.serve_one(settings, options, ingest)
     if args.sample_corpus:
         # Workers are separate processes: the one writer ingests before they start.
-        asyncio.run(_ingest_async(settings, DEMO_TENANT, [], sample=True))
+        asyncio.run(commands.ingest(settings, DEMO_TENANT, [], sample=True))
     return run.supervise(settings, options)
 
 
 def _ingest(settings: Settings, args: argparse.Namespace) -> int:
+    from gateway.server import commands
+
     if not args.paths and not args.sample_corpus:
         print("nothing to ingest: give paths or --sample-corpus", file=sys.stderr)
         return 2
@@ -179,7 +182,7 @@ def _ingest(settings: Settings, args: argparse.Namespace) -> int:
 
     try:
         report = asyncio.run(
-            _ingest_async(settings, args.tenant, args.paths, args.sample_corpus, args.rechunk)
+            commands.ingest(settings, args.tenant, args.paths, args.sample_corpus, args.rechunk)
         )
     except UnreadableInput as exc:
         print(f"cannot ingest: {exc}", file=sys.stderr)
@@ -204,70 +207,10 @@ def _ingest(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-async def _ingest_async(
-    settings: Settings, tenant: str, paths: list[Path], sample: bool, rechunk: bool = False
-) -> dict[str, Any]:
-    from backends.embeddings.bulk import bulk_embedder
-    from backends.embeddings.config import build_embedder
-    from gateway.ingest.background import IngestProgress, ProgressDisplay, ingest_shown
-    from gateway.ingest.readers import read_paths
-    from gateway.ingest.wiki_sample import load_wiki_sample
-    from gateway.server.services import build_retriever
-
-    embedder = build_embedder(settings.embeddings)
-    retriever = build_retriever(settings, embedder.dimension)
-    # Every core embeds (one batch each); this coroutine is the one writer.
-    bulk, parallel = bulk_embedder(embedder)
-    try:
-        docs = list(load_wiki_sample()) if sample else []
-        docs += list(read_paths(paths))
-        progress = IngestProgress(tenant, "sample corpus" if sample else "documents")
-        progress.total, progress.state = len(docs), "running"
-        progress.workers = getattr(bulk, "workers", 1)
-        display = ProgressDisplay(progress)
-        report = await ingest_shown(
-            progress,
-            display,
-            docs,
-            bulk,
-            retriever,
-            parallel,
-            rechunk=rechunk,
-            max_chunks=settings.server.max_document_chunks,
-        )
-        progress.state, progress.chunks = "done", report.chunks
-        display.update(final=True)
-    finally:
-        if bulk is not embedder:
-            await bulk.aclose()
-        await retriever.aclose()
-        await embedder.aclose()
-    return {
-        **report.as_dict(),
-        "too_large_ids": report.too_large_ids,
-        "blank_ids": report.blank_ids,
-    }
-
-
 def _route(settings: Settings, args: argparse.Namespace) -> int:
-    from backends.embeddings.config import build_embedder
-    from gateway.core.routing import configured_routes, policy_for
-    from gateway.core.runtime import build_classifier
-    from gateway.http.wire import decision_body
-    from routers.policy import decide
+    from gateway.server.commands import explain_route
 
-    async def explain() -> dict[str, Any]:
-        embedder = build_embedder(settings.embeddings)
-        try:
-            vector = (await embedder.embed([args.question]))[0]
-        finally:
-            await embedder.aclose()
-        classifier = build_classifier(settings, embedder.model_id)
-        policy = policy_for(settings, args.tenant, configured_routes(settings))
-        classification = classifier.classify(args.question, vector)
-        return decision_body(decide(classification, "auto", args.question, policy))
-
-    print(json.dumps(asyncio.run(explain()), indent=2))
+    print(json.dumps(asyncio.run(explain_route(settings, args.tenant, args.question)), indent=2))
     return 0
 
 

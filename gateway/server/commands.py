@@ -1,0 +1,72 @@
+"""The one-shot commands: each builds the backends a configuration names, runs once and
+closes them. `gateway/cli` parses their arguments and prints what they return."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from backends.embeddings.bulk import bulk_embedder
+from backends.embeddings.config import build_embedder
+from gateway.core.routing import configured_routes, policy_for
+from gateway.core.runtime import build_classifier
+from gateway.http.wire import decision_body
+from gateway.ingest.background import IngestProgress, ProgressDisplay, ingest_shown
+from gateway.ingest.readers import read_paths
+from gateway.ingest.wiki_sample import load_wiki_sample
+from gateway.server.services import build_retriever
+from gateway.settings import Settings
+from routers.policy import decide
+
+
+async def ingest(
+    settings: Settings, tenant: str, paths: list[Path], sample: bool, rechunk: bool = False
+) -> dict[str, Any]:
+    """`querygate ingest`: the documents at `paths` (and the sample corpus) into `tenant`'s
+    index, with a progress display; the report, with the ids refused as too large or blank."""
+    embedder = build_embedder(settings.embeddings)
+    retriever = build_retriever(settings, embedder.dimension)
+    # Every core embeds (one batch each); this coroutine is the one writer.
+    bulk, parallel = bulk_embedder(embedder)
+    try:
+        docs = list(load_wiki_sample()) if sample else []
+        docs += list(read_paths(paths))
+        progress = IngestProgress(tenant, "sample corpus" if sample else "documents")
+        progress.total, progress.state = len(docs), "running"
+        progress.workers = getattr(bulk, "workers", 1)
+        display = ProgressDisplay(progress)
+        report = await ingest_shown(
+            progress,
+            display,
+            docs,
+            bulk,
+            retriever,
+            parallel,
+            rechunk=rechunk,
+            max_chunks=settings.server.max_document_chunks,
+        )
+        progress.state, progress.chunks = "done", report.chunks
+        display.update(final=True)
+    finally:
+        if bulk is not embedder:
+            await bulk.aclose()
+        await retriever.aclose()
+        await embedder.aclose()
+    return {
+        **report.as_dict(),
+        "too_large_ids": report.too_large_ids,
+        "blank_ids": report.blank_ids,
+    }
+
+
+async def explain_route(settings: Settings, tenant: str, question: str) -> dict[str, Any]:
+    """`querygate route`: the routing decision for `question`, as `/v1/route` explains it."""
+    embedder = build_embedder(settings.embeddings)
+    try:
+        vector = (await embedder.embed([question]))[0]
+    finally:
+        await embedder.aclose()
+    classifier = build_classifier(settings, embedder.model_id)
+    policy = policy_for(settings, tenant, configured_routes(settings))
+    classification = classifier.classify(question, vector)
+    return decision_body(decide(classification, "auto", question, policy))
