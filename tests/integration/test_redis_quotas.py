@@ -25,7 +25,10 @@ from gateway.obs.metrics import Metrics
 from gateway.settings import TenantConfig
 from tests.redis_server import RedisServer
 
-TODAY = utc_day(time.time())
+
+def today() -> str:
+    """Read when used: a suite that runs past midnight UTC spends on the new day."""
+    return utc_day(time.time())
 
 
 @asynccontextmanager
@@ -81,8 +84,8 @@ async def test_a_tenant_at_its_limit_leaves_another_untouched(url: str) -> None:
         assert await s.take(acme, 0.5, 1) == 0.0
         assert await s.take(acme, 0.5, 1) > 0
         assert await s.take(globex, 0.5, 1) == 0.0
-        await s.add_spend(acme, TODAY, 5.0, new_id())
-        assert await s.spent(globex, TODAY) == 0.0
+        await s.add_spend(acme, today(), 5.0, new_id())
+        assert await s.spent(globex, today()) == 0.0
 
 
 async def test_the_slowest_and_largest_bucket_allowed_works(url: str) -> None:
@@ -106,9 +109,9 @@ async def test_concurrent_spend_from_two_processes_is_added_exactly(url: str) ->
     # About atomic addition, not timeouts: opening 40 connections at once on a loaded 2-core
     # CI machine can take longer than the production connect timeout (0.5 s).
     async with store(url, timeout_s=5.0) as one, store(url, timeout_s=5.0) as two:
-        adds = [s.add_spend(acme, TODAY, 0.01, new_id()) for _ in range(20) for s in (one, two)]
+        adds = [s.add_spend(acme, today(), 0.01, new_id()) for _ in range(20) for s in (one, two)]
         totals = await asyncio.gather(*adds)
-        assert await one.spent(acme, TODAY) == pytest.approx(0.4)
+        assert await one.spent(acme, today()) == pytest.approx(0.4)
     assert max(totals) == pytest.approx(0.4)
     assert len({round(t, 6) for t in totals}) == 40  # every add saw its own total
 
@@ -116,9 +119,9 @@ async def test_concurrent_spend_from_two_processes_is_added_exactly(url: str) ->
 async def test_a_days_spend_expires_an_hour_after_the_day(redis_server: RedisServer) -> None:
     acme = tenant_id("acme")
     async with store(redis_server.url) as s:
-        await s.add_spend(acme, TODAY, 0.5, new_id())
-    ttl = int(redis_server.command("TTL", spend_key(acme, TODAY)).strip().lstrip(b":"))
-    day_end = dt.datetime.strptime(TODAY, "%Y-%m-%d").replace(tzinfo=dt.UTC) + dt.timedelta(1)
+        await s.add_spend(acme, today(), 0.5, new_id())
+    ttl = int(redis_server.command("TTL", spend_key(acme, today())).strip().lstrip(b":"))
+    day_end = dt.datetime.strptime(today(), "%Y-%m-%d").replace(tzinfo=dt.UTC) + dt.timedelta(1)
     expected = day_end.timestamp() + 3600 - time.time()
     assert abs(ttl - expected) <= 5
 
@@ -132,12 +135,12 @@ async def test_garbage_in_a_spend_key_is_an_error_never_a_limit(
     redis_server: RedisServer,
 ) -> None:
     acme = tenant_id("acme")
-    redis_server.command("SET", spend_key(acme, TODAY), "not a number")
+    redis_server.command("SET", spend_key(acme, today()), "not a number")
     async with store(redis_server.url) as s:
         with pytest.raises(BackendError):
-            await s.spent(acme, TODAY)
+            await s.spent(acme, today())
         with pytest.raises(BackendError):
-            await s.add_spend(acme, TODAY, 0.1, new_id())
+            await s.add_spend(acme, today(), 0.1, new_id())
 
 
 async def test_a_killed_redis_fails_fast_and_a_restarted_one_is_used_again(
@@ -158,12 +161,12 @@ async def test_a_killed_redis_fails_fast_and_a_restarted_one_is_used_again(
 async def test_a_paused_redis_costs_one_socket_timeout(redis_server: RedisServer) -> None:
     acme = tenant_id("acme")
     async with store(redis_server.url) as s:
-        await s.spent(acme, TODAY)
+        await s.spent(acme, today())
         redis_server.pause()
         try:
             started = time.monotonic()
             with pytest.raises(BackendUnavailable):
-                await s.spent(acme, TODAY)
+                await s.spent(acme, today())
             assert time.monotonic() - started < 1.5
         finally:
             redis_server.resume()
@@ -298,16 +301,16 @@ async def test_redis_killed_the_limits_hold_per_process_and_come_back_shared(
         assert not quotas.degraded
         assert metrics.registry.get_sample_value("querygate_quota_store_degraded") == 0.0
         # The spend kept while it was down was added to the new Redis.
-        assert await s.spent(acme.id, TODAY) == pytest.approx(0.4)
+        assert await s.spent(acme.id, today()) == pytest.approx(0.4)
 
 
 async def test_an_amount_sent_again_with_its_id_is_added_once(url: str) -> None:
     acme, amount = tenant_id("acme"), new_id()
     async with store(url) as s:
-        assert await s.add_spend(acme, TODAY, 0.25, amount) == pytest.approx(0.25)
-        assert await s.add_spend(acme, TODAY, 0.25, amount) == pytest.approx(0.25)
-        assert await s.add_spend(acme, TODAY, 0.5, new_id()) == pytest.approx(0.75)
-        assert await s.spent(acme, TODAY) == pytest.approx(0.75)
+        assert await s.add_spend(acme, today(), 0.25, amount) == pytest.approx(0.25)
+        assert await s.add_spend(acme, today(), 0.25, amount) == pytest.approx(0.25)
+        assert await s.add_spend(acme, today(), 0.5, new_id()) == pytest.approx(0.75)
+        assert await s.spent(acme, today()) == pytest.approx(0.75)
 
 
 async def test_spend_applied_but_its_reply_lost_is_not_counted_twice(
@@ -326,16 +329,16 @@ async def test_spend_applied_but_its_reply_lost_is_not_counted_twice(
             redis_server.resume()
         assert quotas.degraded
         for _ in range(60):  # the resumed server runs what it had received
-            if await s.spent(acme.id, TODAY) > 0:
+            if await s.spent(acme.id, today()) > 0:
                 break
             await asyncio.sleep(0.05)
-        assert await s.spent(acme.id, TODAY) == pytest.approx(0.3)  # it was applied
+        assert await s.spent(acme.id, today()) == pytest.approx(0.3)  # it was applied
         await asyncio.sleep(0.1)
         await quotas.ping()  # the replay
         assert not quotas.degraded
-        assert await s.spent(acme.id, TODAY) == pytest.approx(0.3)  # not 0.6
+        assert await s.spent(acme.id, today()) == pytest.approx(0.3)  # not 0.6
         assert quotas._outbox.outstanding() == {}
-        ttl = int(redis_server.command("TTL", applied_key(acme.id, TODAY)).strip().lstrip(b":"))
+        ttl = int(redis_server.command("TTL", applied_key(acme.id, today())).strip().lstrip(b":"))
         assert ttl > 3600  # the ids expire with the day's spend
 
 
@@ -344,8 +347,8 @@ async def test_one_tenants_corrupt_keys_are_repaired_and_no_other_tenant_is_degr
 ) -> None:
     bad, good = limited(tenant_id("bad"), budget=1.0), limited(tenant_id("good"), budget=1.0)
     redis_server.command("SET", bucket_key(bad.id), "not a hash")  # WRONGTYPE for HMGET
-    redis_server.command("SET", spend_key(bad.id, TODAY), "garbage")
-    redis_server.command("SET", applied_key(bad.id, TODAY), "not a hash")
+    redis_server.command("SET", spend_key(bad.id, today()), "garbage")
+    redis_server.command("SET", applied_key(bad.id, today()), "not a hash")
     metrics = Metrics()
     async with store(redis_server.url) as s:
         quotas = Quotas(s, metrics, retry_s=60.0)  # a breaker tripped would stay tripped
@@ -355,11 +358,11 @@ async def test_one_tenants_corrupt_keys_are_repaired_and_no_other_tenant_is_degr
         await quotas.record_spend(good, 0.2)
         assert not quotas.degraded
         assert metrics.registry.get_sample_value("querygate_quota_store_degraded") == 0.0
-        assert await s.spent(good.id, TODAY) == pytest.approx(0.2)  # shared, at once
+        assert await s.spent(good.id, today()) == pytest.approx(0.2)  # shared, at once
         await quotas.ping()  # the probe sends bad's kept spend, now that its keys are fixed
-        assert await s.spent(bad.id, TODAY) == pytest.approx(0.1)
+        assert await s.spent(bad.id, today()) == pytest.approx(0.1)
         assert await s.take(bad.id, 0.1, 2) >= 0.0  # the bucket is a hash again
-    for key in (bucket_key(bad.id), applied_key(bad.id, TODAY)):
+    for key in (bucket_key(bad.id), applied_key(bad.id, today())):
         assert redis_server.command("TYPE", key).strip() in (b"+hash", b"+zset", b"+none")
 
 
@@ -386,7 +389,7 @@ async def test_a_dead_redis_is_unavailable_not_a_tenants_data_error(
     async with store(redis_server.url) as s:
         redis_server.kill()
         with pytest.raises(BackendUnavailable):
-            await s.spent("acme", TODAY)
+            await s.spent("acme", today())
         with pytest.raises(BackendUnavailable):
             await s.ping()
 
@@ -396,12 +399,12 @@ async def test_an_unusable_spend_refuses_the_add_before_marking_its_id(
     redis_server: RedisServer, garbage: str
 ) -> None:
     acme, amount = tenant_id("acme"), new_id()
-    redis_server.command("SET", spend_key(acme, TODAY), garbage)
+    redis_server.command("SET", spend_key(acme, today()), garbage)
     async with store(redis_server.url) as s:
         with pytest.raises(UpstreamError):
-            await s.add_spend(acme, TODAY, 0.25, amount)
-        await s.repair(acme, TODAY, 0.5)  # the last total this process read
-        assert await s.add_spend(acme, TODAY, 0.25, amount) == pytest.approx(0.75)  # not lost
+            await s.add_spend(acme, today(), 0.25, amount)
+        await s.repair(acme, today(), 0.5)  # the last total this process read
+        assert await s.add_spend(acme, today(), 0.25, amount) == pytest.approx(0.75)  # not lost
 
 
 def _monitor(server: RedisServer) -> socket.socket:

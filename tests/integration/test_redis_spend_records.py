@@ -23,7 +23,10 @@ from tests.redis_server import RedisServer
 
 pytestmark = [pytest.mark.integration]
 
-TODAY = utc_day(time.time())
+
+def today() -> str:
+    """Read when used: a suite that runs past midnight UTC spends on the new day."""
+    return utc_day(time.time())
 
 
 @asynccontextmanager
@@ -80,10 +83,10 @@ async def test_a_tenants_records_are_one_per_process_not_one_per_call(
         quotas = Quotas(shared, Metrics())
         for _ in range(50):
             await quotas.record_spend(who, 0.01)
-        assert await shared.spent(who.id, TODAY) == pytest.approx(0.5)
+        assert await shared.spent(who.id, today()) == pytest.approx(0.5)
         assert quotas._outbox.outstanding() == {}
     keys = set(inspect.scan_iter(match=f"qg:quota:{{{who.id}}}:*"))
-    assert keys == {spend_key(who.id, TODAY), applied_key(who.id, TODAY)}
+    assert keys == {spend_key(who.id, today()), applied_key(who.id, today())}
     records, used = per_call_records(inspect, who.id)
     assert records == 1 and used < 200  # was a field per call: 50
     for key in keys:
@@ -95,12 +98,12 @@ async def test_any_earlier_amount_of_a_process_is_a_replay_whatever_came_between
 ) -> None:
     paying = tenant("paying", budget=1e6).id
     async with store(redis_server.url) as s:
-        await s.add_spend(paying, TODAY, 1.0, "a:1")
+        await s.add_spend(paying, today(), 1.0, "a:1")
         for i in range(3000):  # other processes' amounts
-            await s.add_spend(paying, TODAY, 0.5, f"other-{i % 7}:{i}")
-        await s.add_spend(paying, TODAY, 1.0, "a:2")
+            await s.add_spend(paying, today(), 0.5, f"other-{i % 7}:{i}")
+        await s.add_spend(paying, today(), 1.0, "a:2")
         total = 2.0 + 0.5 * 3000
         for replay in ("a:1", "a:2", "other-3:10"):
-            assert await s.add_spend(paying, TODAY, 1.0, replay) == pytest.approx(total)
-        assert await s.add_spend(paying, TODAY, 1.0, "a:3") == pytest.approx(total + 1.0)
-        assert await s.add_spend(paying, TODAY, 1.0, "") == pytest.approx(total + 2.0)
+            assert await s.add_spend(paying, today(), 1.0, replay) == pytest.approx(total)
+        assert await s.add_spend(paying, today(), 1.0, "a:3") == pytest.approx(total + 1.0)
+        assert await s.add_spend(paying, today(), 1.0, "") == pytest.approx(total + 2.0)

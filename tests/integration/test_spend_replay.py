@@ -24,7 +24,10 @@ from tests.redis_server import RedisServer
 
 pytestmark = [pytest.mark.integration]
 
-TODAY = utc_day(time.time())
+
+def today() -> str:
+    """Read when used: a suite that runs past midnight UTC spends on the new day."""
+    return utc_day(time.time())
 
 
 @asynccontextmanager
@@ -54,7 +57,7 @@ async def lose_a_reply(server: RedisServer, quotas: Quotas, who: TenantConfig, u
         server.resume()
     assert quotas.degraded and quotas._outbox.outstanding()
     for _ in range(60):
-        if float(server.command("GET", spend_key(who.id, TODAY)).split(b"\r\n")[1] or 0) > 0:
+        if float(server.command("GET", spend_key(who.id, today())).split(b"\r\n")[1] or 0) > 0:
             return
         await asyncio.sleep(0.05)
     raise AssertionError("the paused call was never applied")
@@ -75,7 +78,7 @@ async def test_a_replay_after_many_amounts_of_other_replicas_is_added_once(
         await asyncio.sleep(0.1)
         await here.ping()  # the replay
         assert not here.degraded and here._outbox.outstanding() == {}
-        assert await mine.spent(acme.id, TODAY) == pytest.approx(5.0 + 1.1)  # was 11.1
+        assert await mine.spent(acme.id, today()) == pytest.approx(5.0 + 1.1)  # was 11.1
         if budget is not None:
             await here.check_budget(acme)  # 6.1 of 10 spent: not refused
             await there.record_spend(acme, 4.0)
@@ -93,9 +96,9 @@ async def test_the_replay_records_stay_bounded_per_process_not_per_call(
         for _ in range(300):
             await one.record_spend(acme, 0.01)
             await two.record_spend(acme, 0.01)
-        assert await a.spent(acme.id, TODAY) == pytest.approx(6.0)
-    kind = redis_server.command("TYPE", applied_key(acme.id, TODAY))
+        assert await a.spent(acme.id, today()) == pytest.approx(6.0)
+    kind = redis_server.command("TYPE", applied_key(acme.id, today()))
     assert kind == b"+hash\r\n"
-    assert redis_server.command("HLEN", applied_key(acme.id, TODAY)) == b":2\r\n"
-    ttl = int(redis_server.command("TTL", applied_key(acme.id, TODAY)).strip().lstrip(b":"))
+    assert redis_server.command("HLEN", applied_key(acme.id, today())) == b":2\r\n"
+    ttl = int(redis_server.command("TTL", applied_key(acme.id, today())).strip().lstrip(b":"))
     assert ttl > 3600
