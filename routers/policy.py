@@ -211,9 +211,9 @@ def _apply_threshold(draft: _Draft, classification: Classification, router: Rout
 
 
 def _direct_only_for_small_talk(draft: _Draft, query: str, executable: frozenset[Route]) -> None:
-    """A wrong direct answer loses the documents' grounding, a needless lookup costs a few
-    milliseconds: so direct is kept for the closed set that needs no documents, and that set
-    goes direct whatever the classifier's opinion (not when a threshold or an identifier
+    """A wrong direct answer loses the documents' grounding, a needless lookup costs a
+    retrieval: so direct is kept for the closed set that needs no documents, and that set goes
+    direct whatever the classifier's opinion (not when a threshold or an identifier
     already sent the message to lookup)."""
     kind = small_talk(query)
     if draft.route is Route.DIRECT and kind is None and Route.LOOKUP in executable:

@@ -3,8 +3,8 @@
 The route policy answers a message directly only when it is one of these; anything else the
 classifier calls direct is a question for the documents (an everyday search phrasing such as
 "inventor of dynamite", "Canberra" or "Explain photosynthesis" reads like chat to a classifier,
-and answering it without the documents loses its grounding, while a needless lookup costs a few
-milliseconds). The kinds:
+and answering it without the documents loses its grounding, while a needless lookup costs a
+retrieval). The kinds:
 
 - `social`: greetings, thanks, farewells and acknowledgements, alone or strung together
   ("OK, thanks, bye!");
