@@ -34,16 +34,17 @@ from gateway.core.routing import configured_routes, policy_for  # noqa: E402
 from gateway.core.runtime import build_classifier  # noqa: E402
 from gateway.eval.deployment import embed_all  # noqa: E402
 from gateway.eval.stats import estimate  # noqa: E402
-from gateway.settings import Settings  # noqa: E402
+from gateway.settings import ModelsConfig, Settings  # noqa: E402
 from routers.policy import RouteDecision, decide  # noqa: E402
 from routers.types import Route  # noqa: E402
 
 DATA = REPO / "bench" / "data" / "direct_routing.jsonl"
 TIER = {"model": "openai/not-called"}
+MODELS = ModelsConfig.model_validate({"small": TIER, "large": TIER})
 
 
 async def route_all(queries: list[str]) -> list[RouteDecision]:
-    settings = Settings(models={"small": TIER, "large": TIER})
+    settings = Settings(models=MODELS)
     embedder = build_embedder(settings.embeddings)
     try:
         classifier = build_classifier(settings, embedder.model_id)

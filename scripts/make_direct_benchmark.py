@@ -308,7 +308,8 @@ def small_talk(docs: list[RawDocument]) -> Iterator[dict[str, str]]:
 
 def build(per_part: int) -> list[dict[str, str]]:
     docs = load_wiki_sample()
-    rows, seen = [], set()
+    rows: list[dict[str, str]] = []
+    seen: set[str] = set()
     for row in (*information(docs, per_part), *small_talk(docs)):
         folded = row["query"].casefold()
         if folded in seen:
