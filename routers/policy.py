@@ -3,12 +3,14 @@
 Order, each step able to override the one before:
 1. the classifier;
 2. per-route confidence thresholds, and no direct answer for a question naming an identifier;
-3. the first matching configured rule;
-4. a route forced by the request (when the tenant may force);
-5. identifiers, or a query written as keywords rather than a question, raise the lexical
+3. direct only for small talk (`routers.small_talk`): a message of that closed set the classifier
+   did not call direct is answered directly, anything else it called direct goes to lookup;
+4. the first matching configured rule;
+5. a route forced by the request (when the tenant may force);
+6. identifiers, or a query written as keywords rather than a question, raise the lexical
    weight (unless a rule set it; `lexical_reason`);
-6. a route this deployment cannot execute falls back to lookup, and says so;
-7. a lookup or multihop decision the request did not force may become full context: the
+7. a route this deployment cannot execute falls back to lookup, and says so;
+8. a lookup or multihop decision the request did not force may become full context: the
    decision says so (`full_context_candidate`), the pipeline reads the tenant's corpus only
    then, and `with_full_context` applies it when the corpus fits the budget.
 """
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field, replace
 
 from routers.features import identifiers_in
 from routers.rules import RouterConfig, Rule
+from routers.small_talk import small_talk
 from routers.types import Classification, Route
 
 
@@ -75,6 +78,7 @@ def decide(
         # An error code or SKU is a question about the documents, however chatty it sounds.
         draft.route, draft.reason = Route.LOOKUP, "identifier"
         draft.notes.append("a question naming an identifier is never answered without documents")
+    _direct_only_for_small_talk(draft, query, config.executable)
     rule = _first_rule(config, classification, query, identifiers)
     if rule is not None:
         _apply_rule(draft, rule)
@@ -204,6 +208,23 @@ def _apply_threshold(draft: _Draft, classification: Classification, router: Rout
         draft.notes.append(
             f"confidence under the {classification.route.value} threshold {threshold:.2f}"
         )
+
+
+def _direct_only_for_small_talk(draft: _Draft, query: str, executable: frozenset[Route]) -> None:
+    """A wrong direct answer loses the documents' grounding, a needless lookup costs a
+    retrieval: so direct is kept for the closed set that needs no documents, and that set goes
+    direct whatever the classifier's opinion (not when a threshold or an identifier
+    already sent the message to lookup)."""
+    kind = small_talk(query)
+    if draft.route is Route.DIRECT and kind is None and Route.LOOKUP in executable:
+        draft.route, draft.reason = Route.LOOKUP, "needs_documents"
+        draft.notes.append(
+            "not small talk (greetings, thanks, the conversation, text to transform): "
+            "answered from the documents"
+        )
+    elif draft.reason == "classifier" and draft.route is not Route.DIRECT and kind is not None:
+        draft.route, draft.reason = Route.DIRECT, "small_talk"
+        draft.notes.append(f"small talk ({kind}) needs no documents")
 
 
 def _first_rule(

@@ -81,6 +81,23 @@ def test_greeting_goes_direct_without_retrieval(gateway: GatewayProcess) -> None
     assert "retrieve" not in body["timings_ms"]
 
 
+def test_a_search_phrasing_reaches_the_document_just_put(gateway: GatewayProcess) -> None:
+    # The classifier takes phrasings like this one for chat; only small talk is answered
+    # without the documents.
+    doc_id = f"zorblax-{uuid.uuid4().hex[:6]}"
+    text = "To reset the Zorblax 9000, hold its power button for ten seconds until it blinks."
+    put = requests.put(
+        f"{gateway.url}/v1/documents/{doc_id}",
+        json={"title": "Zorblax 9000 manual", "text": text},
+        headers=gateway.headers("globex"),
+        timeout=30,
+    )
+    assert put.status_code == 201, put.text
+    body = query(gateway, "How do I reset the Zorblax 9000?", tenant="globex", fresh=True).json()
+    assert body["route"] == "lookup", body["route_reason"]
+    assert doc_id in {c["doc_id"] for c in body["citations"]}, body
+
+
 def test_multihop_question_runs_the_agent_loop_on_the_large_tier(gateway: GatewayProcess) -> None:
     text = "What is the total population of the capitals of the five largest EU countries?"
     resp = query(gateway, text, fresh=True, debug=True)

@@ -27,9 +27,11 @@ import routers.features
 import routers.grading
 import routers.prompts
 import routers.rewrite
+import routers.small_talk
 from gateway.ingest.chunker import heading
 from routers.features import _chain_count, identifiers_in, lexical_features
 from routers.rules import RuleMatch
+from routers.small_talk import small_talk
 
 SIZE = 8000
 BOUND_S = 0.05
@@ -40,6 +42,7 @@ BOUND_S = 0.05
 MODULES: tuple[ModuleType, ...] = (
     routers.features,
     routers.rewrite,
+    routers.small_talk,
     routers.grading,
     routers.prompts,
     routers.agent_tools,
@@ -116,7 +119,7 @@ def test_each_pattern_is_fast_on_adversarial_input(name: str, pattern: re.Patter
 
 @pytest.mark.parametrize(
     "fn",
-    [identifiers_in, _chain_count, lexical_features, heading, gateway.text.clean_text],
+    [identifiers_in, _chain_count, lexical_features, small_talk, heading, gateway.text.clean_text],
     ids=lambda f: f.__name__,
 )
 def test_each_bounded_function_is_fast_on_adversarial_input(fn: Callable[[str], object]) -> None:
