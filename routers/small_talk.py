@@ -24,8 +24,6 @@ from typing import Literal
 
 SmallTalk = Literal["social", "assistant", "conversation", "transform"]
 
-# A machine-readable `[[...]]` annotation a client appends to a message is not what it asks.
-_ANNOTATION = re.compile(r"\[\[[^\[\]]*\]\]$")
 _CLAUSE_BREAK = re.compile(r"[,.!?;:…]+|\s-+\s")
 _POLITE = r"(?:please |(?:can|could|would|will) you (?:please )?)?"
 
@@ -116,7 +114,7 @@ _POINTS_AT_TEXT = re.compile(
 
 def small_talk(text: str) -> SmallTalk | None:
     """Which kind of small talk `text` is, or None: a message for the documents."""
-    message = _ANNOTATION.sub("", text.rstrip()).strip()
+    message = text.strip()
     if _transforms_text(message):
         return "transform"
     flat = " ".join(message.casefold().replace("\u2019", "'").split())

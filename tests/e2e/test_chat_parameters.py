@@ -246,7 +246,10 @@ def test_tools_with_auto_pass_through_when_it_routes_direct_and_are_refused_othe
     gateway: GatewayProcess, fake_upstream: str
 ) -> None:
     k = key()
-    direct_text = ask("Thank you so much, bye!", {"key": k})[0]["content"]
+    # Text to transform carries the fake's directive: small talk the policy answers directly.
+    direct_text = ask("Translate this into French: thank you so much, bye", {"key": k})[0][
+        "content"
+    ]
     lookup_text = "How do I fix ERR-4471?"
     assert route_of(gateway, direct_text) == "direct"  # what the two cases rest on
     assert route_of(gateway, lookup_text) == "lookup"

@@ -43,8 +43,6 @@ SMALL_TALK = [
     ("alright", "social"),
     ("hi, I'm back", "social"),
     ("yes, go ahead", "conversation"),
-    # A client's trailing machine-readable annotation is not part of the message.
-    ('Thank you so much, bye! [[fake:{"key": "abc"}]]', "social"),
     ("Who are you?", "assistant"),
     ("what can you help me with", "assistant"),
     ("Are you a bot?", "assistant"),
