@@ -1,0 +1,1 @@
+"""Second-stage rerankers: re-score fused candidates reading query and passage together."""
