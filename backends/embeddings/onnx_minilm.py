@@ -15,21 +15,50 @@ idle gateway must not burn a core waiting for the next query.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import onnxruntime as ort
 
 from backends.embeddings.minilm import F32, I64, MiniLMEmbedder, default_model_path
-from backends.embeddings.onnx_graph import (
-    GRAPH_VERSION,
-    build_model,
-    default_graph_path,
-    weights_digest,
-)
+from backends.embeddings.onnx_graph import build_model, default_graph_path, expected_metadata
 
 log = logging.getLogger(__name__)
+GraphSource = Literal["file", "memory"]
+
+
+def open_session(
+    graph_path: Path,
+    expected: Mapping[str, str],
+    build: Callable[[], Any],
+    threads: int,
+    cache_command: str,
+) -> tuple[Any, GraphSource]:
+    """An onnxruntime session on the cached graph when its metadata is `expected`, else on the
+    graph `build` returns (built in memory, with a warning naming `cache_command`)."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.log_severity_level = 3  # warnings about unused initialisers are not ours
+    providers = ["CPUExecutionProvider"]
+    if graph_path.is_file():
+        session = ort.InferenceSession(str(graph_path), options, providers=providers)
+        if session.get_modelmeta().custom_metadata_map == dict(expected):
+            return session, "file"
+        reason = "was built from other weights or an older builder"
+    else:
+        reason = "not cached"
+    log.warning(
+        f"onnx graph {reason}, building it in memory ({cache_command} caches it)",
+        extra={"path": str(graph_path)},
+    )
+    model = build()
+    return ort.InferenceSession(model.SerializeToString(), options, providers=providers), "memory"
 
 
 class OnnxMiniLMEmbedder(MiniLMEmbedder):
@@ -52,44 +81,13 @@ class OnnxMiniLMEmbedder(MiniLMEmbedder):
         )
 
     def _load(self, path: Path) -> None:
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = self._threads
-        options.inter_op_num_threads = 1
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        options.log_severity_level = 3  # warnings about unused initialisers are not ours
-        digest = weights_digest(path)
-        self.graph_source = "file"
-        session = self._cached_session(options, digest)
-        if session is None:
-            self.graph_source = "memory"
-            model = build_model(path)
-            session = ort.InferenceSession(
-                model.SerializeToString(), options, providers=["CPUExecutionProvider"]
-            )
-        self._session = session
-
-    def _cached_session(self, options: Any, digest: str) -> Any:
-        if not self._graph_path.is_file():
-            log.warning(
-                "onnx graph not cached, building it in memory "
-                "(python -m backends.embeddings.onnx_graph caches it)",
-                extra={"path": str(self._graph_path)},
-            )
-            return None
-        session = ort.InferenceSession(
-            str(self._graph_path), options, providers=["CPUExecutionProvider"]
+        self._session, self.graph_source = open_session(
+            self._graph_path,
+            expected_metadata(path),
+            lambda: build_model(path),
+            self._threads,
+            "python -m backends.embeddings.onnx_graph",
         )
-        meta = session.get_modelmeta().custom_metadata_map
-        if (meta.get("graph_version"), meta.get("weights_sha256")) != (GRAPH_VERSION, digest):
-            log.warning(
-                "onnx graph was built from other weights or an older builder; "
-                "building it in memory (python -m backends.embeddings.onnx_graph rebuilds it)",
-                extra={"path": str(self._graph_path)},
-            )
-            return None
-        return session
 
     def _forward(self, ids: I64, mask: F32) -> F32:
         (out,) = self._session.run(
