@@ -37,6 +37,9 @@ fi
 # (.venv/share/querygate/); skipped when it is up to date. Without it the gateway builds the
 # same graph in memory at each start.
 .venv/bin/python -m backends.embeddings.onnx_graph
+# The local reranker's graph: the same weights plus the fine-tuned delta shipped in
+# backends/rerank/data/ (scripts/train_reranker.py made it), cached beside the embedder's.
+.venv/bin/python -m backends.rerank.graph
 if [ "${1:-}" = "--test" ]; then
   # The Redis tests start their own servers from these binaries and fail without them.
   for cmd in redis-server redis-cli; do
