@@ -1,0 +1,268 @@
+"""Fused vs fused + local rerank: quality (R@1, MRR@10) and CPU cost, tuning split first.
+
+    nice -n 10 python bench/rerank_eval.py tuning      # curves: candidates x cut x margin x blend
+    nice -n 10 python bench/rerank_eval.py held-out --candidates 10 --cut 64 --margin 0.3
+
+Candidates: bench/rerank_candidates.py (the embedded index of the Wikipedia sample, hybrid,
+the gateway's default fusion and per-query weights, 50 deep). Metrics are document level as in
+bench/retrieval_eval.py: a page's rank is that of its best chunk; R@1 is the share of queries
+whose page ranks first, MRR@10 the mean of 1/rank (0 below 10). Reranking re-orders the top
+`candidates` chunks by `LocalCrossEncoder` score and leaves the rest in fused order. A policy
+reranks a query only when the fused margin, (s1 - s2) / s1 over the two best pages' fused
+scores, is below `margin` (1 = always). Intervals: 95% bootstrap resampling whole groups
+(FanOutQA parent question, lexical page); differences are paired.
+
+`tuning` reads the calibration fold of the tuning split (the groups the reranker was not
+trained on, bench/rerank_candidates.py), scores each query's top `--depth` candidates once per
+cut in `--cuts`, prints every (candidates, cut, margin, blend) cell, then the CPU cost per query
+on one onnxruntime thread for 10/20/50 candidates x cuts 64/128/256. `held-out` reads the
+held-out split once, for the policy given, and prints fused, always-rerank and the policy with
+intervals. The held-out split is never used to choose anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from backends.rerank.graph import DELTA_PATH  # noqa: E402
+from backends.rerank.local import LocalCrossEncoder  # noqa: E402
+from bench.rerank_candidates import (  # noqa: E402
+    BENCHMARKS,
+    RERANK_CACHE,
+    Listed,
+    in_training_fold,
+    load_split,
+)
+from bench.retrieval_eval import interval  # noqa: E402
+from routers.policy import lexical_reason  # noqa: E402
+
+CANDIDATE_COUNTS = (10, 20, 50)
+CUTS = (64, 128, 256)
+MARGINS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 1.01)  # 1.01: every query (margins are <= 1)
+BLENDS = (0.0, 0.5, 1.0, 2.0)
+COST_QUERIES = 6  # queries timed per (candidates, cut) cell
+DEPTH = 10
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    candidates: int
+    cut: int
+    margin: float  # rerank when the fused margin is below this
+    blend: float  # final = minmax(reranker) + blend x minmax(fused), over the candidates
+    # Leave keyword and identifier queries (`routers.policy.lexical_reason`) in fused order.
+    skip_lexical: bool = False
+
+    def label(self) -> str:
+        skip = "skip" if self.skip_lexical else "-"
+        return f"{self.candidates:>5}{self.cut:>5}{self.margin:>7.2f}{self.blend:>6.1f}{skip:>6}"
+
+    def reranks(self, listed: Listed) -> bool:
+        if self.skip_lexical and lexical_reason(listed.query):
+            return False
+        return fused_margin(listed) < self.margin
+
+
+def page_rank(doc_ids: Sequence[str], page: str) -> int | None:
+    for rank, doc_id in enumerate(dict.fromkeys(doc_ids), start=1):
+        if doc_id == page:
+            return rank if rank <= DEPTH else None
+    return None
+
+
+def fused_margin(listed: Listed) -> float:
+    best: dict[str, float] = {}
+    for c in listed.candidates:
+        best.setdefault(c.doc_id, c.score)
+    top = sorted(best.values(), reverse=True)[:2]
+    if len(top) < 2 or top[0] <= 0:
+        return 1.0
+    return (top[0] - top[1]) / top[0]
+
+
+def _minmax(values: Sequence[float]) -> np.ndarray:
+    v = np.asarray(values, dtype=np.float64)
+    span = v.max() - v.min()
+    return (v - v.min()) / span if span > 0 else np.ones_like(v)
+
+
+def reranked_docs(listed: Listed, scores: Sequence[float], policy: Policy) -> list[str]:
+    head = listed.candidates[: policy.candidates]
+    final = _minmax(scores[: len(head)])
+    if policy.blend:
+        final = final + policy.blend * _minmax([c.score for c in head])
+    order = sorted(range(len(head)), key=lambda i: (-final[i], i))
+    rest = listed.candidates[policy.candidates :]
+    return [head[i].doc_id for i in order] + [c.doc_id for c in rest]
+
+
+def ranks(
+    split: list[Listed], scores: list[list[float]] | None, policy: Policy | None
+) -> list[int | None]:
+    out = []
+    for i, listed in enumerate(split):
+        if scores is not None and policy is not None and policy.reranks(listed):
+            docs = reranked_docs(listed, scores[i], policy)
+        else:
+            docs = [c.doc_id for c in listed.candidates]
+        out.append(page_rank(docs, listed.page))
+    return out
+
+
+def metrics(r: list[int | None]) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    r1 = np.array([x == 1 for x in r], dtype=np.float64)
+    rr = np.array([1 / x if x else 0.0 for x in r])
+    return r1, rr
+
+
+def with_interval(values: np.ndarray[Any, Any], groups: list[str], signed: bool = False) -> str:
+    low, high = interval(values, groups)
+    f = "+.3f" if signed else ".3f"
+    return f"{values.mean():{f}} [{low:{f}}, {high:{f}}]"
+
+
+def score_all(
+    encoder: LocalCrossEncoder, split: list[Listed], depth: int, name: str
+) -> list[list[float]]:
+    """Each query's top `depth` candidates scored, cached by model, split, cut and depth (the
+    scores depend on nothing else), so another look at the curves costs no forward pass."""
+    path = RERANK_CACHE / f"scores-{encoder.model_id}-{name}-{encoder.cut}-{depth}.json"
+    queries = [x.query for x in split]
+    if path.exists():
+        cached = json.loads(path.read_text("utf-8"))
+        if cached["queries"] == queries:
+            return list(cached["scores"])
+    scores = [encoder.scores_sync(x.query, [c.text for c in x.candidates[:depth]]) for x in split]
+    path.write_text(json.dumps({"queries": queries, "scores": scores}), "utf-8")
+    return scores
+
+
+def cost_table(splits: dict[str, list[Listed]]) -> list[str]:
+    """ms per query on one onnxruntime thread: CPU time of the scoring thread (what the query
+    costs a core, whatever else the machine runs) and wall time, median over COST_QUERIES."""
+    sample = [x for split in splits.values() for x in split[: COST_QUERIES // len(splits)]]
+    lines = [f"{'cut':>5}" + "".join(f"{f'{n} cands cpu/wall ms':>24}" for n in CANDIDATE_COUNTS)]
+    for cut in CUTS:
+        encoder = LocalCrossEncoder(cut=cut, threads=1)
+        encoder.scores_sync("warm up", ["the first call allocates"] * 4)
+        cells = []
+        for n in CANDIDATE_COUNTS:
+            cpu, wall = [], []
+            for x in sample:
+                start, start_cpu = time.perf_counter(), time.thread_time()
+                encoder.scores_sync(x.query, [c.text for c in x.candidates[:n]])
+                cpu.append((time.thread_time() - start_cpu) * 1000)
+                wall.append((time.perf_counter() - start) * 1000)
+            cells.append(f"{np.median(cpu):.0f} / {np.median(wall):.0f}")
+        lines.append(f"{cut:>5}" + "".join(f"{c:>24}" for c in cells))
+    return lines
+
+
+def tuning(args: argparse.Namespace) -> None:
+    splits = {
+        b: [x for x in load_split(b, tuning=True) if not in_training_fold(x.group)][: args.limit]
+        for b in BENCHMARKS
+    }
+    for b, s in splits.items():
+        print(f"{b} tuning, calibration fold: {len(s)} queries, {len({x.group for x in s})} groups")
+    scores: dict[tuple[str, int], list[list[float]]] = {}
+    for cut in args.cuts:
+        encoder = LocalCrossEncoder(delta_path=args.delta, cut=cut, threads=args.threads)
+        for b, split in splits.items():
+            start = time.perf_counter()
+            scores[(b, cut)] = score_all(encoder, split, args.depth, f"{b}-calibration")
+            print(f"  scored {b} at cut {cut} in {time.perf_counter() - start:.0f} s", flush=True)
+    print(
+        f"\n{'bench':<10}{'cands':>5}{'cut':>5}{'margin':>7}{'blend':>6}{'lex':>6}{'reranked':>9}"
+        f"{'R@1':>7}{'MRR@10':>8}{'dR@1 vs fused [95% CI]':>28}{'dMRR@10':>9}"
+    )
+    counts = [n for n in CANDIDATE_COUNTS if n <= args.depth]
+    for b, split in splits.items():
+        groups = [x.group for x in split]
+        f1, frr = metrics(ranks(split, None, None))
+        print(f"{b:<10}{'fused':>39}{f1.mean():>7.3f}{frr.mean():>8.3f}")
+        cells = itertools.product(counts, args.cuts, MARGINS, BLENDS, (False, True))
+        for n, cut, margin, blend, skip in cells:
+            policy = Policy(n, cut, margin, blend, skip)
+            r1, rr = metrics(ranks(split, scores[(b, cut)], policy))
+            share = np.mean([policy.reranks(x) for x in split])
+            print(
+                f"{b:<10}{policy.label()}{share:>9.2f}{r1.mean():>7.3f}{rr.mean():>8.3f}"
+                f"{with_interval(r1 - f1, groups, True):>28}{(rr - frr).mean():>+9.3f}"
+            )
+    if args.no_cost:
+        return
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"\nCPU cost per query, one onnxruntime thread (load avg {load}):")
+    print("\n".join(cost_table(splits)))
+
+
+def held_out(args: argparse.Namespace) -> None:
+    policy = Policy(args.candidates, args.cut, args.margin, args.blend, args.skip_lexical)
+    always = Policy(args.candidates, args.cut, 1.01, args.blend)
+    encoder = LocalCrossEncoder(delta_path=args.delta, cut=args.cut, threads=args.threads)
+    print(f"policy (cands cut margin blend): {policy.label()}")
+    print(
+        f"{'bench':<10}{'variant':<9}{'reranked':>9}{'R@1 [95% CI]':>24}{'MRR@10 [95% CI]':>24}"
+        f"{'dR@1 vs fused':>26}{'dMRR@10 vs fused':>26}"
+    )
+    for b in BENCHMARKS:
+        split = load_split(b, tuning=False)[: args.limit]
+        groups = [x.group for x in split]
+        print(f"{b} held-out: {len(split)} queries, {len(set(groups))} groups", flush=True)
+        scores = score_all(encoder, split, args.candidates, f"{b}-held-out")
+        f1, frr = metrics(ranks(split, None, None))
+        print(
+            f"{b:<10}{'fused':<9}{0:>9.2f}{with_interval(f1, groups):>24}"
+            f"{with_interval(frr, groups):>24}"
+        )
+        for name, p in (("always", always), ("policy", policy)):
+            r1, rr = metrics(ranks(split, scores, p))
+            share = float(np.mean([p.reranks(x) for x in split]))
+            print(
+                f"{b:<10}{name:<9}{share:>9.2f}{with_interval(r1, groups):>24}"
+                f"{with_interval(rr, groups):>24}{with_interval(r1 - f1, groups, True):>26}"
+                f"{with_interval(rr - frr, groups, True):>26}"
+            )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("split", choices=("tuning", "held-out"))
+    parser.add_argument("--cuts", type=int, nargs="+", default=[64, 128], help="tuning")
+    parser.add_argument("--depth", type=int, default=20, help="tuning: candidates scored")
+    parser.add_argument("--candidates", type=int, default=20, help="held-out policy")
+    parser.add_argument("--cut", type=int, default=64, help="held-out policy")
+    parser.add_argument("--margin", type=float, default=1.01, help="held-out policy")
+    parser.add_argument("--blend", type=float, default=0.0, help="held-out policy")
+    parser.add_argument("--skip-lexical", action="store_true", help="held-out policy")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--delta", type=Path, default=DELTA_PATH, help="the reranker's delta")
+    parser.add_argument("--no-cost", action="store_true", help="tuning: skip the CPU table")
+    parser.add_argument("--limit", type=int, default=None, help="at most N queries per bench")
+    args = parser.parse_args(argv)
+    print(f"command: python {' '.join(sys.argv)}")
+    started = time.perf_counter()
+    (tuning if args.split == "tuning" else held_out)(args)
+    print(f"\nwall time {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
