@@ -9,6 +9,7 @@ import socket
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from pydantic import SecretStr
 from gateway.http.appkeys import RUNTIME
 from gateway.http.protocol import run_app
 from gateway.ingest.background import BackgroundIngest
+from gateway.obs import pool
 from gateway.obs.logs import configure_logging
 from gateway.server.app import create_app
 from gateway.server.workers import Supervisor, WorkerSpec, bind
@@ -84,7 +86,13 @@ def supervise(settings: Settings, options: ServeOptions) -> int:
     with sock:
         port = int(sock.getsockname()[1])  # the one chosen when the config says 0
         spec = WorkerSpec(options.config_path, options.host, port, options.log_level, settings)
-        return Supervisor(spec, sock, options.workers, server.shutdown_grace_s).run()
+        return Supervisor(spec, sock, options.workers, server.shutdown_grace_s, run_worker).run()
+
+
+def run_worker(spec: WorkerSpec, sock: socket.socket, ready: Event, counts: Any) -> None:
+    """A worker process's whole life; the process exit code says how it ended."""
+    pool.share(counts)
+    raise SystemExit(serve_worker(spec, sock, ready.set))
 
 
 def serve_worker(spec: WorkerSpec, sock: socket.socket, on_ready: Callable[[], None]) -> int:
