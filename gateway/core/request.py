@@ -12,8 +12,7 @@ from gateway.core.scope import RequestScope
 from gateway.limits.budget import BudgetedLLM
 from gateway.obs.timing import StageTimer
 from gateway.settings import TenantConfig
-from routers.policy import RouteDecision
-from routers.types import Answer, Generation
+from routers.types import Answer, Generation, RouteDecision
 
 # What the stages end in: an answer, or the last model call that writes it.
 Outcome = Answer | Generation

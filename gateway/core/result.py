@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from routers.policy import RouteDecision
-from routers.types import Answer
+from routers.types import Answer, RouteDecision
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,14 +28,13 @@ from routers.executors import Registry
 from routers.full_context import corpus_chunks
 from routers.lookup import not_enough
 from routers.policy import (
-    RouteDecision,
     decide,
     decide_forced_direct,
     needs_classification,
     with_full_context,
 )
 from routers.rewrite import looks_like_followup, rewrite_followup
-from routers.types import Escalation, Route, RouteContext
+from routers.types import Escalation, Route, RouteContext, RouteDecision
 
 log = logging.getLogger(__name__)
 

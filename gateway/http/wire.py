@@ -7,8 +7,7 @@ from typing import Any
 
 from gateway.core.result import QueryResult, rewrite_fields
 from routers.generation import usage_total
-from routers.policy import RouteDecision
-from routers.types import Answer
+from routers.types import Answer, RouteDecision
 
 
 def query_body(result: QueryResult, debug: bool = False) -> dict[str, Any]:
