@@ -1,4 +1,4 @@
-"""The README's examples, run as written against the gateway its first command starts.
+"""The README's examples, run as written against the gateway its first command runs.
 
 Every fenced `bash` and `python` block of README.md runs in order, as a reader would paste them:
 the shell blocks in one bash session (a variable one sets, like `KEY`, is there for the next),
@@ -8,14 +8,15 @@ A block fails when a command in it exits non-zero (pipes included: pipefail) or 
 the gateway's error body; a `json` block right after a shell block shows that block's output,
 and every key it shows must be in what the block printed.
 
-The gateway is the README's: `.venv/bin/querygate serve`, no configuration (the embedded
-default, the `demo` tenant, its key in `.querygate/demo_api_key`), on 127.0.0.1:8080. The
-gateway and the blocks share network and process namespaces of their own (bubblewrap), so port
-8080 is free whatever else runs on the machine and nothing outlives the test. Its corpus is a slice of the real
-Wikipedia sample (the pages the examples ask about, and every hundredth other page), ingested
-before it starts: the whole sample takes minutes and answers from a partial index meanwhile,
-so a test on it would be slow and its first answer would depend on how far the ingest got.
-The commands are the README's; only what the index holds is smaller (docs/testing.md).
+The gateway is the README's first command without its setup step and with a smaller corpus:
+`.venv/bin/querygate serve`, no configuration (the embedded default, the `demo` tenant, its key
+in `.querygate/demo_api_key`), on 127.0.0.1:8080. The gateway and the blocks share network and
+process namespaces of their own (bubblewrap), so port 8080 is free whatever else runs on the
+machine and nothing outlives the test. Its corpus is a slice of the real Wikipedia sample (the
+pages the examples ask about, and every hundredth other page), ingested before it starts: the
+whole sample takes minutes and answers from a partial index meanwhile, so a test on it would be
+slow and its first answer would depend on how far the ingest got. The examples are the README's
+as written; only what the index holds is smaller (docs/testing.md).
 
 A block is skipped only when an HTML comment right before it says so,
 `<!-- readme-test: skip (reason) -->`: the fresh-machine commands themselves and blocks that
