@@ -102,7 +102,7 @@ class ServerConfig(BaseModel):
     # exit 1) before any embedding: each chunk costs about the same to embed, and
     # punctuation-dense text makes several times the chunks of prose per byte, so one write
     # could hold the shared embedder for minutes. The default takes 1 MiB of English prose
-    # (README, "Using it", has the figures).
+    # (docs/documents.md has the figures).
     max_document_chunks: int = Field(default=1_500, gt=0)
     # A request body that has not fully arrived by then gets 408 (slow clients hold no slot).
     body_read_timeout_s: float = Field(default=10.0, gt=0)
@@ -253,7 +253,7 @@ class SemanticCacheConfig(BaseModel):
     enabled: bool = True
     # 0.96: the lowest threshold at which, with the guards, no hard negative of FanOutQA dev's
     # tuning part hits; 0.95 lets a parent hit its own sub-question, 0.97 serves fewer
-    # meaning-preserving rewrites (`python bench/cache_eval.py`; README, "Response cache").
+    # meaning-preserving rewrites (`python bench/cache_eval.py`; docs/benchmarks.md).
     # Direct and full_context have no such data and take the lookup's value.
     thresholds: dict[Route, float] = Field(
         default_factory=lambda: {route: DEFAULT_SEMANTIC_THRESHOLD for route in Route}
