@@ -161,10 +161,10 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
         ingest = None
         if args.sample_corpus:
             from gateway.ingest.background import BackgroundIngest
-            from gateway.ingest.wiki_sample import load_wiki_sample
+            from gateway.ingest.wiki_sample import load_in_ingest_order
 
             # In the app's lifetime: the port opens at once and answers while it runs.
-            ingest = BackgroundIngest(DEMO_TENANT, load_wiki_sample)
+            ingest = BackgroundIngest(DEMO_TENANT, load_in_ingest_order)
         return run.serve_one(settings, options, ingest)
     if args.sample_corpus:
         # Workers are separate processes: the one writer ingests before they start.

@@ -11,9 +11,10 @@ from backends.embeddings.config import build_embedder
 from gateway.core.routing import configured_routes, policy_for
 from gateway.core.runtime import build_classifier
 from gateway.http.wire import decision_body
-from gateway.ingest.background import IngestProgress, ProgressDisplay, ingest_shown
+from gateway.ingest.background import ingest_shown
+from gateway.ingest.progress import IngestProgress, ProgressDisplay
 from gateway.ingest.readers import read_paths
-from gateway.ingest.wiki_sample import load_wiki_sample
+from gateway.ingest.wiki_sample import load_in_ingest_order
 from gateway.server.services import build_retriever
 from gateway.settings import Settings
 from routers.policy import decide
@@ -29,7 +30,7 @@ async def ingest(
     # Every core embeds (one batch each); this coroutine is the one writer.
     bulk, parallel = bulk_embedder(embedder)
     try:
-        docs = list(load_wiki_sample()) if sample else []
+        docs = load_in_ingest_order() if sample else []
         docs += list(read_paths(paths))
         progress = IngestProgress(tenant, "sample corpus" if sample else "documents")
         progress.total, progress.state = len(docs), "running"
