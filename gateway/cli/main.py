@@ -173,6 +173,9 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _ingest(settings: Settings, args: argparse.Namespace) -> int:
+    """Exit 0: everything given was ingested; 1: the rest was, but something was skipped (a
+    path that does not exist, a document over the chunk cap), each named on stderr; 2: nothing
+    was (no paths, an unreadable file, a bad configuration)."""
     from gateway.server import commands
 
     if not args.paths and not args.sample_corpus:
@@ -180,16 +183,21 @@ def _ingest(settings: Settings, args: argparse.Namespace) -> int:
         return 2
     from gateway.ingest.readers import UnreadableInput
 
+    missing = [path for path in args.paths if not path.exists()]
+    for path in missing:
+        print(f"skipped, no such file or directory: {path}", file=sys.stderr)
+    present = [path for path in args.paths if path.exists()]
+    _say_if_new_index(settings)
     try:
         report = asyncio.run(
-            commands.ingest(settings, args.tenant, args.paths, args.sample_corpus, args.rechunk)
+            commands.ingest(settings, args.tenant, present, args.sample_corpus, args.rechunk)
         )
     except UnreadableInput as exc:
         print(f"cannot ingest: {exc}", file=sys.stderr)
         return 2
     refused = report.pop("too_large_ids")
     blank = report.pop("blank_ids")
-    print(json.dumps(report))
+    print(json.dumps({**report, "missing_paths": len(missing)}))
     if blank:
         # The API refuses such a text (422); here it means the document should not exist.
         print(
@@ -203,8 +211,23 @@ def _ingest(settings: Settings, args: argparse.Namespace) -> int:
             f"({settings.server.max_document_chunks}) chunks each: {', '.join(refused)}",
             file=sys.stderr,
         )
-        return 1
-    return 0
+    return 1 if refused or missing else 0
+
+
+def _say_if_new_index(settings: Settings) -> None:
+    """An ingest that creates the embedded index writes where no gateway has served from:
+    most often a data_dir other than the server's (another configuration, QUERYGATE_DATA_DIR)."""
+    from gateway.server.services import embedded_index_path
+
+    index = embedded_index_path(settings)
+    if settings.retrieval.backend == "embedded" and not index.exists():
+        print(
+            f"no index at {index}: creating a new one. A gateway reads the index in its own "
+            "data_dir (the configuration's data_dir, relative to its file; QUERYGATE_DATA_DIR; "
+            "else $XDG_DATA_HOME/querygate or ~/.local/share/querygate): serve with the same "
+            "configuration to answer from these documents",
+            file=sys.stderr,
+        )
 
 
 def _route(settings: Settings, args: argparse.Namespace) -> int:

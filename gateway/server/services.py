@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
 
 from backends.cache.base import CacheStore
 from backends.cache.memory import MemoryCacheStore
@@ -37,7 +38,12 @@ def build_retriever(settings: Settings, dimension: int) -> Retriever:
             )
         return OpenSearchRetriever(config.model_copy(update={"fusion": settings.retrieval.fusion}))
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    return EmbeddedRetriever(settings.data_dir / "index.sqlite3", fusion=settings.retrieval.fusion)
+    return EmbeddedRetriever(embedded_index_path(settings), fusion=settings.retrieval.fusion)
+
+
+def embedded_index_path(settings: Settings) -> Path:
+    """The embedded backend's index file, in the data directory."""
+    return settings.data_dir / "index.sqlite3"
 
 
 async def _bootstrap(retriever: Retriever) -> None:
