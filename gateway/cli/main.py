@@ -27,7 +27,8 @@ JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    configure_logging(args.log_level)
+    # Resolved once: `serve --workers N` hands the same choice to every worker.
+    args.log_format = configure_logging(args.log_level, args.log_format)
     if args.command == "config":
         return _config(args)
     try:
@@ -49,6 +50,13 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="querygate", description=__doc__)
     parser.add_argument("--config", type=Path, help="YAML configuration file")
     parser.add_argument("--log-level", default="INFO")
+    parser.add_argument(
+        "--log-format",
+        choices=("auto", "json", "text"),
+        default="auto",
+        help="json: one JSON object per line; text: one short line per request, health probes "
+        "only when they fail; auto (default): text on a terminal, else json",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the gateway")
@@ -155,7 +163,9 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
 
     # A SIGHUP before the server or the supervisor is up is ignored from the package's import
     # (gateway/__init__.py): it must not end the process.
-    options = run.ServeOptions(args.config, args.host, args.port, args.log_level, args.workers)
+    options = run.ServeOptions(
+        args.config, args.host, args.port, args.log_level, args.workers, args.log_format
+    )
     settings = run.serve_settings(settings, options)  # the demo key is made here, once
     if args.workers == 1:
         ingest = None
