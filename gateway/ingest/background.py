@@ -24,6 +24,7 @@ from backends.retrieval.base import Retriever
 from gateway.ingest.pipeline import IngestReport, ingest_documents
 from gateway.ingest.progress import IngestProgress, IngestRegistry, ProgressDisplay
 from gateway.ingest.readers import RawDocument
+from gateway.ingest.shared_progress import ProgressFile
 
 log = logging.getLogger(__name__)
 
@@ -45,14 +46,19 @@ async def ingest_shown(
     *,
     rechunk: bool = False,
     max_chunks: int | None = None,
+    shared: ProgressFile | None = None,
 ) -> IngestReport:
     """`ingest_documents` of `docs` for `progress.tenant` in bulk batches, keeping `progress`
-    and its display up to date."""
+    and its display up to date, and `shared` (a first ingest, for a gateway to see)."""
     report = IngestReport()
+    if shared is not None:
+        shared.update(force=True)  # before any write: the index is partial from here
 
     def step(done: int, total: int) -> None:
         progress.done, progress.unchanged = done, report.unchanged
         display.update()
+        if shared is not None:
+            shared.update()
 
     return await ingest_documents(
         progress.tenant,

@@ -1,8 +1,10 @@
 """How far an ingest is: its figures for /readyz, the answers it makes partial, and stderr.
 
 `IngestProgress` is one ingest's count; `IngestRegistry` holds the ingests running in this
-process by tenant, so an answer to a tenant whose index is still being filled says so
-(`partial_index`), and only that tenant's answers do; `ProgressDisplay` draws it on a stream.
+process by tenant, and those another process shares through the data directory
+(`gateway.ingest.shared_progress`), so an answer to a tenant whose index is still being filled
+says so (`partial_index`), and only that tenant's answers do; `ProgressDisplay` draws it on a
+stream.
 """
 
 from __future__ import annotations
@@ -11,7 +13,10 @@ import logging
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal, TextIO
+from typing import TYPE_CHECKING, Any, Literal, TextIO
+
+if TYPE_CHECKING:
+    from gateway.ingest.shared_progress import SharedIngests
 
 log = logging.getLogger(__name__)
 
@@ -99,11 +104,13 @@ class IngestProgress:
 
 
 class IngestRegistry:
-    """The ingests this process runs, by tenant: one tenant's partial index is said in its
-    own answers only."""
+    """The ingests this process runs, by tenant, and with `shared` the first ingests other
+    processes run on the same data directory: one tenant's partial index is said in its own
+    answers only."""
 
-    def __init__(self) -> None:
+    def __init__(self, shared: SharedIngests | None = None) -> None:
         self._by_tenant: dict[str, IngestProgress] = {}
+        self._shared = shared
 
     def track(self, progress: IngestProgress) -> None:
         self._by_tenant[progress.tenant] = progress
@@ -111,12 +118,16 @@ class IngestRegistry:
     def partial_index(self, tenant: str) -> PartialIndex | None:
         """None when `tenant`'s index is not being filled in this process."""
         progress = self._by_tenant.get(tenant)
-        return progress.partial_index() if progress is not None and progress.partial else None
+        if progress is not None and progress.partial:
+            return progress.partial_index()
+        return None if self._shared is None else self._shared.partial_index(tenant)
 
     @property
     def complete(self) -> bool:
-        """No ingest of this process is still filling an index."""
-        return not any(p.partial for p in self._by_tenant.values())
+        """No ingest is still filling an index (a tenant's first, for another process's)."""
+        if any(p.partial for p in self._by_tenant.values()):
+            return False
+        return self._shared is None or not self._shared.any_partial
 
 
 class ProgressDisplay:

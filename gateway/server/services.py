@@ -21,6 +21,8 @@ from backends.retrieval.embedded import EmbeddedRetriever
 from backends.retrieval.opensearch import OpenSearchRetriever, SharedChunksNotMigrated
 from gateway.cache.background import DRAIN_S, PROCESS_WRITES
 from gateway.core.services import Services
+from gateway.ingest.progress import IngestRegistry
+from gateway.ingest.shared_progress import SharedIngests
 from gateway.limits.quotas import Quotas, warn_if_per_worker
 from gateway.obs.metrics import Metrics
 from gateway.settings import ConfigError, Settings
@@ -143,4 +145,6 @@ async def open_services(settings: Settings, metrics: Metrics) -> AsyncIterator[S
             stack.push_async_callback(cache_store.aclose)
         # Before the store closes (callbacks run last first): the answers' last writes.
         stack.push_async_callback(PROCESS_WRITES.drain, DRAIN_S)
-        yield Services(embedder, retriever, tiers, cache_store, metrics, quotas)
+        # Another process's first ingest of a tenant (`querygate ingest`) is seen through it.
+        ingests = IngestRegistry(SharedIngests(settings.data_dir))
+        yield Services(embedder, retriever, tiers, cache_store, metrics, quotas, ingests)

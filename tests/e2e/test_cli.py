@@ -182,6 +182,9 @@ def test_ingest_names_a_missing_path_ingests_the_rest_and_exits_1(tmp_path: Path
     assert f"skipped, no such file or directory: {tmp_path / 'notes.md'}" in done.stderr
     assert "Traceback" not in done.stderr
     assert (_report(done)["added"], _report(done)["missing_paths"]) == (1, 1)
+    # A first ingest: shared with a gateway while it ran (the folder), and done (no file).
+    shared = tmp_path / "data" / "ingests"
+    assert shared.is_dir() and not list(shared.glob("*.json"))
     again = run_cli(config, "ingest", "--tenant", "t", str(docs))
     assert again.returncode == 0, again.stderr[-2000:]
     assert _report(again)["unchanged"] == 1  # it was stored
