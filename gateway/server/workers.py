@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 from gateway.obs.metrics import MULTIPROC_ENV
 
 if TYPE_CHECKING:
+    from gateway.obs.logs import LogFormat
     from gateway.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,7 @@ class WorkerSpec:
     # Validated by the supervisor (demo key included): what a worker falls back on when the
     # file is refused by the time it starts.
     settings: Settings
+    log_format: LogFormat = "json"  # as the supervisor resolved it: every worker logs alike
 
 
 # A worker process's entry point: (spec, shared socket, its ready event, the shared counts).

@@ -3,14 +3,15 @@
 Every fenced `bash` and `python` block of README.md runs in order, as a reader would paste them:
 the shell blocks in one bash session (a variable one sets, like `KEY`, is there for the next),
 each Python block as a script, all from a scratch directory that stands for the checkout (every
-top-level entry of this one linked in, `.venv` the interpreter's environment, no `.querygate`).
+top-level entry of this one linked in, `.venv` the interpreter's environment) with a home of
+its own (HOME, where the default `data_dir` lives, starts empty).
 A block fails when a command in it exits non-zero (pipes included: pipefail) or when it prints
 the gateway's error body; a `json` block right after a shell block shows that block's output,
 and every key it shows must be in what the block printed.
 
 The gateway is the README's first command without its setup step and with a smaller corpus:
 `.venv/bin/querygate serve`, no configuration (the embedded default, the `demo` tenant, its key
-in `.querygate/demo_api_key`), on 127.0.0.1:8080. The gateway and the blocks share network and
+in `~/.local/share/querygate/demo_api_key`), on 127.0.0.1:8080. The gateway and the blocks share network and
 process namespaces of their own (bubblewrap), so port 8080 is free whatever else runs on the
 machine and nothing outlives the test. Its corpus is a slice of the real Wikipedia sample (the
 pages the examples ask about, and every hundredth other page), ingested before it starts: the
@@ -186,10 +187,15 @@ def scratch_checkout(root: Path) -> Path:
     return checkout
 
 
-def plain_environment() -> dict[str, str]:
-    """This environment without any QUERYGATE_ setting: the README's reader has none."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("QUERYGATE_")}
-    return {**env, "PYTHONUNBUFFERED": "1"}
+def plain_environment(home: Path) -> dict[str, str]:
+    """This environment without any QUERYGATE_ setting (the README's reader has none) and with
+    a fresh home, so the default data_dir holds nothing of another run."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("QUERYGATE_") and k != "XDG_DATA_HOME"
+    }
+    return {**env, "HOME": str(home), "PYTHONUNBUFFERED": "1"}
 
 
 @pytest.fixture(scope="module")
@@ -197,7 +203,8 @@ def readme_run(tmp_path_factory: pytest.TempPathFactory) -> ReadmeRun:
     sandbox = bwrap()
     root = tmp_path_factory.mktemp("readme")
     checkout = scratch_checkout(root)
-    env = plain_environment()
+    (home := root / "home").mkdir()
+    env = plain_environment(home)
     corpus = root / "sample-slice.jsonl"
     corpus.write_text(sample_slice(), encoding="utf-8")
     ingest = subprocess.run(
