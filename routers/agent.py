@@ -45,8 +45,8 @@ from routers.agent_tools import (
     ToolLimits,
     ToolResult,
 )
+from routers.extractive import extractive_text
 from routers.generation import NOT_FOUND, clients_fault, failure_kind, finish, with_usage
-from routers.lookup import extractive_text
 from routers.prompts import AGENT_FINAL, AGENT_SYSTEM, format_sources
 from routers.types import AgentStep, Answer, Cap, Citation, Generation, Route, RouteContext
 
