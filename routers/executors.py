@@ -48,7 +48,8 @@ def route_tiers(
     config: RegistryConfig, has_tier: Callable[[Tier], bool]
 ) -> dict[Route, Tier | None]:
     """Each route this deployment can execute, with the tier that serves it (None: it answers
-    without a model: a fixed note for direct, the passages' best sentences for lookup)."""
+    without a model: lookup quotes the passages' best sentences, direct answers small talk
+    with a fixed note and looks the rest up)."""
 
     def served(route: Route) -> Tier | None:
         tier = config.tiers[route]
@@ -88,7 +89,7 @@ def build_registry(
     extractor = Extractor(deps.embedder, reranker)
     lookup = LookupExecutor(deps.retriever, config.lookup, tiers[Route.LOOKUP], extractor)
     registry: dict[Route, Executor] = {
-        Route.DIRECT: DirectExecutor(tiers[Route.DIRECT]),
+        Route.DIRECT: DirectExecutor(tiers[Route.DIRECT], lookup),
         Route.LOOKUP: lookup,
     }
     if (tier := tiers.get(Route.MULTIHOP)) is not None:
