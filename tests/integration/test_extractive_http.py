@@ -93,6 +93,14 @@ async def test_a_document_just_put_answers_the_question_about_it(client: Client)
         assert "hold the power button for ten seconds" in body["answer"]
 
 
+async def test_the_passages_searched_but_off_topic_are_not_cited(client: Client) -> None:
+    # The search returns its 6 best of the 24 pages whatever they are (the dense arm always
+    # ranks all of them); only the pages on the tower and its engineer clear the floor.
+    body = await query(client, "Who designed the Eiffel Tower?")
+    assert set(cited(body)) <= {"Eiffel Tower", "Gustave Eiffel"} and body["citations"]
+    assert "Gustave Eiffel" in body["answer"]
+
+
 @pytest.mark.parametrize("route", ["auto", "direct"])
 async def test_small_talk_without_a_model_gets_a_short_honest_reply(
     client: Client, route: str
