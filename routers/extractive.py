@@ -80,7 +80,7 @@ class Scored:
     """What the sentences of a search's top passages say about one question."""
 
     candidates: tuple[Candidate, ...]  # best first: the reranker's order, else by similarity
-    reranked: bool
+    # How they were ordered, when not by the embedder alone (for `route_reason`).
     notes: tuple[str, ...] = ()
 
     @property
@@ -107,7 +107,7 @@ class Extractor:
         """Every candidate sentence of the top passages, best first."""
         found = candidates(hits)
         if not found:
-            return Scored((), reranked=False)
+            return Scored(())
         texts = [f"{_context(hits[c.passage])}: {c.text}" for c in found]
         similarities = await self._embedder.embed(texts) @ np.asarray(vector, dtype=np.float32)
         wanted = [i.casefold() for i in identifiers_in(query)]
@@ -123,7 +123,7 @@ class Extractor:
         ]
         by_similarity = tuple(sorted(scored, key=lambda c: -c.similarity))
         if self._reranker is None:
-            return Scored(by_similarity, reranked=False)
+            return Scored(by_similarity)
         # Only what may be quoted is worth a cross-encoder's pass.
         eligible = [c for c in by_similarity if c.clears(RELEVANCE_FLOOR)]
         try:
@@ -133,10 +133,11 @@ class Extractor:
         except BackendUnavailable as exc:
             log.warning("extractive rerank failed", extra={"error": str(exc)})
             note = "the reranker failed: sentences ordered by the embedder"
-            return Scored(by_similarity, reranked=False, notes=(note,))
+            return Scored(by_similarity, notes=(note,))
         order = sorted(range(len(eligible)), key=lambda i: -scores[i])
         rest = [c for c in by_similarity if not c.clears(RELEVANCE_FLOOR)]
-        return Scored((*(eligible[i] for i in order), *rest), reranked=True)
+        note = f"sentences ordered by the {self._reranker.kind} reranker {self._reranker.model_id}"
+        return Scored((*(eligible[i] for i in order), *rest), notes=(note,))
 
 
 def answer_from(

@@ -164,10 +164,13 @@ async def test_the_reranker_orders_the_sentences_above_the_floor(
 ) -> None:
     reranker = ScriptedReranker(prefer=["Nobel Prizes"])
     found = hits("Dynamite", "Alfred Nobel", "Carrot")
+    plain = await ask(served_embedder, "Who invented dynamite?", found)
     answer = await ask(served_embedder, "Who invented dynamite?", found, reranker=reranker)
     # By cosine the Dynamite page's sentence leads; the reranker put the Nobel Prizes one first.
+    assert plain.citations[0].doc_id == "Dynamite"
     assert answer.citations[0].doc_id == "Alfred Nobel"
     assert answer.text.startswith("Nobel is known for inventing dynamite")
+    assert "sentences ordered by the local reranker scripted" in answer.notes
     (request,) = reranker.requests
     assert request.tenant == "t" and request.query == "Who invented dynamite?"
     assert request.passages and not any("carrot" in p.casefold() for p in request.passages)
