@@ -43,8 +43,8 @@ log = logging.getLogger(__name__)
 NO_VECTOR: Vector = np.zeros(0, dtype=np.float32)
 # A follow-up with no model to rewrite it: answered as the client wrote it, and it says so.
 NOT_REWRITTEN = (
-    "This follow-up was searched as written: no language model is configured to rewrite it "
-    "into a self-contained question."
+    "This follow-up was searched as written: no small model is configured to rewrite it into "
+    "a self-contained question."
 )
 
 
