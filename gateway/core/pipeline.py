@@ -55,6 +55,7 @@ class Pipeline:
                 estimate=self._finisher.cut_usage,
             ),
             registry_config(settings),
+            services.reranker,
         )
         self._route = RouteStages(services, settings, classifier, llm, registry, self._cache)
         self._stages: tuple[Stage, ...] = (

@@ -56,4 +56,7 @@ class RequestContext:
     decision: RouteDecision | None = None
     corpus: tuple[Hit, ...] = ()
     route_reason: str = ""
+    # What a stage has to tell the client about how its question was taken (an unrewritten
+    # follow-up): added to the answer's notes, and to its text when no model writes it.
+    notes: list[str] = field(default_factory=list)
     outcome: Outcome | None = None
