@@ -1,7 +1,8 @@
 """The lookup route: one hybrid retrieval, a grade of the evidence, then the small model
 answers with citations.
 
-With no model configured the answer is extractive: the best passages, verbatim, cited. When
+With no model configured the answer is extractive: the sentences of the passages found that
+best match the question, verbatim, cited (`routers.extractive`). When
 the grade says the evidence is too thin, the lookup returns an `Escalation` instead of an
 answer: the pipeline hands the question to the multihop route, or, where this deployment
 cannot run it, answers honestly that the documents did not give enough evidence.
@@ -12,15 +13,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from backends.llm.base import Message, Tier
-from backends.retrieval.base import Retriever, SearchRequest
-from routers.generation import citation_from_hit, inert_citations
+from backends.retrieval.base import Hit, Retriever, SearchRequest
+from routers.extractive import Extractor
+from routers.generation import citation_from_hit
 from routers.grading import EvidenceGrade, assess, best_possible_score
 from routers.prompts import LOOKUP_SYSTEM, format_sources, new_source_tag
 from routers.rules import EscalationConfig
 from routers.types import Answer, Citation, Escalation, Generation, Route, RouteContext
 
 NO_EVIDENCE_TEXT = "Not enough evidence in the documents to answer this question."
-_EXTRACTIVE_PASSAGES = 3
+# The passages an escalation hands on: the best of what the lookup found.
+_ESCALATION_PASSAGES = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,18 +35,42 @@ class LookupParams:
 
 
 class LookupExecutor:
-    def __init__(self, retriever: Retriever, params: LookupParams, tier: Tier | None) -> None:
+    """`tier` None: no model; `extractor` quotes the best sentences of the passages found."""
+
+    def __init__(
+        self, retriever: Retriever, params: LookupParams, tier: Tier | None, extractor: Extractor
+    ) -> None:
         self._retriever = retriever
         self._params = params
-        self._tier = tier  # None: no model, extractive answers
+        self._tier = tier
+        self._extractor = extractor
 
     async def __call__(self, ctx: RouteContext) -> Answer | Generation | Escalation:
-        return await plan_lookup(ctx, self._retriever, self._params, self._tier)
+        evidence = await gather_evidence(ctx, self._retriever, self._params)
+        if not isinstance(evidence, list):
+            return evidence
+        if self._tier is None:
+            return await self._extractor.answer(
+                ctx.tenant, ctx.query, ctx.vector, evidence, ctx.options.max_tokens
+            )
+        tag = new_source_tag()
+        prompt = LOOKUP_SYSTEM.format(tag=tag, sources=format_sources(tag, evidence))
+        messages = (Message("system", prompt), *ctx.history, Message("user", ctx.query))
+        return Generation(
+            route=Route.LOOKUP,
+            tier=self._tier,
+            messages=messages,
+            sources=tuple(citation_from_hit(h) for h in evidence),
+            source_tag=tag,
+            options=ctx.options,
+        )
 
 
-async def plan_lookup(
-    ctx: RouteContext, retriever: Retriever, params: LookupParams, tier: Tier | None
-) -> Answer | Generation | Escalation:
+async def gather_evidence(
+    ctx: RouteContext, retriever: Retriever, params: LookupParams
+) -> list[Hit] | Answer | Escalation:
+    """The hits to answer from, or what a lookup ends in without them: the honest answer to
+    a search that found nothing, or the escalation its grade calls for."""
     decision = ctx.decision
     hits = await retriever.search(
         SearchRequest(
@@ -56,31 +83,18 @@ async def plan_lookup(
             dense_weight=decision.dense_weight,
         )
     )
-    sources = tuple(citation_from_hit(h) for h in hits)
     # A route the client forced is answered as asked: escalation would override its choice.
     escalates = params.grading is not None and decision.reason != "forced"
     if not hits:
         if escalates:  # other searches, by the agent, may still find something
-            return _escalation(sources, EvidenceGrade(False, 0.0, 0.0, "no_hits"))
+            return _escalation((), EvidenceGrade(False, 0.0, 0.0, "no_hits"))
         return Answer(NO_EVIDENCE_TEXT, Route.LOOKUP, complete=False, notes=("no passage matched",))
     if escalates and params.grading is not None:
         best = best_possible_score(decision.lexical_weight, decision.dense_weight)
         evidence = assess(ctx.query, hits, decision.classification, best, params.grading)
         if not evidence.sufficient:
-            return _escalation(sources, evidence)
-    if tier is None:
-        return _extractive(sources)
-    tag = new_source_tag()
-    prompt = LOOKUP_SYSTEM.format(tag=tag, sources=format_sources(tag, hits))
-    messages = (Message("system", prompt), *ctx.history, Message("user", ctx.query))
-    return Generation(
-        route=Route.LOOKUP,
-        tier=tier,
-        messages=messages,
-        sources=sources,
-        source_tag=tag,
-        options=ctx.options,
-    )
+            return _escalation(tuple(citation_from_hit(h) for h in hits), evidence)
+    return hits
 
 
 def _escalation(sources: tuple[Citation, ...], evidence: EvidenceGrade) -> Escalation:
@@ -88,7 +102,7 @@ def _escalation(sources: tuple[Citation, ...], evidence: EvidenceGrade) -> Escal
         f"escalated: evidence {evidence.reason.replace('_', ' ')} "
         f"(coverage {evidence.coverage:.2f}, agreement {evidence.agreement:.2f})"
     )
-    return Escalation(evidence.reason, note, sources[:_EXTRACTIVE_PASSAGES])
+    return Escalation(evidence.reason, note, sources[:_ESCALATION_PASSAGES])
 
 
 def not_enough(escalation: Escalation) -> Answer:
@@ -104,19 +118,4 @@ def not_enough(escalation: Escalation) -> Answer:
             escalation.note,
             "the multihop route is not available, so no answer was generated",
         ),
-    )
-
-
-def _extractive(sources: tuple[Citation, ...]) -> Answer:
-    best = sources[:_EXTRACTIVE_PASSAGES]
-    return Answer(text=extractive_text(best), route=Route.LOOKUP, citations=best, extractive=True)
-
-
-def extractive_text(citations: tuple[Citation, ...]) -> str:
-    """Passages quoted as an answer citing them, [i] for the i-th (the agent's, too, when its
-    model fails mid-loop)."""
-    # The answer's [i] are its citations; the passages' own brackets must not read as more.
-    return "\n\n".join(
-        f"[{i}] {inert_citations(c.title)}: {inert_citations(c.snippet)}"
-        for i, c in enumerate(citations, 1)
     )

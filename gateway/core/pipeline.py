@@ -29,8 +29,7 @@ from gateway.settings import Settings
 from routers.agent import AgentDeps
 from routers.classifier import Classifier
 from routers.executors import build_registry
-from routers.policy import RouteDecision
-from routers.types import Route
+from routers.types import Route, RouteDecision
 
 Stage = Callable[[RequestContext], Awaitable[Outcome | None]]
 
@@ -56,6 +55,7 @@ class Pipeline:
                 estimate=self._finisher.cut_usage,
             ),
             registry_config(settings),
+            services.reranker,
         )
         self._route = RouteStages(services, settings, classifier, llm, registry, self._cache)
         self._stages: tuple[Stage, ...] = (

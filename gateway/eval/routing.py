@@ -4,10 +4,10 @@ Each question goes through the configuration's own classifier and policy (thresh
 identifiers, the routes this deployment can execute) exactly as `POST /v1/route` decides it;
 no LLM is called and nothing is answered. The tenant's index is read only where the decision
 needs it: whether the whole corpus fits (full context, when configured) and, with
-`--with-escalation`, the lookup's own retrieval and evidence grade (`routers.lookup.plan_lookup`
-without a model): a lookup that escalates ends on multihop where this deployment can run it, as
-the pipeline does. A follow-up (history given) is classified as written: the small model's
-rewrite is not run, and the report counts such lines.
+`--with-escalation`, the lookup's own retrieval and evidence grade
+(`routers.lookup.gather_evidence`): a lookup that escalates ends on multihop where this
+deployment can run it, as the pipeline does. A follow-up (history given) is classified as
+written: the small model's rewrite is not run, and the report counts such lines.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ async def evaluate_routes(
     from gateway.server.services import build_retriever
     from gateway.settings import ConfigError
     from routers.full_context import corpus_chunks
-    from routers.lookup import plan_lookup
+    from routers.lookup import gather_evidence
     from routers.policy import decide, with_full_context
     from routers.rewrite import looks_like_followup
     from routers.sufficiency import SufficiencyModelMismatch, use_model
@@ -128,7 +128,7 @@ async def evaluate_routes(
             if with_escalation and route is Route.LOOKUP:
                 assert retriever is not None
                 ctx = RouteContext(tenant, example.question, vector, example.history, decision)
-                outcome = await plan_lookup(ctx, retriever, params, None)
+                outcome = await gather_evidence(ctx, retriever, params)
                 escalated = outcome.reason if isinstance(outcome, Escalation) else None
                 if escalated is not None and Route.MULTIHOP in executable:
                     route = Route.MULTIHOP
