@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from backends.embeddings.onnx_minilm import OnnxMiniLMEmbedder
-from backends.retrieval.base import SearchRequest
+from backends.retrieval.base import Retriever, SearchRequest
 from bench.retrieval_eval import (
     CACHE_DIR,
     CANDIDATES,
@@ -102,10 +102,9 @@ async def _retrieve_all() -> None:
         await embedder.aclose()
 
 
-async def _retrieve(retriever: object, embedder: CachedEmbedder, part: list[Query]) -> list[Listed]:
-    from backends.retrieval.embedded import EmbeddedRetriever
-
-    assert isinstance(retriever, EmbeddedRetriever)
+async def _retrieve(
+    retriever: Retriever, embedder: CachedEmbedder, part: list[Query]
+) -> list[Listed]:
     vectors = await embedder.embed([q.text for q in part])
     out = []
     for query, vector in zip(part, vectors, strict=True):

