@@ -157,7 +157,7 @@ class CrossEncoder(torch.nn.Module):
 def load_rows(path: Path, limit: int | None) -> list[dict[str, Any]]:
     rows = [json.loads(line) for line in path.read_text("utf-8").splitlines()]
     if limit:
-        # Every limit-th row rather than the first: both benchmarks stay represented.
+        # Evenly spaced rows rather than the first: both benchmarks stay represented.
         step = max(1, len(rows) // limit)
         rows = rows[::step][:limit]
     return rows
