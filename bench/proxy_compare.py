@@ -528,7 +528,7 @@ def floor_table(results: dict[Key, Cell], levels: list[int]) -> str:
                 continue
             floor_p50 = floor.pct(0.5) - base.pct(0.5)
             floor_p99 = floor.pct(0.99) - base.pct(0.99)
-            names = sorted(k[3] for k in results if k[:3] == group and k[3] != "upstream")
+            names = [k[3] for k in results if k[:3] == group and k[3] != "upstream"]
             for name in sorted(names, key=lambda n: (n != FLOOR, n.startswith("querygate"), n)):
                 cell = results[(*group, name)]
                 p50, p99 = cell.pct(0.5) - base.pct(0.5), cell.pct(0.99) - base.pct(0.99)
@@ -537,7 +537,7 @@ def floor_table(results: dict[Key, Cell], levels: list[int]) -> str:
                     f"| {_ratio(cell.cpu_ms, floor.cpu_ms)} | {_ratio(p50, floor_p50)} "
                     f"| {_ratio(p99, floor_p99)} | {cell.cpu_ms:.2f} | {p50:+.2f} | {p99:+.2f} |"
                 )
-    return "\n".join(lines)
+    return "\n".join(lines) if len(lines) > 4 else ""  # no pass-through cell, no table
 
 
 def table(results: dict[Key, Cell], levels: list[int], load: tuple[float, float]) -> str:
@@ -643,7 +643,8 @@ def main() -> None:
             )
         )
     load = (load0, os.getloadavg()[0])
-    text = floor_table(results, args.concurrency) + "\n\n" + table(results, args.concurrency, load)
+    tables = (floor_table(results, args.concurrency), table(results, args.concurrency, load))
+    text = "\n\n".join(t for t in tables if t)
     print(text)
     command = "python bench/proxy_compare.py " + " ".join(sys.argv[1:])
     if args.write_docs:
