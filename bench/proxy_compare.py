@@ -1,4 +1,4 @@
-"""querygate against the LiteLLM proxy, same fake upstream, same closed-loop client, one run.
+"""querygate against the LiteLLM proxy, Portkey's gateway and a bare forwarder, one run.
 
     .venv/bin/python bench/proxy_compare.py                 # the full matrix (~15 min on 2 cores)
     .venv/bin/python bench/proxy_compare.py --scale 0.3     # fewer requests per cell
@@ -7,10 +7,14 @@
 
 One command from a clean checkout: the LiteLLM proxy (`litellm[proxy]==1.108.7`, the version
 docs/benchmarks.md reports; not a project dependency) is installed into `bench/.venv-litellm`
-on first use. Processes, each its own: the fake OpenAI-compatible upstream
-(tests/fake_upstream), the LiteLLM proxy with one worker (once without and once with its
-in-memory cache), and `querygate serve` with 1 and with 2 workers (cache off, and cache on:
-in-process memory, semantic tier on), all pointing at that upstream.
+on first use, and Portkey's open-source gateway (`@portkey-ai/gateway`, pinned with its whole
+dependency tree by bench/portkey/package-lock.json) into `bench/.portkey` with `npm ci`.
+Processes, each its own: the fake OpenAI-compatible upstream (tests/fake_upstream), the LiteLLM
+proxy with one worker (once without and once with its in-memory cache), Portkey's gateway (one
+Node process; the upstream is its `openai` provider at a custom host, given per request in
+`x-portkey-*` headers), the bare forwarder (bench/bare_forwarder.py: the floor of an aiohttp
+stack), and `querygate serve` with 1 and with 2 workers (cache off, and cache on: in-process
+memory, semantic tier on), all pointing at that upstream.
 
 For each concurrency (1, 32, 128), path and streaming flag, every system gets the same number
 of requests from one aiohttp client (closed loop: `c` workers, each sends its next request when
@@ -18,18 +22,20 @@ the last answered), the systems one after the other in rotating order, so drift 
 load falls on all of them alike. Paths:
 
   passthrough   querygate `model: direct` (forced route: no classification, no retrieval);
-                LiteLLM `model: fake-small`
+                LiteLLM, Portkey and the forwarder `model: fake-small`
   auto_direct   querygate `model: auto` with a question the classifier routes direct
   lookup        querygate `model: lookup` (hybrid retrieval over tests/data, sources in the
                 prompt)
-  exact_hit     cache on: the same question again and again (LiteLLM: its local cache)
+  exact_hit     cache on: the same question again and again (LiteLLM: its local cache;
+                Portkey's open-source build has no response cache, so it runs passthrough only)
   semantic_hit  cache on: a paraphrase of a cached question (querygate only: LiteLLM's semantic
                 caches need Redis Stack or Qdrant; its ratio is against LiteLLM's exact hit)
 
 Reported per cell: requests/s, the added latency p50/p99 (the system's minus the raw upstream's
 at the same concurrency and streaming flag, measured in the same rotation) and the gateway's CPU
 per request (utime + stime of the gateway's whole process tree from /proc, before and after the
-cell: every worker, the supervisor). Everything shares this machine's cores (client, gateways,
+cell: every worker, the supervisor, Node's own children). Pass-through is also reported as
+ratios to the bare forwarder, first. Everything shares this machine's cores (client, gateways,
 upstream, other work), so read the ratios; the load average seen is printed with the table.
 """
 
@@ -69,6 +75,10 @@ from tests.fixtures.upstream import _await_ready_line  # noqa: E402
 LITELLM_VERSION = "1.108.7"
 LITELLM_VENV = REPO / "bench" / ".venv-litellm"
 LITELLM_KEY = "sk-bench-" + "5f0c9a7e3b2d4c6a8e1f7b9d0c2e4a6b"
+PORTKEY_VERSION = "1.15.2"  # kept equal to bench/portkey/package.json
+PORTKEY_MANIFEST = REPO / "bench" / "portkey"  # package.json + package-lock.json, committed
+PORTKEY_DIR = REPO / "bench" / ".portkey"  # the install, gitignored
+FLOOR = "bare-forwarder"
 DOCS = REPO / "docs" / "benchmarks.md"
 FIGURES_START = "<!-- proxy_compare figures: start -->"
 FIGURES_END = "<!-- proxy_compare figures: end -->"
@@ -106,7 +116,7 @@ class System:
     name: str
     url: str  # the base under which /chat/completions is served
     pids: list[int]  # roots of the process trees whose CPU is the gateway's
-    kind: str  # upstream | litellm | querygate
+    kind: str  # upstream | litellm | portkey | forwarder | querygate
     headers: dict[str, str] = field(default_factory=dict)
 
 
@@ -189,6 +199,29 @@ def fake_upstream() -> Iterator[tuple[str, int]]:
         proc.wait(timeout=10)
 
 
+def _stop(proc: subprocess.Popen[bytes], timeout_s: float = 20) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@contextmanager
+def _served(
+    command: list[str], health: str, log_path: Path, start_timeout_s: float, **popen: Any
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`command` running, its output in `log_path`, once `health` answers 200; stopped after."""
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, **popen)
+        try:
+            _wait_http(health, proc, start_timeout_s)
+            yield proc
+        finally:
+            _stop(proc)
+
+
 def ensure_litellm() -> Path:
     """The proxy's own environment, made on first use: never the project's."""
     litellm = LITELLM_VENV / "bin" / "litellm"
@@ -244,29 +277,67 @@ def litellm_proxy(workdir: Path, upstream: str, cache: bool) -> Iterator[System]
     }
     path = workdir / f"litellm-{'cache' if cache else 'nocache'}.json"
     path.write_text(json.dumps(config))
-    log = (workdir / f"{path.stem}.log").open("wb")
     command = [str(litellm), "--config", str(path), "--host", "127.0.0.1", "--port", str(port)]
-    proc = subprocess.Popen(
-        [*command, "--num_workers", "1"],
-        cwd=workdir,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=litellm_env(),
-    )
     url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_http(f"{url}/health/liveliness", proc, 180)
+    with _served(
+        [*command, "--num_workers", "1"],
+        f"{url}/health/liveliness",
+        workdir / f"{path.stem}.log",
+        180,
+        cwd=workdir,
+        env=litellm_env(),
+    ) as proc:
         name = f"litellm{'+cache' if cache else ''}"
         headers = {"Authorization": f"Bearer {LITELLM_KEY}"}
         yield System(name, f"{url}/v1", [proc.pid], "litellm", headers)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+
+
+def ensure_portkey() -> Path:
+    """Portkey's gateway in its own folder, exactly the committed lock's tree: never the project's.
+
+    The lock pins `@hono/node-server` 1.13.5, `@hono/node-ws` 1.2.0 and `hono` 4.9.7 (the
+    versions of Portkey's own lock for this release) through `overrides`: with the newer
+    `@hono/node-server` npm resolves by default, every streamed answer fails inside the gateway
+    ("TypeError: immutable" on its response headers; Portkey-AI/gateway issue 1389).
+    """
+    server = PORTKEY_DIR / "node_modules" / "@portkey-ai" / "gateway" / "build" / "start-server.js"
+    lock = PORTKEY_MANIFEST / "package-lock.json"
+    installed_lock = PORTKEY_DIR / "package-lock.json"
+    installed = server.exists() and installed_lock.exists()
+    if installed and installed_lock.read_bytes() == lock.read_bytes():
+        return server
+    print(f"installing @portkey-ai/gateway@{PORTKEY_VERSION} into {PORTKEY_DIR} ...", flush=True)
+    PORTKEY_DIR.mkdir(exist_ok=True)
+    for name in ("package.json", "package-lock.json"):
+        (PORTKEY_DIR / name).write_bytes((PORTKEY_MANIFEST / name).read_bytes())
+    npm = ["npm", "ci", "--prefix", str(PORTKEY_DIR), "--ignore-scripts", "--no-audit", "--no-fund"]
+    subprocess.run(npm, check=True)
+    return server
+
+
+@contextmanager
+def portkey_gateway(workdir: Path, upstream: str) -> Iterator[System]:
+    server = ensure_portkey()
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = ["node", str(server), f"--port={port}", "--headless"]
+    with _served(command, f"{url}/", workdir / "portkey.log", 60, cwd=PORTKEY_DIR) as proc:
+        headers = {
+            "x-portkey-provider": "openai",
+            "x-portkey-custom-host": upstream,
+            "Authorization": "Bearer fake-key",
+        }
+        yield System("portkey", f"{url}/v1", [proc.pid], "portkey", headers)
+
+
+@contextmanager
+def bare_forwarder(workdir: Path, upstream: str) -> Iterator[System]:
+    port = free_port()
+    script = REPO / "bench" / "bare_forwarder.py"
+    command = [sys.executable, str(script), "--upstream", upstream, "--port", str(port)]
+    url = f"http://127.0.0.1:{port}"
+    with _served(command, f"{url}/health", workdir / "forwarder.log", 30, cwd=REPO) as proc:
+        yield System(FLOOR, f"{url}/v1", [proc.pid], "forwarder")
 
 
 def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
@@ -426,10 +497,47 @@ def _serves(system: System, path: Path_) -> bool:
         return True
     if system.kind == "litellm":
         return path.name != "semantic_hit"
+    if system.kind in ("portkey", "forwarder"):
+        return path.name == "passthrough"  # neither routes, retrieves nor (here) caches
     return True
 
 
 # -- report ---------------------------------------------------------------------------------
+
+
+def _ratio(value: float, floor: float) -> str:
+    # An added latency at or under the raw upstream's (noise at c = 1) has no meaningful ratio.
+    return f"{value / floor:.2f}x" if floor > 0 else "-"
+
+
+def floor_table(results: dict[Key, Cell], levels: list[int]) -> str:
+    """Pass-through as multiples of the bare forwarder's figures in the same cells, first."""
+    lines = [
+        "Pass-through against the bare forwarder (the floor: "
+        + "ratios are system ÷ forwarder, same cell):",
+        "",
+        "| stream | c | system | CPU ÷ floor | added p50 ÷ floor | added p99 ÷ floor "
+        "| CPU ms/req | added p50 ms | added p99 ms |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for stream in (False, True):
+        for c in levels:
+            group = ("passthrough", stream, c)
+            base, floor = results.get((*group, "upstream")), results.get((*group, FLOOR))
+            if base is None or floor is None or not floor.n:
+                continue
+            floor_p50 = floor.pct(0.5) - base.pct(0.5)
+            floor_p99 = floor.pct(0.99) - base.pct(0.99)
+            names = [k[3] for k in results if k[:3] == group and k[3] != "upstream"]
+            for name in sorted(names, key=lambda n: (n != FLOOR, n.startswith("querygate"), n)):
+                cell = results[(*group, name)]
+                p50, p99 = cell.pct(0.5) - base.pct(0.5), cell.pct(0.99) - base.pct(0.99)
+                lines.append(
+                    f"| {'yes' if stream else 'no'} | {c} | {name} "
+                    f"| {_ratio(cell.cpu_ms, floor.cpu_ms)} | {_ratio(p50, floor_p50)} "
+                    f"| {_ratio(p99, floor_p99)} | {cell.cpu_ms:.2f} | {p50:+.2f} | {p99:+.2f} |"
+                )
+    return "\n".join(lines) if len(lines) > 4 else ""  # no pass-through cell, no table
 
 
 def table(results: dict[Key, Cell], levels: list[int], load: tuple[float, float]) -> str:
@@ -511,6 +619,9 @@ def main() -> None:
         cached: list[System] = [raw]
         groups = [(plain, False)] if needs_plain else []
         groups += [(cached, True)] if needs_cache else []
+        if only is None or "passthrough" in only:
+            plain.append(stack.enter_context(bare_forwarder(tmp, upstream)))
+            plain.append(stack.enter_context(portkey_gateway(tmp, upstream)))
         for systems, cache in groups:
             systems.append(stack.enter_context(litellm_proxy(tmp, upstream, cache)))
             for name, gw in querygates(tmp, upstream, cache):
@@ -531,7 +642,9 @@ def main() -> None:
                 only,
             )
         )
-    text = table(results, args.concurrency, (load0, os.getloadavg()[0]))
+    load = (load0, os.getloadavg()[0])
+    tables = (floor_table(results, args.concurrency), table(results, args.concurrency, load))
+    text = "\n\n".join(t for t in tables if t)
     print(text)
     command = "python bench/proxy_compare.py " + " ".join(sys.argv[1:])
     if args.write_docs:
