@@ -82,7 +82,9 @@ def build_registry(deps: AgentDeps, config: RegistryConfig) -> dict[Route, Execu
     tiers = route_tiers(config, deps.llm.has_tier)
     registry: dict[Route, Executor] = {
         Route.DIRECT: DirectExecutor(tiers[Route.DIRECT]),
-        Route.LOOKUP: LookupExecutor(deps.retriever, config.lookup, tiers[Route.LOOKUP]),
+        Route.LOOKUP: LookupExecutor(
+            deps.retriever, config.lookup, tiers[Route.LOOKUP], deps.rerank
+        ),
     }
     if (tier := tiers.get(Route.MULTIHOP)) is not None:
         # The lookup's model answers from the passages found when the agent's fails mid-loop.

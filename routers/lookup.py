@@ -1,5 +1,6 @@
-"""The lookup route: one hybrid retrieval, a grade of the evidence, then the small model
-answers with citations.
+"""The lookup route: one hybrid retrieval, the rerank stage (`routers.rerank`: the fused hits
+reordered by a cross-encoder when the policy says the ranking is uncertain), a grade of the
+evidence, then the small model answers with citations.
 
 With no model configured the answer is extractive: the best passages, verbatim, cited. When
 the grade says the evidence is too thin, the lookup returns an `Escalation` instead of an
@@ -12,10 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from backends.llm.base import Message, Tier
-from backends.retrieval.base import Retriever, SearchRequest
+from backends.retrieval.base import Hit, Retriever, SearchRequest
 from routers.generation import citation_from_hit, inert_citations
 from routers.grading import EvidenceGrade, assess, best_possible_score
 from routers.prompts import LOOKUP_SYSTEM, format_sources, new_source_tag
+from routers.rerank import RERANK_OFF, RerankCall, RerankStage
 from routers.rules import EscalationConfig
 from routers.types import Answer, Citation, Escalation, Generation, Route, RouteContext
 
@@ -32,30 +34,57 @@ class LookupParams:
 
 
 class LookupExecutor:
-    def __init__(self, retriever: Retriever, params: LookupParams, tier: Tier | None) -> None:
+    def __init__(
+        self, retriever: Retriever, params: LookupParams, tier: Tier | None, rerank: RerankStage
+    ) -> None:
         self._retriever = retriever
         self._params = params
         self._tier = tier  # None: no model, extractive answers
+        self._rerank = rerank
 
     async def __call__(self, ctx: RouteContext) -> Answer | Generation | Escalation:
-        return await plan_lookup(ctx, self._retriever, self._params, self._tier)
+        return await plan_lookup(ctx, self._retriever, self._params, self._tier, self._rerank)
 
 
 async def plan_lookup(
-    ctx: RouteContext, retriever: Retriever, params: LookupParams, tier: Tier | None
+    ctx: RouteContext,
+    retriever: Retriever,
+    params: LookupParams,
+    tier: Tier | None,
+    rerank: RerankStage = RERANK_OFF,
 ) -> Answer | Generation | Escalation:
+    hits = await lookup_hits(ctx, retriever, params, rerank)
+    return _answer(ctx, hits, params, tier)
+
+
+async def lookup_hits(
+    ctx: RouteContext, retriever: Retriever, params: LookupParams, rerank: RerankStage
+) -> list[Hit]:
+    """The lookup's evidence: the hybrid search, then the rerank stage (which may reorder it)."""
     decision = ctx.decision
-    hits = await retriever.search(
+    fused = await retriever.search(
         SearchRequest(
             tenant=ctx.tenant,
             text=ctx.query,
             vector=ctx.vector,
-            k=params.k,
+            k=rerank.fetch_k(params.k),
             candidates=params.candidates,
             lexical_weight=decision.lexical_weight,
             dense_weight=decision.dense_weight,
         )
     )
+    best = best_possible_score(decision.lexical_weight, decision.dense_weight)
+    call = RerankCall(
+        ctx.tenant, ctx.query, fused, params.k, best, "lookup", ctx.reranks, ctx.deadline
+    )
+    return await rerank.rerank(call)
+
+
+def _answer(
+    ctx: RouteContext, hits: list[Hit], params: LookupParams, tier: Tier | None
+) -> Answer | Generation | Escalation:
+    """Grade the evidence (reranked, where the stage reranked it), then answer or escalate."""
+    decision = ctx.decision
     sources = tuple(citation_from_hit(h) for h in hits)
     # A route the client forced is answered as asked: escalation would override its choice.
     escalates = params.grading is not None and decision.reason != "forced"

@@ -30,6 +30,7 @@ from routers.agent import AgentDeps
 from routers.classifier import Classifier
 from routers.executors import build_registry
 from routers.policy import RouteDecision
+from routers.rerank import RerankStage
 from routers.types import Route
 
 Stage = Callable[[RequestContext], Awaitable[Outcome | None]]
@@ -54,6 +55,7 @@ class Pipeline:
                 services.embedder,
                 settings.retrieval.candidates,
                 estimate=self._finisher.cut_usage,
+                rerank=RerankStage(settings.retrieval.rerank, services.reranker),
             ),
             registry_config(settings),
         )

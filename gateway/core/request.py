@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from backends.llm.base import NO_OPTIONS, GenerationOptions, Message, Usage
 from backends.retrieval.base import Hit, Vector
 from gateway.cache.stages import CacheState
+from gateway.core.reranks import RequestReranks
 from gateway.core.scope import RequestScope
 from gateway.limits.budget import BudgetedLLM
 from gateway.obs.timing import StageTimer
@@ -58,3 +59,5 @@ class RequestContext:
     corpus: tuple[Hit, ...] = ()
     route_reason: str = ""
     outcome: Outcome | None = None
+    # The rerank stage's decisions for this request (None: no route ran a search).
+    reranks: RequestReranks | None = None

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from backends.cache.base import CacheStore
 from backends.embeddings.base import Embedder
 from backends.llm.base import LLM
+from backends.rerank.base import Reranker
 from backends.retrieval.base import Retriever
 from gateway.limits.quotas import Quotas
 from gateway.obs.metrics import Metrics
@@ -22,3 +23,5 @@ class Services:
     cache_store: CacheStore | None
     metrics: Metrics
     quotas: Quotas | None = None  # the tenants' rate limits and budgets (gateway/limits/quotas.py)
+    # The second stage of retrieval (`retrieval.rerank.reranker`); None: off.
+    reranker: Reranker | None = None
