@@ -185,7 +185,8 @@ class RerankStage:
             return list(call.hits[: call.k])
         order = sorted(range(len(head)), key=lambda i: (-scores[i], i))
         kept = ([head[i] for i in order] + list(call.hits[len(head) :]))[: call.k]
-        ranks = tuple(i + 1 for i in order)[: call.k]
+        rest = range(len(head) + 1, len(call.hits) + 1)
+        ranks = (*(i + 1 for i in order), *rest)[: call.k]
         moved = ranks if ranks != tuple(range(1, len(ranks) + 1)) else ()
         trace = self._trace(call, "reranked", margin, len(head), started, moved)
         self._record(call, trace)

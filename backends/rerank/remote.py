@@ -36,6 +36,9 @@ from backends.rerank.config import RemoteRerankConfig
 
 log = logging.getLogger(__name__)
 
+# litellm prints a "Give Feedback / Get Help" banner to stdout on every exception.
+litellm.suppress_debug_info = True
+
 BACKEND = "rerank"
 
 
@@ -162,6 +165,5 @@ def _failure(model: str, exc: BaseException) -> Exception:
         return exc
     if isinstance(exc, TimeoutError):
         return BackendUnavailable(BACKEND, f"{model}: no answer by the deadline")
-    if is_transient(exc):
-        return BackendUnavailable(BACKEND, f"{model}: {classify(exc).value} ({type(exc).__name__})")
-    return UpstreamError(BACKEND, f"{model}: refused ({getattr(exc, 'status_code', '?')})")
+    kind = f"{model}: {classify(exc).value} ({type(exc).__name__})"
+    return BackendUnavailable(BACKEND, kind) if is_transient(exc) else UpstreamError(BACKEND, kind)
