@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -13,7 +15,7 @@ from pydantic import ValidationError
 from backends.llm.base import ToolCall
 from backends.rerank.base import RerankRequest
 from backends.retrieval.base import Hit
-from gateway.settings import Settings
+from gateway.settings import Settings, load_settings
 from routers.agent_tools import AgentTools, SearchRerank, SourceBook, ToolLimits
 from routers.grading import best_possible_score
 from routers.rerank import (
@@ -250,3 +252,14 @@ async def test_the_agents_search_tool_reranks_by_the_same_policy() -> None:
     assert index.asked == [4]  # the candidates fetched, two kept
     assert result.run.chunk_ids[0] == "d3#0"
     assert [(t.site, t.decision) for t in recorder.traces] == [("agent", "reranked")]
+
+
+def test_the_configuration_examples_of_the_reranking_page_validate(tmp_path: Path) -> None:
+    page = Path(__file__).resolve().parents[2] / "docs" / "reranking.md"
+    blocks = re.findall(r"```yaml\n(.*?)```", page.read_text(encoding="utf-8"), re.DOTALL)
+    kinds = []
+    for n, block in enumerate(blocks):
+        path = tmp_path / f"example-{n}.yaml"
+        path.write_text(block, encoding="utf-8")
+        kinds.append(load_settings(path).retrieval.rerank.reranker)
+    assert kinds == ["remote", "opensearch"]
