@@ -535,6 +535,13 @@ RESTART_CHANGES: dict[str, Doc] = {
     "cache.max_entries": with_config({"cache": {"max_entries": 10}}),
     "models": with_config({"models": {"small": {"model": "openai/gpt-4o-mini"}}}),
     "quotas": with_config({"quotas": {"redis_retry_s": 5}}),
+    "retrieval.rerank.reranker": with_config(
+        {"retrieval": {"rerank": {"reranker": "remote", "remote": {"model": "cohere/r"}}}}
+    ),
+    "retrieval.rerank.remote": with_config({"retrieval": {"rerank": {"remote": {"model": "c/r"}}}}),
+    "retrieval.rerank.opensearch": with_config(
+        {"retrieval": {"rerank": {"opensearch": {"model_id": "m-1"}}}}
+    ),
 }
 CHART_OWNED = {"server.host", "data_dir"}
 
