@@ -20,6 +20,7 @@ from backends.llm import offline  # noqa: F401  (must run before litellm is impo
 import asyncio
 import logging
 import math
+import socket
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -100,6 +101,25 @@ class RemoteReranker:
             timeout=timeout,
             return_documents=False,
         )
+
+    async def warm_up(self) -> None:
+        """Run litellm's lazy rerank setup (provider config, HTTP client, error mapping) now,
+        not in the first request's `timeout_s`: one call to a local port that refuses at once,
+        so the upstream is neither called nor billed, whether or not it is up yet."""
+        with socket.socket() as closed:
+            closed.bind(("127.0.0.1", 0))  # bound, never listening: a connect is refused
+            port = closed.getsockname()[1]
+            try:
+                await litellm.arerank(
+                    model=self._config.model,
+                    query="warm-up",
+                    documents=["warm-up"],
+                    api_base=f"http://127.0.0.1:{port}/v1/rerank",
+                    api_key=self._api_key,
+                    timeout=1.0,
+                )
+            except Exception:  # refused, as meant
+                log.debug("reranker warm-up call refused, as meant", exc_info=True)
 
     def _price(self, response: Any) -> float:
         billed = _billed_units(response)

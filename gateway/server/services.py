@@ -155,5 +155,7 @@ async def open_services(settings: Settings, metrics: Metrics) -> AsyncIterator[S
         reranker = build_reranker(settings)
         if reranker is not None:
             stack.push_async_callback(reranker.aclose)
+            if isinstance(reranker, RemoteReranker):
+                await reranker.warm_up()
             log.info("rerank: %s reranker, model %s", reranker.kind, reranker.model_id)
         yield Services(embedder, retriever, tiers, cache_store, metrics, quotas, reranker)

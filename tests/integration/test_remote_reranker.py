@@ -167,3 +167,12 @@ async def test_with_the_upstream_down_the_gateway_keeps_the_fused_order(
         c["chunk_id"] for c in expected["citations"]
     ]
     assert "rerank" not in answer["usage"]["by_tier"]  # nothing answered, nothing billed
+
+
+async def test_the_warm_up_calls_nobody(fake_upstream: str) -> None:
+    before = await reranks_served(fake_upstream)
+    remote = reranker(endpoint(fake_upstream))
+    await remote.warm_up()
+    assert await reranks_served(fake_upstream) == before
+    query = "capital of France"
+    assert len(await remote.scores(RerankRequest("acme", query, PASSAGES))) == 3
