@@ -35,8 +35,8 @@ from gateway.core.runtime import build_classifier  # noqa: E402
 from gateway.eval.deployment import embed_all  # noqa: E402
 from gateway.eval.stats import estimate  # noqa: E402
 from gateway.settings import ModelsConfig, Settings  # noqa: E402
-from routers.policy import RouteDecision, decide  # noqa: E402
-from routers.types import Route  # noqa: E402
+from routers.policy import decide  # noqa: E402
+from routers.types import Route, RouteDecision  # noqa: E402
 
 DATA = REPO / "bench" / "data" / "direct_routing.jsonl"
 TIER = {"model": "openai/not-called"}

@@ -175,7 +175,7 @@ def evidence_pages() -> dict[str, str]:
 async def run_lookup(
     retriever: Retriever, example: Example, vector: Vector, population: str
 ) -> Graded:
-    """The lookup route's retrieval and grade signals, as `routers.lookup.plan_lookup` runs."""
+    """The lookup route's retrieval and grade signals, as `routers.lookup.gather_evidence` runs."""
     config = RetrievalConfig()
     policy = PolicyConfig(
         tenant=TENANT,
@@ -203,7 +203,7 @@ async def run_lookup(
 
 
 def escalates(item: Graded, thresholds: GradeThresholds) -> bool:
-    """What `plan_lookup` decides for these thresholds (checked against grade() in main)."""
+    """What `gather_evidence` decides for these thresholds (checked against grade() in main)."""
     if not item.hits:
         return True
     return item.coverage < thresholds.min_coverage or item.agreement < thresholds.min_agreement

@@ -3,9 +3,10 @@ on the tuning part only (the dev test part and the FanOutQA test file are never 
 
     python bench/sufficiency_ablation.py
 
-The figures behind the choices recorded in `routers/sufficiency.py` and README ("The router,
-measured"). Data and router outputs are `scripts/train_sufficiency.py`'s (train+val of the dev
-split, padded twins, each row's router fitted on the other folds); the shipped router margin.
+The figures behind the choices recorded in `routers/sufficiency.py` and docs/benchmarks.md
+("The router, measured"). Data and router outputs are `scripts/train_sufficiency.py`'s
+(train+val of the dev split, padded twins, each row's router fitted on the other folds); the
+shipped router margin.
 The criterion is the trainer's: answerable single-hop (lookup-in) questions flagged multihop, by
 the router or by escalation, at multihop recall 0.95.
 

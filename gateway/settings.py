@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -103,7 +104,7 @@ class ServerConfig(BaseModel):
     # exit 1) before any embedding: each chunk costs about the same to embed, and
     # punctuation-dense text makes several times the chunks of prose per byte, so one write
     # could hold the shared embedder for minutes. The default takes 1 MiB of English prose
-    # (README, "Using it", has the figures).
+    # (docs/documents.md has the figures).
     max_document_chunks: int = Field(default=1_500, gt=0)
     # A request body that has not fully arrived by then gets 408 (slow clients hold no slot).
     body_read_timeout_s: float = Field(default=10.0, gt=0)
@@ -262,7 +263,7 @@ class SemanticCacheConfig(BaseModel):
     enabled: bool = True
     # 0.96: the lowest threshold at which, with the guards, no hard negative of FanOutQA dev's
     # tuning part hits; 0.95 lets a parent hit its own sub-question, 0.97 serves fewer
-    # meaning-preserving rewrites (`python bench/cache_eval.py`; README, "Response cache").
+    # meaning-preserving rewrites (`python bench/cache_eval.py`; docs/benchmarks.md).
     # Direct and full_context have no such data and take the lookup's value.
     thresholds: dict[Route, float] = Field(
         default_factory=lambda: {route: DEFAULT_SEMANTIC_THRESHOLD for route in Route}
@@ -321,6 +322,14 @@ class QuotasConfig(BaseModel):
         return self.backend == "redis" or (self.backend == "auto" and cache_backend == "redis")
 
 
+def default_data_dir() -> Path:
+    """`$XDG_DATA_HOME/querygate`, or `~/.local/share/querygate`: one place whatever the current
+    directory, so `querygate ingest` run from any folder fills the index `serve` reads."""
+    xdg = os.environ.get("XDG_DATA_HOME", "")
+    base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".local" / "share"
+    return base / "querygate"
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="QUERYGATE_",
@@ -330,7 +339,8 @@ class Settings(BaseSettings):
         allow_inf_nan=False,
     )
 
-    data_dir: Path = Path(".querygate")
+    # Relative in the file: to the file's folder; in QUERYGATE_DATA_DIR: to the current one.
+    data_dir: Path = Field(default_factory=default_data_dir)
     server: ServerConfig = ServerConfig()
     tenants: tuple[TenantConfig, ...] = ()
     # Only used when no tenant is configured: the one `demo` tenant's key.
@@ -343,6 +353,12 @@ class Settings(BaseSettings):
     quotas: QuotasConfig = QuotasConfig()
     router: RouterConfig = RouterConfig()
     agent: AgentConfig = AgentConfig()
+
+    @field_validator("data_dir")
+    @classmethod
+    def _absolute(cls, value: Path) -> Path:
+        # Resolved once, at load: a later chdir (or a worker started elsewhere) cannot move it.
+        return value.expanduser().absolute()
 
     @field_validator("tenants")
     @classmethod
@@ -413,6 +429,9 @@ def load_settings(path: Path | None) -> Settings:
             # Settings(**data) would raise TypeError, not name the key
             raise ConfigError(f"{path}: top-level keys must be names, not {', '.join(odd)}")
         data = loaded or {}
+        data_dir = data.get("data_dir")
+        if isinstance(data_dir, str) and not Path(data_dir).expanduser().is_absolute():
+            data["data_dir"] = str(path.absolute().parent / data_dir)
     try:
         return Settings(**data)
     except ValidationError as exc:

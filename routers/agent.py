@@ -15,8 +15,8 @@ With nothing relevant found, the answer says the documents do not contain it.
 A turn whose model fails (its tier's retries and fallbacks spent) after searches found passages
 degrades instead of failing the request: one call without tools on the degraded tier (the lookup
 route's small model) answers from those passages, under what the caps leave; where no call may
-be made (no such tier, a cap, or that call fails too) the best passages are quoted verbatim, as
-a lookup without a model answers. Either way the answer is marked (`Answer.degraded`, a note)
+be made (no such tier, a cap, or that call fails too) the best passages' snippets are quoted
+verbatim. Either way the answer is marked (`Answer.degraded`, a note)
 and never cached. With nothing found yet, or a refusal the client's own parameters caused, the
 failure stands.
 
@@ -46,8 +46,8 @@ from routers.agent_tools import (
     ToolLimits,
     ToolResult,
 )
+from routers.extractive import extractive_text
 from routers.generation import NOT_FOUND, clients_fault, failure_kind, finish, with_usage
-from routers.lookup import extractive_text
 from routers.prompts import AGENT_FINAL, AGENT_SYSTEM, format_sources
 from routers.rerank import RERANK_OFF, RerankStage
 from routers.types import AgentStep, Answer, Cap, Citation, Generation, Route, RouteContext
@@ -346,7 +346,7 @@ class _Run:
         return replace(finish(generation, completion), complete=False, degraded="fallback_tier")
 
     def _quoted(self, failure: BackendError, why: str, because: str) -> Answer:
-        """The best passages found, verbatim and cited, as a lookup without a model answers."""
+        """The best passages found, their snippets verbatim and cited (`extractive_text`)."""
         self._log_degraded(failure, "extractive")
         return self._quoted_answer(
             f"degraded: the {self.tier} tier failed mid-loop ({why}) and {because}; "

@@ -11,9 +11,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from backends.llm.base import Tier
+from backends.rerank.base import Reranker
 from routers.agent import AgentDeps, MultihopExecutor
 from routers.agent_caps import AgentConfig
 from routers.direct import DirectExecutor, model_only_params
+from routers.extractive import Extractor
 from routers.full_context import FullContextExecutor
 from routers.lookup import LookupExecutor, LookupParams
 from routers.types import (
@@ -46,7 +48,8 @@ def route_tiers(
     config: RegistryConfig, has_tier: Callable[[Tier], bool]
 ) -> dict[Route, Tier | None]:
     """Each route this deployment can execute, with the tier that serves it (None: it answers
-    without a model: a fixed note for direct, the best passages verbatim for lookup)."""
+    without a model: lookup quotes the passages' best sentences, direct answers small talk
+    with a fixed note and looks the rest up)."""
 
     def served(route: Route) -> Tier | None:
         tier = config.tiers[route]
@@ -78,13 +81,18 @@ class FromSources:
         return await self._inner(ctx)
 
 
-def build_registry(deps: AgentDeps, config: RegistryConfig) -> dict[Route, Executor]:
+def build_registry(
+    deps: AgentDeps, config: RegistryConfig, reranker: Reranker | None = None
+) -> dict[Route, Executor]:
+    """`reranker`: orders the sentences of an extractive answer (None: the embedder does)."""
     tiers = route_tiers(config, deps.llm.has_tier)
+    extractor = Extractor(deps.embedder, reranker)
+    lookup = LookupExecutor(
+        deps.retriever, config.lookup, tiers[Route.LOOKUP], extractor, deps.rerank
+    )
     registry: dict[Route, Executor] = {
-        Route.DIRECT: DirectExecutor(tiers[Route.DIRECT]),
-        Route.LOOKUP: LookupExecutor(
-            deps.retriever, config.lookup, tiers[Route.LOOKUP], deps.rerank
-        ),
+        Route.DIRECT: DirectExecutor(tiers[Route.DIRECT], lookup),
+        Route.LOOKUP: lookup,
     }
     if (tier := tiers.get(Route.MULTIHOP)) is not None:
         # The lookup's model answers from the passages found when the agent's fails mid-loop.

@@ -2,7 +2,8 @@
 reordered by a cross-encoder when the policy says the ranking is uncertain), a grade of the
 evidence, then the small model answers with citations.
 
-With no model configured the answer is extractive: the best passages, verbatim, cited. When
+With no model configured the answer is extractive: the sentences of the passages found that
+best match the question, verbatim, cited (`routers.extractive`). When
 the grade says the evidence is too thin, the lookup returns an `Escalation` instead of an
 answer: the pipeline hands the question to the multihop route, or, where this deployment
 cannot run it, answers honestly that the documents did not give enough evidence.
@@ -14,7 +15,8 @@ from dataclasses import dataclass
 
 from backends.llm.base import Message, Tier
 from backends.retrieval.base import Hit, Retriever, SearchRequest
-from routers.generation import citation_from_hit, inert_citations
+from routers.extractive import Extractor
+from routers.generation import citation_from_hit
 from routers.grading import EvidenceGrade, assess, best_possible_score
 from routers.prompts import LOOKUP_SYSTEM, format_sources, new_source_tag
 from routers.rerank import RERANK_OFF, RerankCall, RerankStage
@@ -22,7 +24,8 @@ from routers.rules import EscalationConfig
 from routers.types import Answer, Citation, Escalation, Generation, Route, RouteContext
 
 NO_EVIDENCE_TEXT = "Not enough evidence in the documents to answer this question."
-_EXTRACTIVE_PASSAGES = 3
+# The passages an escalation hands on: the best of what the lookup found.
+_ESCALATION_PASSAGES = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,33 +37,54 @@ class LookupParams:
 
 
 class LookupExecutor:
+    """`tier` None: no model; `extractor` quotes the best sentences of the passages found;
+    `rerank` is the second stage of the search."""
+
     def __init__(
-        self, retriever: Retriever, params: LookupParams, tier: Tier | None, rerank: RerankStage
+        self,
+        retriever: Retriever,
+        params: LookupParams,
+        tier: Tier | None,
+        extractor: Extractor,
+        rerank: RerankStage = RERANK_OFF,
     ) -> None:
         self._retriever = retriever
         self._params = params
-        self._tier = tier  # None: no model, extractive answers
+        self._tier = tier
+        self._extractor = extractor
         self._rerank = rerank
 
     async def __call__(self, ctx: RouteContext) -> Answer | Generation | Escalation:
-        return await plan_lookup(ctx, self._retriever, self._params, self._tier, self._rerank)
+        evidence = await gather_evidence(ctx, self._retriever, self._params, self._rerank)
+        if not isinstance(evidence, list):
+            return evidence
+        if self._tier is None:
+            spend = ctx.reranks.spend if ctx.reranks is not None else None
+            return await self._extractor.answer(
+                ctx.tenant, ctx.query, ctx.vector, evidence, ctx.options.max_tokens, spend
+            )
+        tag = new_source_tag()
+        prompt = LOOKUP_SYSTEM.format(tag=tag, sources=format_sources(tag, evidence))
+        messages = (Message("system", prompt), *ctx.history, Message("user", ctx.query))
+        return Generation(
+            route=Route.LOOKUP,
+            tier=self._tier,
+            messages=messages,
+            sources=tuple(citation_from_hit(h) for h in evidence),
+            source_tag=tag,
+            options=ctx.options,
+        )
 
 
-async def plan_lookup(
+async def gather_evidence(
     ctx: RouteContext,
     retriever: Retriever,
     params: LookupParams,
-    tier: Tier | None,
     rerank: RerankStage = RERANK_OFF,
-) -> Answer | Generation | Escalation:
-    hits = await lookup_hits(ctx, retriever, params, rerank)
-    return _answer(ctx, hits, params, tier)
-
-
-async def lookup_hits(
-    ctx: RouteContext, retriever: Retriever, params: LookupParams, rerank: RerankStage
-) -> list[Hit]:
-    """The lookup's evidence: the hybrid search, then the rerank stage (which may reorder it)."""
+) -> list[Hit] | Answer | Escalation:
+    """The hits to answer from (reranked where the stage reranked them: the grade reads them
+    so), or what a lookup ends in without them: the honest answer to a search that found
+    nothing, or the escalation its grade calls for."""
     decision = ctx.decision
     fused = await retriever.search(
         SearchRequest(
@@ -77,39 +101,18 @@ async def lookup_hits(
     call = RerankCall(
         ctx.tenant, ctx.query, fused, params.k, best, "lookup", ctx.reranks, ctx.deadline
     )
-    return await rerank.rerank(call)
-
-
-def _answer(
-    ctx: RouteContext, hits: list[Hit], params: LookupParams, tier: Tier | None
-) -> Answer | Generation | Escalation:
-    """Grade the evidence (reranked, where the stage reranked it), then answer or escalate."""
-    decision = ctx.decision
-    sources = tuple(citation_from_hit(h) for h in hits)
+    hits = await rerank.rerank(call)
     # A route the client forced is answered as asked: escalation would override its choice.
     escalates = params.grading is not None and decision.reason != "forced"
     if not hits:
         if escalates:  # other searches, by the agent, may still find something
-            return _escalation(sources, EvidenceGrade(False, 0.0, 0.0, "no_hits"))
+            return _escalation((), EvidenceGrade(False, 0.0, 0.0, "no_hits"))
         return Answer(NO_EVIDENCE_TEXT, Route.LOOKUP, complete=False, notes=("no passage matched",))
     if escalates and params.grading is not None:
-        best = best_possible_score(decision.lexical_weight, decision.dense_weight)
         evidence = assess(ctx.query, hits, decision.classification, best, params.grading)
         if not evidence.sufficient:
-            return _escalation(sources, evidence)
-    if tier is None:
-        return _extractive(sources)
-    tag = new_source_tag()
-    prompt = LOOKUP_SYSTEM.format(tag=tag, sources=format_sources(tag, hits))
-    messages = (Message("system", prompt), *ctx.history, Message("user", ctx.query))
-    return Generation(
-        route=Route.LOOKUP,
-        tier=tier,
-        messages=messages,
-        sources=sources,
-        source_tag=tag,
-        options=ctx.options,
-    )
+            return _escalation(tuple(citation_from_hit(h) for h in hits), evidence)
+    return hits
 
 
 def _escalation(sources: tuple[Citation, ...], evidence: EvidenceGrade) -> Escalation:
@@ -117,7 +120,7 @@ def _escalation(sources: tuple[Citation, ...], evidence: EvidenceGrade) -> Escal
         f"escalated: evidence {evidence.reason.replace('_', ' ')} "
         f"(coverage {evidence.coverage:.2f}, agreement {evidence.agreement:.2f})"
     )
-    return Escalation(evidence.reason, note, sources[:_EXTRACTIVE_PASSAGES])
+    return Escalation(evidence.reason, note, sources[:_ESCALATION_PASSAGES])
 
 
 def not_enough(escalation: Escalation) -> Answer:
@@ -133,19 +136,4 @@ def not_enough(escalation: Escalation) -> Answer:
             escalation.note,
             "the multihop route is not available, so no answer was generated",
         ),
-    )
-
-
-def _extractive(sources: tuple[Citation, ...]) -> Answer:
-    best = sources[:_EXTRACTIVE_PASSAGES]
-    return Answer(text=extractive_text(best), route=Route.LOOKUP, citations=best, extractive=True)
-
-
-def extractive_text(citations: tuple[Citation, ...]) -> str:
-    """Passages quoted as an answer citing them, [i] for the i-th (the agent's, too, when its
-    model fails mid-loop)."""
-    # The answer's [i] are its citations; the passages' own brackets must not read as more.
-    return "\n\n".join(
-        f"[{i}] {inert_citations(c.title)}: {inert_citations(c.snippet)}"
-        for i, c in enumerate(citations, 1)
     )

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from routers.features import identifiers_in
 from routers.rules import RouterConfig, Rule
 from routers.small_talk import small_talk
-from routers.types import Classification, Route
+from routers.types import Classification, Route, RouteDecision
 
 
 class RouteNotAllowed(Exception):
@@ -41,22 +41,6 @@ class PolicyConfig:
     router: RouterConfig = field(default_factory=RouterConfig)
     # The tenant may be answered from its whole corpus (no per-user access rules).
     whole_corpus_allowed: bool = True
-
-
-@dataclass(frozen=True, slots=True)
-class RouteDecision:
-    route: Route
-    # A short tag from a closed set (or a configured rule name), safe as a metric label.
-    reason: str
-    # What a person reads in `route_reason`: the tag plus the evidence behind it.
-    explanation: str
-    classification: Classification
-    lexical_weight: float
-    dense_weight: float
-    # The route the policy wanted when this deployment could not execute it.
-    wanted: Route | None = None
-    # Full context would answer this if the tenant's corpus fits the budget.
-    full_context_candidate: bool = False
 
 
 @dataclass(slots=True)

@@ -105,8 +105,8 @@ class EscalationConfig(BaseModel):
 
     # On by default: on the held-out dev test part it raises multihop recall over the classifier
     # alone, and out of domain at most 1 of the 10 single-hop questions over tests/data/acme
-    # escalates (`bench/escalation_eval.py`; README, "The router, measured"). Its price: a
-    # question whose page the corpus lacks escalates too; watch
+    # escalates (`bench/escalation_eval.py`; docs/benchmarks.md, "The router, measured"). Its
+    # price: a question whose page the corpus lacks escalates too; watch
     # querygate_escalations_total{reason="learned_insufficient"}.
     enabled: bool = True
     # learned: the sufficiency model (routers/sufficiency.py) over both arms, the query and the

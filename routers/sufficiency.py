@@ -52,8 +52,8 @@ SUFFICIENCY_FEATURES: tuple[str, ...] = (
 )
 # The features are the set that flags the fewest answerable single-hop questions at multihop
 # recall 0.95, chosen out of fold on train+val (`bench/sufficiency_ablation.py`; the figures, and
-# what was tried and not kept, are in README's "The router, measured"). A tenant's titles are
-# file names, so a hit's title words are not a feature.
+# what was tried and not kept, are in docs/benchmarks.md's "The router, measured"). A tenant's
+# titles are file names, so a hit's title words are not a feature.
 # FanOutQA's parents are long and its sub-questions short (length alone separates them), so past
 # a short question's length, more words must not read as "multi-hop".
 CONTENT_WORDS_CAP = 6

@@ -10,7 +10,6 @@ from backends.llm.base import LLM, NO_OPTIONS, GenerationOptions, Message, Tier,
 from backends.retrieval.base import Hit, Vector
 
 if TYPE_CHECKING:
-    from routers.policy import RouteDecision
     from routers.rerank import RerankRecorder
 
 
@@ -171,6 +170,22 @@ class Escalation:
     note: str
     # The best of what the lookup found, for an honest answer when multihop cannot run.
     sources: tuple[Citation, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RouteDecision:
+    route: Route
+    # A short tag from a closed set (or a configured rule name), safe as a metric label.
+    reason: str
+    # What a person reads in `route_reason`: the tag plus the evidence behind it.
+    explanation: str
+    classification: Classification
+    lexical_weight: float
+    dense_weight: float
+    # The route the policy wanted when this deployment could not execute it.
+    wanted: Route | None = None
+    # Full context would answer this if the tenant's corpus fits the budget.
+    full_context_candidate: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ which is what a lookup pays for) but lower p; more bands win recall back at the 
 probe's projection is nearest zero (multi-probe, `LshScheme.probe_prefixes`) wins it back
 without memory. A store caps what it keeps or reads of one bucket, which bounds the cost and,
 once buckets overflow, is what costs recall; the defaults and their measured recall are in
-docs/architecture.md and README.md. A miss only costs a recomputed answer.
+docs/architecture.md and docs/benchmarks.md. A miss only costs a recomputed answer.
 """
 
 from __future__ import annotations

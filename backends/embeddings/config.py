@@ -70,9 +70,17 @@ def build_embedder(config: EmbeddingsConfig) -> Embedder:
     if config.backend == "minilm":
         return _build_minilm(config)
     # Imported only when configured: litellm costs ~4 s and ~200 MB to import.
-    from backends.embeddings.remote import LiteLLMEmbedder
+    from backends.embeddings.remote import LiteLLMEmbedder, RemoteModel
 
-    return LiteLLMEmbedder(config)
+    remote = RemoteModel(
+        config.model,
+        config.dimension,
+        config.api_base,
+        config.api_key_env,
+        config.batch_size,
+        config.timeout_s,
+    )
+    return LiteLLMEmbedder(remote)
 
 
 def _build_minilm(config: EmbeddingsConfig) -> Embedder:

@@ -8,7 +8,8 @@ from backends.llm import offline  # noqa: F401  (must run before litellm is impo
 # isort: on
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import litellm
 import numpy as np
@@ -16,9 +17,6 @@ import openai
 
 from backends.errors import BackendUnavailable, UpstreamError
 from backends.retrieval.base import Vector
-
-if TYPE_CHECKING:
-    from backends.embeddings.config import EmbeddingsConfig
 
 # OpenAI-compatible servers without auth still need some key for the client to send.
 _KEYLESS_PLACEHOLDER = "unused"
@@ -32,6 +30,18 @@ _BACKEND = "embeddings"
 litellm.DEFAULT_MAX_RETRIES = 0  # type: ignore[attr-defined]  # not re-exported
 
 
+@dataclass(frozen=True, slots=True)
+class RemoteModel:
+    """Which embedding API to call and how (the `embeddings` config's litellm fields)."""
+
+    model: str
+    dimension: int
+    api_base: str | None
+    api_key_env: str | None
+    batch_size: int
+    timeout_s: float
+
+
 class LiteLLMEmbedder:
     """The `Embedder` for any model litellm can call; vectors are re-normalised here.
 
@@ -39,7 +49,7 @@ class LiteLLMEmbedder:
     assume unit rows, so normalising again is cheap insurance.
     """
 
-    def __init__(self, config: EmbeddingsConfig) -> None:
+    def __init__(self, config: RemoteModel) -> None:
         self.model_id = config.model
         self.dimension = config.dimension
         self._config = config

@@ -27,7 +27,8 @@ JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    configure_logging(args.log_level)
+    # Resolved once: `serve --workers N` hands the same choice to every worker.
+    args.log_format = configure_logging(args.log_level, args.log_format)
     if args.command == "config":
         return _config(args)
     try:
@@ -49,6 +50,13 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="querygate", description=__doc__)
     parser.add_argument("--config", type=Path, help="YAML configuration file")
     parser.add_argument("--log-level", default="INFO")
+    parser.add_argument(
+        "--log-format",
+        choices=("auto", "json", "text"),
+        default="auto",
+        help="json: one JSON object per line; text: one short line per request, health probes "
+        "only when they fail; auto (default): text on a terminal, else json",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the gateway")
@@ -155,16 +163,18 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
 
     # A SIGHUP before the server or the supervisor is up is ignored from the package's import
     # (gateway/__init__.py): it must not end the process.
-    options = run.ServeOptions(args.config, args.host, args.port, args.log_level, args.workers)
+    options = run.ServeOptions(
+        args.config, args.host, args.port, args.log_level, args.workers, args.log_format
+    )
     settings = run.serve_settings(settings, options)  # the demo key is made here, once
     if args.workers == 1:
         ingest = None
         if args.sample_corpus:
             from gateway.ingest.background import BackgroundIngest
-            from gateway.ingest.wiki_sample import load_wiki_sample
+            from gateway.ingest.wiki_sample import load_in_ingest_order
 
             # In the app's lifetime: the port opens at once and answers while it runs.
-            ingest = BackgroundIngest(DEMO_TENANT, load_wiki_sample)
+            ingest = BackgroundIngest(DEMO_TENANT, load_in_ingest_order)
         return run.serve_one(settings, options, ingest)
     if args.sample_corpus:
         # Workers are separate processes: the one writer ingests before they start.
@@ -173,6 +183,9 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _ingest(settings: Settings, args: argparse.Namespace) -> int:
+    """Exit 0: everything given was ingested; 1: the rest was, but something was skipped (a
+    path that does not exist, a document over the chunk cap), each named on stderr; 2: nothing
+    was (no paths, an unreadable file, a bad configuration)."""
     from gateway.server import commands
 
     if not args.paths and not args.sample_corpus:
@@ -180,16 +193,21 @@ def _ingest(settings: Settings, args: argparse.Namespace) -> int:
         return 2
     from gateway.ingest.readers import UnreadableInput
 
+    missing = [path for path in args.paths if not path.exists()]
+    for path in missing:
+        print(f"skipped, no such file or directory: {path}", file=sys.stderr)
+    present = [path for path in args.paths if path.exists()]
+    _say_if_new_index(settings)
     try:
         report = asyncio.run(
-            commands.ingest(settings, args.tenant, args.paths, args.sample_corpus, args.rechunk)
+            commands.ingest(settings, args.tenant, present, args.sample_corpus, args.rechunk)
         )
     except UnreadableInput as exc:
         print(f"cannot ingest: {exc}", file=sys.stderr)
         return 2
     refused = report.pop("too_large_ids")
     blank = report.pop("blank_ids")
-    print(json.dumps(report))
+    print(json.dumps({**report, "missing_paths": len(missing)}))
     if blank:
         # The API refuses such a text (422); here it means the document should not exist.
         print(
@@ -203,8 +221,23 @@ def _ingest(settings: Settings, args: argparse.Namespace) -> int:
             f"({settings.server.max_document_chunks}) chunks each: {', '.join(refused)}",
             file=sys.stderr,
         )
-        return 1
-    return 0
+    return 1 if refused or missing else 0
+
+
+def _say_if_new_index(settings: Settings) -> None:
+    """An ingest that creates the embedded index writes where no gateway has served from:
+    most often a data_dir other than the server's (another configuration, QUERYGATE_DATA_DIR)."""
+    from gateway.server.services import embedded_index_path
+
+    index = embedded_index_path(settings)
+    if settings.retrieval.backend == "embedded" and not index.exists():
+        print(
+            f"no index at {index}: creating a new one. A gateway reads the index in its own "
+            "data_dir (the configuration's data_dir, relative to its file; QUERYGATE_DATA_DIR; "
+            "else $XDG_DATA_HOME/querygate or ~/.local/share/querygate): serve with the same "
+            "configuration to answer from these documents",
+            file=sys.stderr,
+        )
 
 
 def _route(settings: Settings, args: argparse.Namespace) -> int:

@@ -150,6 +150,7 @@ class Finisher:
             rerank_debug=ctx.reranks.debug() if ctx.reranks is not None else None,
             timings_ms=ctx.timer.report(),
             config_version=self._version,
+            partial_index=self._s.ingests.partial_index(ctx.request.tenant.id),
         )
         self._observe(ctx, result)
         return result
@@ -181,6 +182,7 @@ class Finisher:
             "completion_tokens": total.completion_tokens,
             "answer_ms": result.timings_ms["total"],
             **rewrite_fields(result),
+            **({"partial_index": result.partial_index.header()} if result.partial_index else {}),
         }
         if ctx.scope is None:  # not over HTTP (CLI, benchmarks): the answer is the log line
             log.info("answered", extra=fields)

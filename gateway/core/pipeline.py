@@ -29,9 +29,8 @@ from gateway.settings import Settings
 from routers.agent import AgentDeps
 from routers.classifier import Classifier
 from routers.executors import build_registry
-from routers.policy import RouteDecision
 from routers.rerank import RerankStage
-from routers.types import Route
+from routers.types import Route, RouteDecision
 
 Stage = Callable[[RequestContext], Awaitable[Outcome | None]]
 
@@ -58,6 +57,7 @@ class Pipeline:
                 rerank=RerankStage(settings.retrieval.rerank, services.reranker),
             ),
             registry_config(settings),
+            services.reranker,
         )
         self._route = RouteStages(services, settings, classifier, llm, registry, self._cache)
         self._stages: tuple[Stage, ...] = (

@@ -13,8 +13,7 @@ from gateway.core.scope import RequestScope
 from gateway.limits.budget import BudgetedLLM
 from gateway.obs.timing import StageTimer
 from gateway.settings import TenantConfig
-from routers.policy import RouteDecision
-from routers.types import Answer, Generation
+from routers.types import Answer, Generation, RouteDecision
 
 # What the stages end in: an answer, or the last model call that writes it.
 Outcome = Answer | Generation
@@ -58,6 +57,9 @@ class RequestContext:
     decision: RouteDecision | None = None
     corpus: tuple[Hit, ...] = ()
     route_reason: str = ""
+    # What a stage has to tell the client about how its question was taken (an unrewritten
+    # follow-up): added to the answer's notes, and to its text when no model writes it.
+    notes: list[str] = field(default_factory=list)
     outcome: Outcome | None = None
     # The rerank stage's decisions for this request (None: no route ran a search).
     reranks: RequestReranks | None = None

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from routers.policy import RouteDecision
-from routers.types import Answer
+from gateway.ingest.progress import PartialIndex
+from routers.types import Answer, RouteDecision
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +25,16 @@ class QueryResult:
     cache_debug: dict[str, Any] | None = None
     # For `debug`: each search's rerank decision (None: no route searched).
     rerank_debug: list[dict[str, Any]] | None = None
+    # Set while the tenant's index is still being filled (an ingest in this process): the
+    # answer comes from the documents indexed so far.
+    partial_index: PartialIndex | None = None
+
+
+def partial_fields(result: QueryResult) -> dict[str, Any]:
+    """Present only while the tenant's index is partial: documents done and total."""
+    if result.partial_index is None:
+        return {}
+    return {"partial_index": result.partial_index.as_dict()}
 
 
 def rewrite_fields(result: QueryResult) -> dict[str, str]:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from backends.cache.base import CacheStore
 from backends.embeddings.base import Embedder
 from backends.llm.base import LLM
 from backends.rerank.base import Reranker
 from backends.retrieval.base import Retriever
+from gateway.ingest.progress import IngestRegistry
 from gateway.limits.quotas import Quotas
 from gateway.obs.metrics import Metrics
 
@@ -23,5 +24,7 @@ class Services:
     cache_store: CacheStore | None
     metrics: Metrics
     quotas: Quotas | None = None  # the tenants' rate limits and budgets (gateway/limits/quotas.py)
+    # The ingests this process runs, by tenant: answers from a partial index say so.
+    ingests: IngestRegistry = field(default_factory=IngestRegistry)
     # The second stage of retrieval (`retrieval.rerank.reranker`); None: off.
     reranker: Reranker | None = None

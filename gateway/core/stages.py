@@ -29,19 +29,24 @@ from routers.executors import Registry
 from routers.full_context import corpus_chunks
 from routers.lookup import not_enough
 from routers.policy import (
-    RouteDecision,
     decide,
     decide_forced_direct,
     needs_classification,
     with_full_context,
 )
 from routers.rewrite import looks_like_followup, rewrite_followup
-from routers.types import Escalation, Route, RouteContext
+from routers.small_talk import small_talk
+from routers.types import Escalation, Generation, Route, RouteContext, RouteDecision
 
 log = logging.getLogger(__name__)
 
 # What a route that reads no vector (direct, forced) gets when none was computed.
 NO_VECTOR: Vector = np.zeros(0, dtype=np.float32)
+# A follow-up with no model to rewrite it: answered as the client wrote it, and it says so.
+NOT_REWRITTEN = (
+    "This follow-up was searched as written: no small model is configured to rewrite it into "
+    "a self-contained question."
+)
 
 
 class RouteStages:
@@ -62,11 +67,17 @@ class RouteStages:
         self._cache = cache
         self.routes = frozenset(registry)
         self._policies = TenantPolicies(settings, self.routes)
+        # Without its model the direct route looks up what is not small talk: a vector it reads.
+        self._direct_model = llm.has_tier(settings.models.routes[Route.DIRECT])
 
     async def rewrite(self, ctx: RequestContext) -> None:
         request = ctx.request
-        wanted = self._settings.router.rewrite_followups and self._llm.has_tier("small")
+        wanted = self._settings.router.rewrite_followups
         if not wanted or not looks_like_followup(request.query, request.history):
+            return
+        if not self._llm.has_tier("small"):
+            if small_talk(request.query) is None:  # "thanks!" needs no rewrite to be answered
+                ctx.notes.append(NOT_REWRITTEN)
             return
         with ctx.timer.stage("rewrite"):
             try:
@@ -97,7 +108,8 @@ class RouteStages:
 
     async def embed(self, ctx: RequestContext) -> None:
         semantic = self._cache.wants_vector(ctx.cache)
-        if not semantic and not needs_classification(ctx.request.route, self.routes):
+        forced_direct = not needs_classification(ctx.request.route, self.routes)
+        if not semantic and forced_direct and self._direct_model:
             return  # a forced direct route outside the semantic cache: nothing reads a vector
         with ctx.timer.stage("embed"):
             ctx.vector = (await self._s.embedder.embed([ctx.request.query]))[0]
@@ -158,7 +170,7 @@ class RouteStages:
         # request's, beside the model calls'.
         ctx.route_reason = "; ".join((ctx.route_reason, *reranks.notes()))
         ctx.usage_before = {**ctx.usage_before, **reranks.usage()}
-        return outcome
+        return said(outcome, ctx.notes)
 
     def _reranks(self, ctx: RequestContext) -> RequestReranks:
         reranker = self._s.reranker
@@ -196,3 +208,15 @@ class RouteStages:
         if isinstance(outcome, Escalation):  # the agent never escalates; a registry mix-up
             raise TypeError("the multihop executor returned an escalation")
         return outcome
+
+
+def said(outcome: Outcome, notes: list[str]) -> Outcome:
+    """The outcome with what the stages before it have to tell the client: in the notes
+    (`route_reason`) and, for an answer already written, at the end of its text too, which
+    is all an OpenAI client shows."""
+    if not notes:
+        return outcome
+    if isinstance(outcome, Generation):
+        return replace(outcome, notes=(*outcome.notes, *notes))
+    told = "\n\n".join(f"({note})" for note in notes)
+    return replace(outcome, text=f"{outcome.text}\n\n{told}", notes=(*outcome.notes, *notes))

@@ -5,9 +5,10 @@ identifiers, the routes this deployment can execute) exactly as `POST /v1/route`
 no LLM is called and nothing is answered. The tenant's index is read only where the decision
 needs it: whether the whole corpus fits (full context, when configured) and, with
 `--with-escalation`, the lookup's own retrieval, rerank stage (when `retrieval.rerank` names a
-reranker) and evidence grade (`routers.lookup.plan_lookup` without a model): a lookup that escalates ends on multihop where this deployment can run it, as
-the pipeline does. A follow-up (history given) is classified as written: the small model's
-rewrite is not run, and the report counts such lines.
+reranker) and evidence grade (`routers.lookup.gather_evidence`): a lookup that escalates ends
+on multihop where this deployment can run it, as the pipeline does. A follow-up (history
+given) is classified as written: the small model's rewrite is not run, and the report counts
+such lines.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ async def evaluate_routes(
     from gateway.server.services import build_reranker, build_retriever
     from gateway.settings import ConfigError
     from routers.full_context import corpus_chunks
-    from routers.lookup import plan_lookup
+    from routers.lookup import gather_evidence
     from routers.policy import decide, with_full_context
     from routers.rerank import RerankStage
     from routers.rewrite import looks_like_followup
@@ -132,7 +133,7 @@ async def evaluate_routes(
             if with_escalation and route is Route.LOOKUP:
                 assert retriever is not None
                 ctx = RouteContext(tenant, example.question, vector, example.history, decision)
-                outcome = await plan_lookup(ctx, retriever, params, None, rerank)
+                outcome = await gather_evidence(ctx, retriever, params, rerank)
                 escalated = outcome.reason if isinstance(outcome, Escalation) else None
                 if escalated is not None and Route.MULTIHOP in executable:
                     route = Route.MULTIHOP

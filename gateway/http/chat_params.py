@@ -4,8 +4,8 @@ Honoured on the model calls that write the answer (direct, lookup and full_conte
 call; multihop: every turn of the agent loop, since any turn may write the answer):
 `temperature`, `top_p`, `max_tokens` / `max_completion_tokens` (a cap: the call gets its own
 limit or this, whichever is lower; both given, the lower), `stop`, `seed`,
-`frequency_penalty`, `presence_penalty`. An extractive answer (no model) is not generated and
-takes none of them.
+`frequency_penalty`, `presence_penalty`. An extractive answer (no model) is not generated: a
+`max_tokens` cap cuts it (`routers.extractive`), and it takes none of the others.
 
 Direct route only: `tools`, `tool_choice`, `parallel_tool_calls` and a `response_format` of
 `json_object` or `json_schema`. Every other route writes prose citing the tenant's documents,

@@ -20,8 +20,9 @@ from gateway.core.request import QueryRequest, RequestContext
 from gateway.core.result import QueryResult
 from gateway.core.runtime import Runtime
 from gateway.core.scope import RequestScope
+from gateway.http.appkeys import SERVICES
 from gateway.http.failures import request_failure
-from gateway.http.wire import query_body
+from gateway.http.wire import partial_headers, query_body
 from gateway.settings import ServerConfig
 from routers.types import Generation
 
@@ -70,11 +71,15 @@ async def stream_answer(
     fmt: StreamFormat,
 ) -> web.StreamResponse:
     server = runtime.settings.server
+    # The headers go out before the answer: they say how partial the index is now; the
+    # closing event says it as of the answer.
+    partial = request.app[SERVICES].ingests.partial_index(scope.tenant.id)
     response = web.StreamResponse(
         headers={
             "Content-Type": "text/event-stream",
             "Cache-Control": "no-cache",
             "X-Request-Id": query.id,
+            **partial_headers(partial),
         }
     )
     preparing = asyncio.ensure_future(_prepare(runtime, query, scope))

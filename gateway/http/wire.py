@@ -5,10 +5,17 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from gateway.core.result import QueryResult, rewrite_fields
+from gateway.core.result import QueryResult, partial_fields, rewrite_fields
+from gateway.ingest.progress import PartialIndex
 from routers.generation import usage_total
-from routers.policy import RouteDecision
-from routers.types import Answer
+from routers.types import Answer, RouteDecision
+
+# On every answer while the tenant's index is partial: documents done/total.
+PARTIAL_INDEX_HEADER = "X-Querygate-Partial-Index"
+
+
+def partial_headers(partial: PartialIndex | None) -> dict[str, str]:
+    return {} if partial is None else {PARTIAL_INDEX_HEADER: partial.header()}
 
 
 def query_body(result: QueryResult, debug: bool = False) -> dict[str, Any]:
@@ -73,6 +80,7 @@ def _answer_body(result: QueryResult) -> dict[str, Any]:
         "timings_ms": result.timings_ms,
         "config_version": result.config_version,
         **rewrite_fields(result),
+        **partial_fields(result),
     }
 
 

@@ -84,6 +84,8 @@ async def ingest_documents(
     parallel: int = 1,
     rechunk: bool = False,
     max_chunks: int | None = None,
+    report: IngestReport | None = None,
+    first_batch: int | None = None,
 ) -> IngestReport:
     """Add, update or delete each document; a document with blank text (`is_blank`, the rule
     the HTTP API refuses with) is deleted, and named in `blank_ids`.
@@ -94,14 +96,19 @@ async def ingest_documents(
     an index chunked by an older chunker gets today's chunks (they count as updated).
     `max_chunks`: a document that would make more chunks is refused before any embedding
     (counted in `too_large`, named in `too_large_ids`); its stored version, if any, stays.
+    `report`: the one to fill, for a caller that reads it while the ingest runs.
+    `first_batch`: chunks in the first embed call, each next one twice as many up to
+    `embed_batch`, so the first documents are searchable after one small call, not one full
+    batch (seconds on a busy machine) while the index is otherwise empty.
     """
     docs = list({d.doc_id: d for d in raw_docs}.values())  # the last version of an id wins
     window = token_window(embedder) if chunking.fit_window else None
-    report = IngestReport()
+    report = IngestReport() if report is None else report
     pending: list[_Pending] = []
     inflight: deque[asyncio.Task[tuple[list[_Pending], Vector]]] = deque()
     done = 0
     stored: dict[str, str] = {}
+    batch = embed_batch if first_batch is None else min(first_batch, embed_batch)
 
     async def write_oldest() -> int:
         batch, vectors = await inflight.popleft()
@@ -129,9 +136,10 @@ async def ingest_documents(
             else:
                 pending.append(item)
             last = i == len(docs) - 1
-            if pending and (last or _size(pending) >= embed_batch):
+            if pending and (last or _size(pending) >= batch):
                 inflight.append(asyncio.create_task(_embed(pending, embedder)))
                 pending = []
+                batch = min(batch * 2, embed_batch)
             while inflight and (len(inflight) >= parallel or last):
                 done += await write_oldest()
             if progress is not None:

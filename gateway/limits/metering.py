@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import math
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 from typing import Protocol
@@ -34,6 +33,7 @@ from backends.llm.base import (
     Usage,
     WrappedLLM,
 )
+from backends.llm.wire import count_tokens, to_wire
 from gateway.obs.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -43,30 +43,12 @@ class Priced(Protocol):
     def prices(self, tier: Tier) -> tuple[float, float]: ...
 
 
-def count_tokens(model: str, messages: Sequence[Message] = (), text: str = "") -> int:
-    """Tokens of `messages` (or of `text`) as litellm counts them when an upstream reports no
-    usage (backends.llm.wire); about 4 characters a token if that fails."""
-    if not messages and not text:
-        return 0
-    try:
-        import litellm
-
-        if messages:
-            wire = [{"role": m.role, "content": m.content} for m in messages]
-            return int(litellm.token_counter(model=model, messages=wire))
-        return int(litellm.token_counter(model=model, text=text))
-    except Exception:  # a tokenizer that cannot load must not lose the charge
-        log.debug("token count failed; estimating from characters", exc_info=True)
-        chars = sum(len(m.content) for m in messages) + len(text)
-        return math.ceil(chars / 4)
-
-
 def estimate_usage(
     llm: Priced, tier: Tier, messages: Sequence[Message], text: str, model: str = ""
 ) -> Usage:
     """The usage of a call whose upstream never reported it: its prompt plus the completion
     text received so far, at the tier's prices."""
-    prompt = count_tokens(model, messages=messages)
+    prompt = count_tokens(model, messages=[to_wire(m) for m in messages])
     completion = count_tokens(model, text=text)
     per_prompt, per_completion = llm.prices(tier)
     return Usage(prompt, completion, prompt * per_prompt + completion * per_completion)

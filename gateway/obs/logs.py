@@ -1,4 +1,6 @@
-"""Structured logs: one JSON object per line, with the request id when there is one."""
+"""Logs: one JSON object per line, with the request id when there is one; on a terminal (or
+when asked) one short line of text per request instead, the health probes' quiet unless they
+fail. `configure_logging` chooses: `json`, `text`, or `auto` (text when stderr is a terminal)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import logging
 import sys
 from contextvars import ContextVar
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal, TextIO
 
 from aiohttp.http_exceptions import HttpProcessingError
 
@@ -15,6 +17,15 @@ request_id_var: ContextVar[str | None] = ContextVar("request_id", default=None)
 
 # LogRecord's own attributes; anything else on a record came from `extra=` and is logged.
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
+
+LogFormat = Literal["auto", "json", "text"]
+# Asked every few seconds by the orchestrator and the scraper: on a terminal, noise when they
+# succeed.
+PROBES = frozenset({"GET /healthz", "GET /readyz", "GET /metrics"})
+# A request's line on a terminal: these fields, when set, after endpoint, status and time.
+_REQUEST_TAIL = ("route", "cache", "tenant")
+# Any other line on a terminal: its fields while it fits this width (the JSON has them all).
+TEXT_WIDTH = 120
 
 
 class JsonFormatter(logging.Formatter):
@@ -33,6 +44,59 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
         return json.dumps(entry, default=str, ensure_ascii=False)
+
+
+def _is_request(record: logging.LogRecord) -> bool:
+    """The one line per request `gateway.obs.accounting.account` writes."""
+    return "endpoint" in record.__dict__ and "status" in record.__dict__
+
+
+class TextFormatter(logging.Formatter):
+    """One short line: a request as `METHOD PATH STATUS MS route cache tenant` (and its error),
+    anything else as `HH:MM:SS [LEVEL] message key=value ...`. `clear_line` (a terminal) first
+    clears the line, so a line written over an ingest's progress bar replaces it (the bar is
+    redrawn below)."""
+
+    def __init__(self, clear_line: bool = False) -> None:
+        super().__init__()
+        self._prefix = "\r\x1b[K" if clear_line else ""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = _request_line(record) if _is_request(record) else self._other_line(record)
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return self._prefix + line
+
+    def _other_line(self, record: logging.LogRecord) -> str:
+        when = datetime.fromtimestamp(record.created).strftime("%H:%M:%S")
+        level = "" if record.levelno == logging.INFO else f" {record.levelname}"
+        line = f"{when}{level} {record.getMessage()}"
+        for key, value in record.__dict__.items():
+            if key in _STANDARD:
+                continue
+            field = f" {key}={value}"
+            if len(line) + len(field) > TEXT_WIDTH:
+                return line + " …"
+            line += field
+        return line
+
+
+def _request_line(record: logging.LogRecord) -> str:
+    fields = record.__dict__
+    parts = [str(fields["endpoint"]), str(fields["status"]), f"{fields['duration_ms']:.0f}ms"]
+    parts += [str(fields[key]) for key in _REQUEST_TAIL if fields.get(key)]
+    if error := fields.get("error"):
+        parts.append(f"({error})")
+    return " ".join(parts)
+
+
+class QuietProbes(logging.Filter):
+    """Drops the line of a health probe or scrape that succeeded; one that failed is kept."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not _is_request(record) or record.__dict__["endpoint"] not in PROBES:
+            return True
+        return int(record.__dict__["status"]) >= 400 or record.levelno >= logging.WARNING
 
 
 class MalformedHttpFilter(logging.Filter):
@@ -57,9 +121,25 @@ class MalformedHttpFilter(logging.Filter):
         return logging.getLogger(record.name).isEnabledFor(logging.INFO)
 
 
-def configure_logging(level: str = "INFO") -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
+def resolve_format(fmt: LogFormat, stream: TextIO) -> Literal["json", "text"]:
+    """`auto`: text on a terminal, JSON otherwise (a file, a pipe, a log collector)."""
+    if fmt == "auto":
+        return "text" if stream.isatty() else "json"
+    return fmt
+
+
+def configure_logging(
+    level: str = "INFO", fmt: LogFormat = "auto", stream: TextIO | None = None
+) -> Literal["json", "text"]:
+    """Every log line to `stream` (stderr) in `fmt`; returns the format chosen."""
+    stream = sys.stderr if stream is None else stream
+    chosen = resolve_format(fmt, stream)
+    handler = logging.StreamHandler(stream)
+    if chosen == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(TextFormatter(clear_line=stream.isatty()))
+        handler.addFilter(QuietProbes())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
@@ -69,3 +149,4 @@ def configure_logging(level: str = "INFO") -> None:
     server = logging.getLogger("aiohttp.server")
     if not any(isinstance(f, MalformedHttpFilter) for f in server.filters):
         server.addFilter(MalformedHttpFilter())
+    return chosen

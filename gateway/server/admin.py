@@ -1,4 +1,8 @@
-"""Operator endpoints, behind the admin key."""
+"""Operator endpoints, behind the admin key.
+
+They live in server/, not http/handlers/: a reload drives the server's reloader and tells the
+supervisor's sibling workers, both of which belong to the server layer above http/.
+"""
 
 from __future__ import annotations
 

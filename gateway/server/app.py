@@ -95,7 +95,9 @@ def create_app(
             ingest = None
             if startup_ingest is not None:
                 app[INGEST] = startup_ingest
-                ingest = asyncio.create_task(startup_ingest.run(live.embedder, live.retriever))
+                ingest = asyncio.create_task(
+                    startup_ingest.run(live.embedder, live.retriever, live.ingests)
+                )
             if freeze_heap:
                 heap.freeze()
             log.info("ready", extra={"config_version": settings.version})

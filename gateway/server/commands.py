@@ -11,9 +11,11 @@ from backends.embeddings.config import build_embedder
 from gateway.core.routing import configured_routes, policy_for
 from gateway.core.runtime import build_classifier
 from gateway.http.wire import decision_body
-from gateway.ingest.background import IngestProgress, ProgressDisplay, ingest_shown
+from gateway.ingest.background import ingest_shown
+from gateway.ingest.progress import IngestProgress, ProgressDisplay
 from gateway.ingest.readers import read_paths
-from gateway.ingest.wiki_sample import load_wiki_sample
+from gateway.ingest.shared_progress import ProgressFile
+from gateway.ingest.wiki_sample import load_in_ingest_order
 from gateway.server.services import build_retriever
 from gateway.settings import Settings
 from routers.policy import decide
@@ -23,18 +25,22 @@ async def ingest(
     settings: Settings, tenant: str, paths: list[Path], sample: bool, rechunk: bool = False
 ) -> dict[str, Any]:
     """`querygate ingest`: the documents at `paths` (and the sample corpus) into `tenant`'s
-    index, with a progress display; the report, with the ids refused as too large or blank."""
+    index, with a progress display; the report, with the ids refused as too large or blank.
+    A first ingest of the tenant is shared through the data directory while it runs
+    (`gateway.ingest.shared_progress`), so a gateway serving it says its answers are partial."""
     embedder = build_embedder(settings.embeddings)
     retriever = build_retriever(settings, embedder.dimension)
     # Every core embeds (one batch each); this coroutine is the one writer.
     bulk, parallel = bulk_embedder(embedder)
     try:
-        docs = list(load_wiki_sample()) if sample else []
+        docs = load_in_ingest_order() if sample else []
         docs += list(read_paths(paths))
         progress = IngestProgress(tenant, "sample corpus" if sample else "documents")
         progress.total, progress.state = len(docs), "running"
         progress.workers = getattr(bulk, "workers", 1)
         display = ProgressDisplay(progress)
+        shared = ProgressFile(settings.data_dir, progress)
+        first = shared.path.exists() or (await retriever.stats(tenant))[0] == 0
         report = await ingest_shown(
             progress,
             display,
@@ -44,7 +50,10 @@ async def ingest(
             parallel,
             rechunk=rechunk,
             max_chunks=settings.server.max_document_chunks,
+            shared=shared if first else None,
         )
+        # Every document is in (or refused by name): a stopped ingest leaves the file.
+        shared.remove()
         progress.state, progress.chunks = "done", report.chunks
         display.update(final=True)
     finally:

@@ -51,6 +51,12 @@ RESTART_ONLY = (
     "retrieval.rerank.opensearch",
     "cache.backend",
     "cache.max_entries",  # the size of the store already built
+    # The Redis connection, opened once at start (cache and quotas share it).
+    "cache.redis_url",
+    "cache.redis_socket_timeout_s",
+    "cache.redis_connect_timeout_s",
+    "cache.redis_max_connections",
+    "cache.redis_request_budget_s",
     "quotas",  # where the counters live, and the store's retry interval
     "models",
 )

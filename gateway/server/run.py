@@ -9,6 +9,7 @@ import socket
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,8 @@ from pydantic import SecretStr
 from gateway.http.appkeys import RUNTIME
 from gateway.http.protocol import run_app
 from gateway.ingest.background import BackgroundIngest
-from gateway.obs.logs import configure_logging
+from gateway.obs import pool
+from gateway.obs.logs import LogFormat, configure_logging
 from gateway.server.app import create_app
 from gateway.server.workers import Supervisor, WorkerSpec, bind
 from gateway.settings import ConfigError, Settings, load_settings
@@ -37,6 +39,7 @@ class ServeOptions:
     port: int | None
     log_level: str
     workers: int
+    log_format: LogFormat = "json"
 
 
 def with_demo_key(settings: Settings, announce: bool = True) -> Settings:
@@ -83,14 +86,24 @@ def supervise(settings: Settings, options: ServeOptions) -> int:
         return 2
     with sock:
         port = int(sock.getsockname()[1])  # the one chosen when the config says 0
-        spec = WorkerSpec(options.config_path, options.host, port, options.log_level, settings)
-        return Supervisor(spec, sock, options.workers, server.shutdown_grace_s).run()
+        spec = WorkerSpec(
+            options.config_path, options.host, port, options.log_level, settings, options.log_format
+        )
+        return Supervisor(spec, sock, options.workers, server.shutdown_grace_s, run_worker).run()
+
+
+def run_worker(spec: WorkerSpec, sock: socket.socket, ready: Event, counts: Any) -> None:
+    """A worker process's whole life; the process exit code says how it ended."""
+    pool.share(counts)
+    raise SystemExit(serve_worker(spec, sock, ready.set))
 
 
 def serve_worker(spec: WorkerSpec, sock: socket.socket, on_ready: Callable[[], None]) -> int:
     """One worker of `serve --workers N` (in a fresh interpreter): the app on the shared socket."""
-    configure_logging(spec.log_level)
-    options = ServeOptions(spec.config_path, spec.host, spec.port, spec.log_level, workers=1)
+    configure_logging(spec.log_level, spec.log_format)
+    options = ServeOptions(
+        spec.config_path, spec.host, spec.port, spec.log_level, 1, spec.log_format
+    )
     try:
         settings = serve_settings(load_settings(spec.config_path), options, announce=False)
     except ConfigError as exc:

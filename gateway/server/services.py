@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
 
 from backends.cache.base import CacheStore
 from backends.cache.memory import MemoryCacheStore
@@ -24,6 +25,8 @@ from backends.retrieval.opensearch import OpenSearchRetriever, SharedChunksNotMi
 from backends.retrieval.opensearch.client import open_client
 from gateway.cache.background import DRAIN_S, PROCESS_WRITES
 from gateway.core.services import Services
+from gateway.ingest.progress import IngestRegistry
+from gateway.ingest.shared_progress import SharedIngests
 from gateway.limits.quotas import Quotas, warn_if_per_worker
 from gateway.obs.metrics import Metrics
 from gateway.settings import ConfigError, Settings
@@ -52,7 +55,12 @@ def build_retriever(settings: Settings, dimension: int) -> Retriever:
             )
         return OpenSearchRetriever(config.model_copy(update={"fusion": settings.retrieval.fusion}))
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    return EmbeddedRetriever(settings.data_dir / "index.sqlite3", fusion=settings.retrieval.fusion)
+    return EmbeddedRetriever(embedded_index_path(settings), fusion=settings.retrieval.fusion)
+
+
+def embedded_index_path(settings: Settings) -> Path:
+    """The embedded backend's index file, in the data directory."""
+    return settings.data_dir / "index.sqlite3"
 
 
 async def _bootstrap(retriever: Retriever) -> None:
@@ -158,4 +166,6 @@ async def open_services(settings: Settings, metrics: Metrics) -> AsyncIterator[S
             if isinstance(reranker, RemoteReranker):
                 await reranker.warm_up()
             log.info("rerank: %s reranker, model %s", reranker.kind, reranker.model_id)
-        yield Services(embedder, retriever, tiers, cache_store, metrics, quotas, reranker)
+        # Another process's first ingest of a tenant (`querygate ingest`) is seen through it.
+        ingests = IngestRegistry(SharedIngests(settings.data_dir))
+        yield Services(embedder, retriever, tiers, cache_store, metrics, quotas, ingests, reranker)

@@ -36,6 +36,7 @@ import signal
 import socket
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
@@ -43,10 +44,10 @@ from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gateway.obs import pool
 from gateway.obs.metrics import MULTIPROC_ENV
 
 if TYPE_CHECKING:
+    from gateway.obs.logs import LogFormat
     from gateway.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,11 @@ class WorkerSpec:
     # Validated by the supervisor (demo key included): what a worker falls back on when the
     # file is refused by the time it starts.
     settings: Settings
+    log_format: LogFormat = "json"  # as the supervisor resolved it: every worker logs alike
+
+
+# A worker process's entry point: (spec, shared socket, its ready event, the shared counts).
+WorkerTarget = Callable[[WorkerSpec, socket.socket, Event, Any], None]
 
 
 def worker_count(value: str) -> int:
@@ -113,6 +119,9 @@ class Supervisor:
     sock: socket.socket
     count: int
     grace_s: float
+    # The worker process's entry point (gateway.server.run.run_worker): passed in, since
+    # serving a worker is run.py's concern and run.py imports this module.
+    target: WorkerTarget
     _context: multiprocessing.context.SpawnContext = field(
         default_factory=lambda: multiprocessing.get_context("spawn")
     )
@@ -176,7 +185,7 @@ class Supervisor:
     def _spawn(self, after_pause_s: float = 0.0) -> None:
         ready = self._context.Event()
         process = self._context.Process(
-            target=run_worker, args=(self.spec, self.sock, ready, self._counts), daemon=False
+            target=self.target, args=(self.spec, self.sock, ready, self._counts), daemon=False
         )
         # The new interpreter keeps only an ignored disposition: SIGHUP must not end a worker
         # before its app installs the reload handler (a signal in this instant is dropped).
@@ -321,11 +330,3 @@ def _mark_dead(pid: int) -> None:
     from prometheus_client import multiprocess
 
     multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
-
-
-def run_worker(spec: WorkerSpec, sock: socket.socket, ready: Event, counts: Any) -> None:
-    """A worker's whole life; the process exit code says how it ended."""
-    from gateway.server.run import serve_worker  # run imports this module
-
-    pool.share(counts)
-    raise SystemExit(serve_worker(spec, sock, ready.set))

@@ -1,10 +1,12 @@
 """The CLI's contract: bad configuration exits non-zero naming the field; the demo tenant's key
 is generated once, stored, and not printed again; `querygate ingest` names a blank file (white
-space or invisible characters only, `gateway.text.is_blank`) and ingests nothing of it."""
+space or invisible characters only, `gateway.text.is_blank`) and ingests nothing of it, names a
+missing path and ingests the rest (exit 1), and finds the same index from any folder."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -148,3 +150,74 @@ def test_ingest_names_an_invisible_only_file_and_ingests_nothing_of_it(tmp_path:
     assert report["added"] == 1
     assert "blank text" in done.stderr and "ghost.txt" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def _cli_in(cwd: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """`querygate ARGS` run from `cwd`, this checkout's package on the path."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("QUERYGATE_")}
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", *args],
+        cwd=cwd,
+        env={**clean, "PYTHONPATH": str(REPO_ROOT), **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def _report(done: subprocess.CompletedProcess[str]) -> dict[str, int]:
+    report: dict[str, int] = json.loads(done.stdout.strip().splitlines()[-1])
+    return report
+
+
+def test_ingest_names_a_missing_path_ingests_the_rest_and_exits_1(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(f"data_dir: {tmp_path / 'data'}\n")
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "warranty.md").write_text("# Warranty\n\nAcme's warranty lasts two years.\n")
+    done = run_cli(config, "ingest", "--tenant", "t", str(docs), str(tmp_path / "notes.md"))
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert f"skipped, no such file or directory: {tmp_path / 'notes.md'}" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert (_report(done)["added"], _report(done)["missing_paths"]) == (1, 1)
+    # A first ingest: shared with a gateway while it ran (the folder), and done (no file).
+    shared = tmp_path / "data" / "ingests"
+    assert shared.is_dir() and not list(shared.glob("*.json"))
+    again = run_cli(config, "ingest", "--tenant", "t", str(docs))
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert _report(again)["unchanged"] == 1  # it was stored
+
+
+def test_a_relative_data_dir_is_the_config_files_whatever_the_current_directory(
+    tmp_path: Path,
+) -> None:
+    conf = tmp_path / "conf"
+    elsewhere = tmp_path / "elsewhere"
+    conf.mkdir()
+    elsewhere.mkdir()
+    (conf / "config.yaml").write_text("data_dir: data\n")
+    doc = tmp_path / "warranty.md"
+    doc.write_text("# Warranty\n\nAcme's warranty lasts two years.\n")
+    args = ("--config", str(conf / "config.yaml"), "ingest", "--tenant", "t", str(doc))
+    first = _cli_in(conf, {}, *args)
+    assert first.returncode == 0, first.stderr[-2000:]
+    # A new index is said on stderr, naming where it is.
+    assert f"no index at {conf / 'data' / 'index.sqlite3'}: creating a new one" in first.stderr
+    second = _cli_in(elsewhere, {}, *args)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert _report(second)["unchanged"] == 1  # the same index, found from another folder
+    assert "creating a new one" not in second.stderr
+    assert not (elsewhere / "data").exists()
+
+
+def test_with_no_configuration_the_data_dir_is_the_one_default(tmp_path: Path) -> None:
+    home = {"XDG_DATA_HOME": str(tmp_path / "xdg")}
+    doc = tmp_path / "warranty.md"
+    doc.write_text("# Warranty\n\nAcme's warranty lasts two years.\n")
+    for n, cwd in enumerate((tmp_path, REPO_ROOT)):
+        done = _cli_in(cwd, home, "ingest", "--tenant", "t", str(doc))
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert _report(done)["unchanged" if n else "added"] == 1
+    assert (tmp_path / "xdg" / "querygate" / "index.sqlite3").is_file()

@@ -70,15 +70,29 @@ def test_the_port_opens_and_answers_while_the_sample_ingests(tmp_path: Path) -> 
         assert ingest["rate_docs_per_s"] > 0 and ingest["eta_s"] > 0
         assert ingest["embedding_workers"] >= 1
 
+        assert body["ready"] is True and body["complete"] is False
+
         key = (tmp_path / "data" / "demo_api_key").read_text().strip()
         answer = requests.post(
             f"{url}/v1/query",
             headers={"Authorization": f"Bearer {key}"},
-            json={"query": "What is Aachen known for?"},
+            json={"query": "Who designed the Eiffel Tower?"},  # the README's example
             timeout=60,
         )
         assert answer.status_code == 200, answer.text
-        assert answer.json()["route"] in ("direct", "lookup", "multihop", "full_context")
+        answered = answer.json()
+        # Its pages are ingested first: right already, and saying the index is partial.
+        assert answered["citations"][0]["doc_id"] == "Eiffel Tower", answered
+        if (_readyz(url) or {})["ingest"]["state"] == "running":
+            partial = answered["partial_index"]
+            assert partial["documents_total"] == SAMPLE_DOCUMENTS
+            assert answer.headers["X-Querygate-Partial-Index"].endswith(f"/{SAMPLE_DOCUMENTS}")
+
+        # Next to the key: what answers now and how long the rest will take.
+        deadline = time.monotonic() + 120
+        while "answering now from" not in log_path.read_text() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert "the rest in about" in log_path.read_text(), log_path.read_text()[-3000:]
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from gateway.settings import hash_api_key
+from tests.fakes.llm import FakeLLM
 from tests.fakes.rerank import FakeReranker
 from tests.fixtures.app import Client, OpenClient, auth, scrape
 from tests.fixtures.gateway import KEYS
@@ -75,8 +76,11 @@ async def test_a_reranked_lookup_shows_in_debug_timings_and_metrics(
 
 async def test_a_clear_leader_is_not_reranked(app_client: OpenClient) -> None:
     fake = FakeReranker()
-    # A margin of 0 leaves only exact ties to rerank; the identifier's passage leads.
-    client = await app_client(reranker=fake, cache=NO_CACHE, retrieval=rerank(max_margin=0.0))
+    # A margin of 0 leaves only exact ties to rerank; the identifier's passage leads. A model
+    # writes the answer: no extractive answer orders its sentences with the reranker.
+    client = await app_client(
+        llm=FakeLLM(), reranker=fake, cache=NO_CACHE, retrieval=rerank(max_margin=0.0)
+    )
     answer = await ask(client)
     (trace,) = answer["debug"]["rerank"]
     assert trace["decision"] == "skipped_confident"
@@ -105,14 +109,21 @@ async def test_a_failing_reranker_keeps_the_fused_order_and_the_answer_says_so(
 
 @pytest.fixture(scope="module")
 async def priced(app_client: OpenClient) -> tuple[Client, FakeReranker]:
-    """Reranks at $0.01 a call; acme has a day's budget of $0.015, globex none."""
-    fake = FakeReranker(price_usd=0.01)
+    """Reranks at $0.10 a call; acme has a day's budget of $0.15, globex none."""
+    fake = FakeReranker(price_usd=0.1)
     tenants = [
-        {"id": "acme", "api_key_sha256": hash_api_key(KEYS["acme"]), "daily_budget_usd": 0.015},
+        {"id": "acme", "api_key_sha256": hash_api_key(KEYS["acme"]), "daily_budget_usd": 0.15},
         {"id": "globex", "api_key_sha256": hash_api_key(KEYS["globex"])},
     ]
+    # A model writes the answers (no extractive sentence ordering), and no lookup escalates:
+    # one rerank per question.
     client = await app_client(
-        reranker=fake, cache=NO_CACHE, tenants=tenants, retrieval=rerank(when="always")
+        llm=FakeLLM(),
+        reranker=fake,
+        cache=NO_CACHE,
+        tenants=tenants,
+        retrieval=rerank(when="always"),
+        router={"escalation": {"enabled": False}},
     )
     return client, fake
 
@@ -122,21 +133,33 @@ async def test_a_tenants_rerank_cost_is_its_own(priced: tuple[Client, FakeRerank
     globex = await ask(client, "What does ERR-4471 mean at Globex?", tenant="globex")
     acme = await ask(client, f"How do I clear ERR-4471? {uuid.uuid4().hex[:6]}")
     for answer in (globex, acme):
-        assert answer["usage"]["by_tier"]["rerank"]["cost_usd"] == pytest.approx(0.01)
-        assert answer["usage"]["cost_usd"] == pytest.approx(0.01)
+        assert answer["usage"]["by_tier"]["rerank"]["cost_usd"] == pytest.approx(0.1)
+        model_cost = answer["usage"]["by_tier"]["small"]["cost_usd"]
+        assert answer["usage"]["cost_usd"] == pytest.approx(0.1 + model_cost)
         assert len(answer["debug"]["rerank"]) == 1  # its own search only
     assert [r.tenant for r in fake.requests] == ["globex", "acme"]
     # Each tenant's passages came from its own documents.
     assert all("globex" in c for c in cited(globex))
     assert not any("globex" in c for c in cited(acme))
-    # acme's second paid rerank spends its budget ($0.02 > $0.015): the next is refused,
-    # while globex, who paid as much, goes on.
-    await ask(client, f"How do I clear ERR-5120? {uuid.uuid4().hex[:6]}")
-    async with client.post("/v1/query", json={"query": QUESTION}, headers=auth("acme")) as resp:
+    # acme's second paid rerank spends its budget ($0.20 > $0.15): the model call after it is
+    # refused, while globex, who paid as much, goes on.
+    query = {"query": f"How do I clear ERR-5120? {uuid.uuid4().hex[:6]}"}
+    async with client.post("/v1/query", json=query, headers=auth("acme")) as resp:
         assert resp.status == 429
         assert (await resp.json())["error"]["type"] == "budget_exceeded"
     await ask(client, "What is the Globex warranty?", tenant="globex")
     metrics = await scrape(client)
-    assert metrics.value("querygate_rerank_cost_usd_total", model="fake-rerank") == pytest.approx(
-        0.04
-    )
+    spent = metrics.value("querygate_rerank_cost_usd_total", model="fake-rerank")
+    assert spent == pytest.approx(0.4)
+
+
+async def test_an_extractive_answers_sentence_ordering_is_charged_too(
+    app_client: OpenClient,
+) -> None:
+    """No model: the reranker also orders the quoted sentences, a second paid call."""
+    fake = FakeReranker(price_usd=0.01)
+    client = await app_client(reranker=fake, cache=NO_CACHE, retrieval=rerank(when="always"))
+    answer = await ask(client)
+    assert answer["extractive"]
+    assert len(fake.requests) == 2  # the fused passages, then the sentences
+    assert answer["usage"]["by_tier"]["rerank"]["cost_usd"] == pytest.approx(0.02)

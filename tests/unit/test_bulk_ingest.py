@@ -18,8 +18,9 @@ from backends.embeddings.bulk import SERVING_NICE, BulkEmbedder, bulk_embedder
 from backends.embeddings.coalescing import CoalescingEmbedder
 from backends.retrieval.base import Vector
 from backends.retrieval.embedded import EmbeddedRetriever
-from gateway.ingest.background import BackgroundIngest, IngestProgress, ProgressDisplay, bar
+from gateway.ingest.background import BackgroundIngest
 from gateway.ingest.pipeline import content_hash, ingest_documents
+from gateway.ingest.progress import IngestProgress, ProgressDisplay, bar
 from gateway.ingest.readers import RawDocument
 from tests.unit.test_ingest import FakeEmbedder, docs
 
@@ -173,6 +174,58 @@ def test_rate_and_eta_come_from_the_documents_done() -> None:
     assert "300/1,000 docs" in bar(progress, 10.0) and "ETA 23s" in bar(progress, 10.0)
 
 
+def test_after_a_restart_the_rate_counts_only_what_this_run_ingested() -> None:
+    # 9,000 found stored in the first second (a hash lookup each), then 100 embedded in 9 s.
+    progress = IngestProgress(
+        "t", "sample", state="running", done=9100, unchanged=9000, total=10_000, started=0.0
+    )
+    snap = progress.snapshot(now=10.0)
+    assert (snap["rate_docs_per_s"], snap["eta_s"]) == (10.0, 90.0)
+    assert snap["documents_unchanged"] == 9000
+
+
+async def test_a_restart_that_finds_everything_stored_reports_no_rate(
+    index: EmbeddedRetriever,
+) -> None:
+    first = BackgroundIngest("t", lambda: docs(7), stream=io.StringIO())
+    await first.run(SyncFake(), index)
+    assert first.progress.snapshot()["rate_docs_per_s"] > 0
+    stream = io.StringIO()
+    again = BackgroundIngest("t", lambda: docs(7), stream=stream)
+    await again.run(SyncFake(), index)
+    snap = again.progress.snapshot()
+    assert (snap["documents_unchanged"], snap["rate_docs_per_s"]) == (7, 0.0)
+    assert "all 7 documents already indexed" in stream.getvalue()
+
+
+def test_the_first_run_line_says_what_answers_now_and_when_the_rest_will() -> None:
+    progress = IngestProgress("t", "sample", state="running", done=300, total=1000)
+    progress.started -= 10  # 30 docs/s so far
+    stream = io.StringIO()
+    display = ProgressDisplay(progress, stream, log_every_s=3600, announce=True)
+    display.update()
+    display.update()
+    (line,) = stream.getvalue().splitlines()
+    assert line.startswith("answering now from 300 of 1,000 sample documents")
+    assert "the rest in about 23s at 30 docs/s" in line and "partial_index" in line
+
+
+def test_no_first_run_line_before_a_rate_is_measured() -> None:
+    progress = IngestProgress("t", "sample", state="running", done=0, total=1000)
+    progress.started -= 10
+    stream = io.StringIO()
+    ProgressDisplay(progress, stream, log_every_s=3600, announce=True).update()
+    assert stream.getvalue() == ""
+
+
+async def test_the_first_batches_grow_from_first_batch_to_embed_batch(
+    index: EmbeddedRetriever,
+) -> None:
+    embedder = FakeEmbedder()
+    await ingest_documents("t", docs(20), embedder, index, embed_batch=8, first_batch=1)
+    assert [len(call) for call in embedder.calls] == [1, 2, 4, 8, 5]
+
+
 class Terminal(io.StringIO):
     def isatty(self) -> bool:
         return True
@@ -186,7 +239,7 @@ def test_a_terminal_gets_a_redrawn_bar_a_pipe_gets_log_lines(
     ProgressDisplay(progress, terminal, redraw_every_s=0).update()
     assert terminal.getvalue().startswith("\r") and "5/10 docs" in terminal.getvalue()
     pipe = io.StringIO()
-    with caplog.at_level(logging.INFO, logger="gateway.ingest.background"):
+    with caplog.at_level(logging.INFO, logger="gateway.ingest.progress"):
         ProgressDisplay(progress, pipe, log_every_s=0).update()
     assert pipe.getvalue() == ""
     (record,) = [r for r in caplog.records if r.getMessage() == "ingest progress"]

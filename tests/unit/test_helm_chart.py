@@ -533,6 +533,10 @@ RESTART_CHANGES: dict[str, Doc] = {
     "retrieval.opensearch": with_config({"retrieval": {"opensearch": {"alias": "other"}}}),
     "cache.backend": with_config({"cache": {"backend": "off"}}),
     "cache.max_entries": with_config({"cache": {"max_entries": 10}}),
+    "cache.redis_socket_timeout_s": with_config({"cache": {"redis_socket_timeout_s": 1}}),
+    "cache.redis_connect_timeout_s": with_config({"cache": {"redis_connect_timeout_s": 1}}),
+    "cache.redis_max_connections": with_config({"cache": {"redis_max_connections": 8}}),
+    "cache.redis_request_budget_s": with_config({"cache": {"redis_request_budget_s": 1}}),
     "models": with_config({"models": {"small": {"model": "openai/gpt-4o-mini"}}}),
     "quotas": with_config({"quotas": {"redis_retry_s": 5}}),
     "retrieval.rerank.reranker": with_config(
@@ -543,7 +547,8 @@ RESTART_CHANGES: dict[str, Doc] = {
         {"retrieval": {"rerank": {"opensearch": {"model_id": "m-1"}}}}
     ),
 }
-CHART_OWNED = {"server.host", "data_dir"}
+# cache.redis_url comes from a Secret's key as an environment variable, read at a pod's start.
+CHART_OWNED = {"server.host", "data_dir", "cache.redis_url"}
 
 
 def test_every_restart_only_section_has_a_case() -> None:

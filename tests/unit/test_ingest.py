@@ -16,7 +16,7 @@ from backends.retrieval.embedded import EmbeddedRetriever
 from gateway.ingest.chunker import ChunkingConfig
 from gateway.ingest.pipeline import content_hash, ingest_documents
 from gateway.ingest.readers import RawDocument, read_paths
-from gateway.ingest.wiki_sample import load_wiki_sample
+from gateway.ingest.wiki_sample import README_PAGES, load_in_ingest_order, load_wiki_sample
 
 TEST_DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -302,3 +302,11 @@ def test_reader_refuses_a_file_whose_name_is_no_document_id(tmp_path: Path) -> N
     (tmp_path / "bell\x07.md").write_text("text")
     with pytest.raises(ValueError, match=r"bell\x07\.md: doc_id: no control"):
         list(read_paths([tmp_path]))
+
+
+def test_a_first_run_ingests_the_readme_example_pages_first_then_the_rest_by_id() -> None:
+    ordered = load_in_ingest_order()
+    assert tuple(d.doc_id for d in ordered[: len(README_PAGES)]) == README_PAGES
+    rest = [d.doc_id for d in ordered[len(README_PAGES) :]]
+    assert rest == sorted(rest)
+    assert sorted(d.doc_id for d in ordered) == [d.doc_id for d in load_wiki_sample()]

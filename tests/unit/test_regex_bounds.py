@@ -27,10 +27,12 @@ import routers.features
 import routers.grading
 import routers.prompts
 import routers.rewrite
+import routers.sentences
 import routers.small_talk
 from gateway.ingest.chunker import heading
 from routers.features import _chain_count, identifiers_in, lexical_features
 from routers.rules import RuleMatch
+from routers.sentences import split_sentences
 from routers.small_talk import small_talk
 
 SIZE = 8000
@@ -43,6 +45,7 @@ MODULES: tuple[ModuleType, ...] = (
     routers.features,
     routers.rewrite,
     routers.small_talk,
+    routers.sentences,
     routers.grading,
     routers.prompts,
     routers.agent_tools,
@@ -119,7 +122,15 @@ def test_each_pattern_is_fast_on_adversarial_input(name: str, pattern: re.Patter
 
 @pytest.mark.parametrize(
     "fn",
-    [identifiers_in, _chain_count, lexical_features, small_talk, heading, gateway.text.clean_text],
+    [
+        identifiers_in,
+        _chain_count,
+        lexical_features,
+        small_talk,
+        split_sentences,
+        heading,
+        gateway.text.clean_text,
+    ],
     ids=lambda f: f.__name__,
 )
 def test_each_bounded_function_is_fast_on_adversarial_input(fn: Callable[[str], object]) -> None:

@@ -30,6 +30,11 @@ RESTART_CASES: dict[str, dict[str, Any]] = {
     "retrieval.opensearch": {"retrieval": {"opensearch": {"hosts": ["http://search:9200"]}}},
     "cache.backend": {"cache": {"backend": "off"}},
     "cache.max_entries": {"cache": {"max_entries": 10}},
+    "cache.redis_url": {"cache": {"redis_url": "redis://cache:6379/1"}},
+    "cache.redis_socket_timeout_s": {"cache": {"redis_socket_timeout_s": 1}},
+    "cache.redis_connect_timeout_s": {"cache": {"redis_connect_timeout_s": 1}},
+    "cache.redis_max_connections": {"cache": {"redis_max_connections": 8}},
+    "cache.redis_request_budget_s": {"cache": {"redis_request_budget_s": 1}},
     "quotas": {"quotas": {"backend": "memory"}},
     "models": {"models": {"small": {"model": "openai/gpt-4o-mini"}}},
     "retrieval.rerank.reranker": {

@@ -11,7 +11,6 @@ from pydantic import ValidationError
 
 from backends.embeddings.config import EmbeddingsConfig, build_embedder
 from backends.embeddings.minilm import MiniLMEmbedder
-from backends.embeddings.remote import LiteLLMEmbedder
 from backends.errors import BackendUnavailable, UpstreamError
 from tests.fixtures.upstream import calls_for
 
@@ -67,7 +66,7 @@ async def test_wrong_dimension_is_refused(fake_upstream: str) -> None:
 def test_missing_key_variable_fails_at_construction(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("QG_TEST_EMBED_KEY", raising=False)
     with pytest.raises(ValueError, match="QG_TEST_EMBED_KEY"):
-        LiteLLMEmbedder(remote_config("http://127.0.0.1:9", api_key_env="QG_TEST_EMBED_KEY"))
+        build_embedder(remote_config("http://127.0.0.1:9", api_key_env="QG_TEST_EMBED_KEY"))
 
 
 def test_default_config_builds_minilm() -> None:

@@ -7,12 +7,13 @@ import multiprocessing
 import socket
 import time
 
+from gateway.server.run import run_worker
 from gateway.server.workers import Supervisor, WorkerSpec, _Worker
 from gateway.settings import Settings
 
 
 def _supervisor(sock: socket.socket) -> Supervisor:
-    return Supervisor(WorkerSpec(None, None, 0, "INFO", Settings()), sock, 2, 0.0)
+    return Supervisor(WorkerSpec(None, None, 0, "INFO", Settings()), sock, 2, 0.0, run_worker)
 
 
 def test_a_crash_loop_hours_long_still_waits_30_s() -> None:

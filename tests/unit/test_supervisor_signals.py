@@ -8,6 +8,7 @@ import signal
 import socket
 import threading
 
+from gateway.server.run import run_worker
 from gateway.server.workers import Supervisor, WorkerSpec, _Worker
 from gateway.settings import Settings
 
@@ -16,7 +17,7 @@ def test_sighup_landing_while_the_loop_reads_a_workers_readiness_does_not_hang()
     context = multiprocessing.get_context("spawn")
     spec = WorkerSpec(None, None, 0, "INFO", Settings())
     with socket.socket() as sock:
-        supervisor = Supervisor(spec, sock, 1, 0.0)
+        supervisor = Supervisor(spec, sock, 1, 0.0, run_worker)
         ready = context.Event()
         supervisor._workers[1] = _Worker(context.Process(target=print), ready)
         # Where the loop is inside `ready.is_set()`: the Event's (non-reentrant) lock held.

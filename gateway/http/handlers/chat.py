@@ -19,7 +19,7 @@ from aiohttp import web
 
 from backends.llm.base import NO_OPTIONS, Message, ToolCall
 from gateway.core.request import QueryRequest
-from gateway.core.result import QueryResult, rewrite_fields
+from gateway.core.result import QueryResult, partial_fields, rewrite_fields
 from gateway.errors import Unprocessable
 from gateway.http.appkeys import REQUEST_ID, RUNTIME, SCOPE
 from gateway.http.body import parse_body
@@ -28,6 +28,7 @@ from gateway.http.handlers.models import deployment_models, model_not_found
 from gateway.http.handlers.query import answer, cache_control, check_limits
 from gateway.http.schemas import ChatBody, ChatMessage
 from gateway.http.streaming import sse, stream_answer
+from gateway.http.wire import partial_headers
 from gateway.text import is_blank
 from routers.generation import usage_total
 
@@ -100,6 +101,7 @@ def extension(result: QueryResult) -> dict[str, Any]:
         "timings_ms": result.timings_ms,
         "config_version": result.config_version,
         **rewrite_fields(result),
+        **partial_fields(result),
     }
 
 
@@ -230,5 +232,6 @@ async def handle_chat_completions(request: web.Request) -> web.StreamResponse:
             ],
             "usage": usage_block(result),
             "querygate": extension(result),
-        }
+        },
+        headers=partial_headers(result.partial_index),
     )

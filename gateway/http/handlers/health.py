@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from gateway.http.appkeys import INGEST, METRICS, READINESS, RUNTIME
+from gateway.http.appkeys import INGEST, METRICS, READINESS, RUNTIME, SERVICES
 from gateway.obs.pool import pool_counts
 
 
@@ -25,9 +25,11 @@ async def handle_readyz(request: web.Request) -> web.Response:
     once per `READYZ_MAX_AGE_S` (1 s), and a change is seen within about that; each probe
     pings afresh (the pool reconnects by itself), so the status clears when Redis is back.
 
-    A background ingest (`serve --sample-corpus`) adds `"ingest"`: its state, documents done
-    and total, rate and ETA, and `partial_index` while answers come from the documents indexed
-    so far. It does not change readiness: the gateway answers meanwhile.
+    `ready` is serving; `complete` says whether the answers come from whole indexes: false
+    while an ingest of this process (`serve --sample-corpus`) is still filling one, when those
+    answers carry `partial_index`. It does not change readiness, so a probe keeps the pod in
+    the load balancer while it answers. That ingest adds `"ingest"`: its state, documents
+    done, unchanged and total, rate and ETA, and `partial_index`.
 
     Under `serve --workers N`, `"workers": {"serving", "expected"}` as the supervisor counts
     them: fewer than N serving (one crashed, or failing to start) is `degraded`, still ready
@@ -43,6 +45,7 @@ async def handle_readyz(request: web.Request) -> web.Response:
     body: dict[str, object] = {
         "ready": ready,
         "status": status,
+        "complete": request.app[SERVICES].ingests.complete,
         "checks": dict(checks),
         "config_version": runtime.settings.version,
     }

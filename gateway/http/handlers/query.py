@@ -18,7 +18,7 @@ from gateway.http.appkeys import METRICS, REQUEST_ID, RUNTIME, SCOPE
 from gateway.http.body import parse_body
 from gateway.http.schemas import QueryBody, RouteBody
 from gateway.http.streaming import stream_query
-from gateway.http.wire import decision_body, query_body
+from gateway.http.wire import decision_body, partial_headers, query_body
 from gateway.obs.timing import StageTimer
 
 
@@ -67,7 +67,9 @@ async def handle_query(request: web.Request) -> web.StreamResponse:
     if body.stream:
         return await stream_query(request, runtime, query, scope, debug=body.debug)
     result = await answer(runtime, query, scope)
-    return web.json_response(query_body(result, debug=body.debug))
+    return web.json_response(
+        query_body(result, debug=body.debug), headers=partial_headers(result.partial_index)
+    )
 
 
 async def handle_route(request: web.Request) -> web.Response:
