@@ -36,6 +36,7 @@ from backends.retrieval.base import DEFAULT_FUSION, FusionMethod
 from backends.retrieval.opensearch import OpenSearchConfig
 from backends.sections import SECTION
 from routers.agent_caps import AgentConfig
+from routers.rerank import RerankConfig
 from routers.rules import RouterConfig
 from routers.types import Route
 
@@ -238,6 +239,14 @@ class RetrievalConfig(BaseModel):
     # "zscore". Applies to both backends (docs/opensearch.md, "Fusion").
     fusion: FusionMethod = DEFAULT_FUSION
     opensearch: OpenSearchConfig = OpenSearchConfig()
+    # The second stage, and when a query pays for it (routers/rerank.py; docs/reranking.md).
+    rerank: RerankConfig = RerankConfig()
+
+    @model_validator(mode="after")
+    def _reranker_on_its_backend(self) -> RetrievalConfig:
+        if self.rerank.reranker == "opensearch" and self.backend != "opensearch":
+            raise ValueError("rerank.reranker 'opensearch' needs backend: opensearch")
+        return self
 
 
 DEFAULT_SEMANTIC_THRESHOLD = 0.96  # see SemanticCacheConfig.thresholds

@@ -41,6 +41,7 @@ from routers.agent_caps import CHARS_PER_TOKEN, AgentConfig, Budget
 from routers.agent_tools import (
     TOOL_SPECS,
     AgentTools,
+    SearchRerank,
     SourceBook,
     ToolLimits,
     ToolResult,
@@ -48,6 +49,7 @@ from routers.agent_tools import (
 from routers.extractive import extractive_text
 from routers.generation import NOT_FOUND, clients_fault, failure_kind, finish, with_usage
 from routers.prompts import AGENT_FINAL, AGENT_SYSTEM, format_sources
+from routers.rerank import RERANK_OFF, RerankStage
 from routers.types import AgentStep, Answer, Cap, Citation, Generation, Route, RouteContext
 
 _TOOL_SPEC_CHARS = len(json.dumps(TOOL_SPECS))
@@ -65,6 +67,8 @@ class AgentDeps:
     # The usage of a call the deadline cut before it answered (its prompt), as the gateway's
     # metering and budgets charge it; None: the loop's own projection.
     estimate: Callable[[Tier, Sequence[Message]], Usage] | None = None
+    # The second stage of every retrieval (the lookup's and the `search` tool's), one policy.
+    rerank: RerankStage = RERANK_OFF
 
 
 class MultihopExecutor:
@@ -87,7 +91,12 @@ class MultihopExecutor:
     async def __call__(self, ctx: RouteContext) -> Answer | Generation:
         book = SourceBook()
         tools = AgentTools(
-            ctx.tenant, self._deps.retriever, self._deps.embedder, self._limits, book
+            ctx.tenant,
+            self._deps.retriever,
+            self._deps.embedder,
+            self._limits,
+            book,
+            SearchRerank(self._deps.rerank, ctx.reranks, ctx.deadline),
         )
         run = _Run(self._deps, self._config, self._tier, ctx, tools, book, self._degraded_tier)
         return await run.execute()

@@ -32,7 +32,7 @@ from backends.retrieval.base import (
     SearchRequest,
 )
 from routers.generation import citation_from_hit
-from routers.grading import content_words
+from routers.grading import best_possible_score, content_words
 from routers.prompts import (
     CHUNK_CHARS,
     format_source,
@@ -40,6 +40,7 @@ from routers.prompts import (
     shown_above,
     shown_doc_id,
 )
+from routers.rerank import RERANK_OFF, RerankCall, RerankRecorder, RerankStage
 from routers.types import ChunkGrade, Citation, ToolRun, ToolStatus
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,15 @@ TOOL_SPECS: tuple[dict[str, Any], ...] = (
         },
     },
 )
+
+
+@dataclass(frozen=True, slots=True)
+class SearchRerank:
+    """The rerank stage as the `search` tool runs it for one request."""
+
+    stage: RerankStage = RERANK_OFF
+    recorder: RerankRecorder | None = None
+    deadline: float | None = None  # the request's, a `time.monotonic()` instant
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,8 +171,10 @@ class AgentTools:
         embedder: Embedder,
         limits: ToolLimits,
         book: SourceBook,
+        rerank: SearchRerank | None = None,
     ) -> None:
         self._tenant = tenant
+        self._rerank = rerank or SearchRerank()
         self._retriever = retriever
         self._embedder = embedder
         self._limits = limits
@@ -232,16 +244,7 @@ class AgentTools:
             return _Shown("Another call of this turn runs this same search; see its result.")
         self._running.add(normalised)
         try:
-            vector = (await self._embedder.embed([query]))[0]
-            hits = await self._retriever.search(
-                SearchRequest(
-                    tenant=self._tenant,
-                    text=query,
-                    vector=vector,
-                    k=k,
-                    candidates=self._limits.candidates,
-                )
-            )
+            hits = await self._searched_hits(query, k)
         finally:
             self._running.discard(normalised)
         # Only a search that ran counts as done: a failed one may be retried.
@@ -253,6 +256,24 @@ class AgentTools:
         if not kept:
             return _Shown(f"No relevant passages for {query!r}; try other words.", (), grades)
         return _Shown(self._show(kept), tuple(h.chunk_id for h in kept), grades)
+
+    async def _searched_hits(self, query: str, k: int) -> list[Hit]:
+        """The search's hits, through the rerank stage as the lookup's are."""
+        vector = (await self._embedder.embed([query]))[0]
+        rerank = self._rerank
+        request = SearchRequest(
+            tenant=self._tenant,
+            text=query,
+            vector=vector,
+            k=rerank.stage.fetch_k(k),
+            candidates=self._limits.candidates,
+        )
+        fused = await self._retriever.search(request)
+        best = best_possible_score(request.lexical_weight, request.dense_weight)
+        call = RerankCall(
+            self._tenant, query, fused, k, best, "agent", rerank.recorder, rerank.deadline
+        )
+        return await rerank.stage.rerank(call)
 
     def _relevant(self, query: str, hit: Hit) -> bool:
         if hit.dense_score is not None and hit.dense_score >= self._limits.min_similarity:

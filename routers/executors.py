@@ -87,7 +87,9 @@ def build_registry(
     """`reranker`: orders the sentences of an extractive answer (None: the embedder does)."""
     tiers = route_tiers(config, deps.llm.has_tier)
     extractor = Extractor(deps.embedder, reranker)
-    lookup = LookupExecutor(deps.retriever, config.lookup, tiers[Route.LOOKUP], extractor)
+    lookup = LookupExecutor(
+        deps.retriever, config.lookup, tiers[Route.LOOKUP], extractor, deps.rerank
+    )
     registry: dict[Route, Executor] = {
         Route.DIRECT: DirectExecutor(tiers[Route.DIRECT], lookup),
         Route.LOOKUP: lookup,

@@ -98,13 +98,27 @@ class Extractor:
         self.count: Callable[[str], int] = window.count if window else estimate_tokens
 
     async def answer(
-        self, tenant: str, query: str, vector: Vector, hits: Sequence[Hit], max_tokens: int | None
+        self,
+        tenant: str,
+        query: str,
+        vector: Vector,
+        hits: Sequence[Hit],
+        max_tokens: int | None,
+        on_cost: Callable[[float], None] | None = None,
     ) -> Answer:
-        scored = await self.score(tenant, query, vector, hits)
+        scored = await self.score(tenant, query, vector, hits, on_cost)
         return answer_from(scored, hits, self.count, max_tokens)
 
-    async def score(self, tenant: str, query: str, vector: Vector, hits: Sequence[Hit]) -> Scored:
-        """Every candidate sentence of the top passages, best first."""
+    async def score(
+        self,
+        tenant: str,
+        query: str,
+        vector: Vector,
+        hits: Sequence[Hit],
+        on_cost: Callable[[float], None] | None = None,
+    ) -> Scored:
+        """Every candidate sentence of the top passages, best first; a paid reranker's price
+        goes to `on_cost` (the request's, charged to its tenant)."""
         found = candidates(hits)
         if not found:
             return Scored(())
@@ -128,7 +142,7 @@ class Extractor:
         eligible = [c for c in by_similarity if c.clears(RELEVANCE_FLOOR)]
         try:
             scores = await self._reranker.scores(
-                RerankRequest(tenant, query, [c.text for c in eligible])
+                RerankRequest(tenant, query, [c.text for c in eligible], on_cost=on_cost)
             )
         except BackendUnavailable as exc:
             log.warning("extractive rerank failed", extra={"error": str(exc)})

@@ -1,5 +1,6 @@
-"""The lookup route: one hybrid retrieval, a grade of the evidence, then the small model
-answers with citations.
+"""The lookup route: one hybrid retrieval, the rerank stage (`routers.rerank`: the fused hits
+reordered by a cross-encoder when the policy says the ranking is uncertain), a grade of the
+evidence, then the small model answers with citations.
 
 With no model configured the answer is extractive: the sentences of the passages found that
 best match the question, verbatim, cited (`routers.extractive`). When
@@ -18,6 +19,7 @@ from routers.extractive import Extractor
 from routers.generation import citation_from_hit
 from routers.grading import EvidenceGrade, assess, best_possible_score
 from routers.prompts import LOOKUP_SYSTEM, format_sources, new_source_tag
+from routers.rerank import RERANK_OFF, RerankCall, RerankStage
 from routers.rules import EscalationConfig
 from routers.types import Answer, Citation, Escalation, Generation, Route, RouteContext
 
@@ -35,23 +37,31 @@ class LookupParams:
 
 
 class LookupExecutor:
-    """`tier` None: no model; `extractor` quotes the best sentences of the passages found."""
+    """`tier` None: no model; `extractor` quotes the best sentences of the passages found;
+    `rerank` is the second stage of the search."""
 
     def __init__(
-        self, retriever: Retriever, params: LookupParams, tier: Tier | None, extractor: Extractor
+        self,
+        retriever: Retriever,
+        params: LookupParams,
+        tier: Tier | None,
+        extractor: Extractor,
+        rerank: RerankStage = RERANK_OFF,
     ) -> None:
         self._retriever = retriever
         self._params = params
         self._tier = tier
         self._extractor = extractor
+        self._rerank = rerank
 
     async def __call__(self, ctx: RouteContext) -> Answer | Generation | Escalation:
-        evidence = await gather_evidence(ctx, self._retriever, self._params)
+        evidence = await gather_evidence(ctx, self._retriever, self._params, self._rerank)
         if not isinstance(evidence, list):
             return evidence
         if self._tier is None:
+            spend = ctx.reranks.spend if ctx.reranks is not None else None
             return await self._extractor.answer(
-                ctx.tenant, ctx.query, ctx.vector, evidence, ctx.options.max_tokens
+                ctx.tenant, ctx.query, ctx.vector, evidence, ctx.options.max_tokens, spend
             )
         tag = new_source_tag()
         prompt = LOOKUP_SYSTEM.format(tag=tag, sources=format_sources(tag, evidence))
@@ -67,22 +77,31 @@ class LookupExecutor:
 
 
 async def gather_evidence(
-    ctx: RouteContext, retriever: Retriever, params: LookupParams
+    ctx: RouteContext,
+    retriever: Retriever,
+    params: LookupParams,
+    rerank: RerankStage = RERANK_OFF,
 ) -> list[Hit] | Answer | Escalation:
-    """The hits to answer from, or what a lookup ends in without them: the honest answer to
-    a search that found nothing, or the escalation its grade calls for."""
+    """The hits to answer from (reranked where the stage reranked them: the grade reads them
+    so), or what a lookup ends in without them: the honest answer to a search that found
+    nothing, or the escalation its grade calls for."""
     decision = ctx.decision
-    hits = await retriever.search(
+    fused = await retriever.search(
         SearchRequest(
             tenant=ctx.tenant,
             text=ctx.query,
             vector=ctx.vector,
-            k=params.k,
+            k=rerank.fetch_k(params.k),
             candidates=params.candidates,
             lexical_weight=decision.lexical_weight,
             dense_weight=decision.dense_weight,
         )
     )
+    best = best_possible_score(decision.lexical_weight, decision.dense_weight)
+    call = RerankCall(
+        ctx.tenant, ctx.query, fused, params.k, best, "lookup", ctx.reranks, ctx.deadline
+    )
+    hits = await rerank.rerank(call)
     # A route the client forced is answered as asked: escalation would override its choice.
     escalates = params.grading is not None and decision.reason != "forced"
     if not hits:
@@ -90,7 +109,6 @@ async def gather_evidence(
             return _escalation((), EvidenceGrade(False, 0.0, 0.0, "no_hits"))
         return Answer(NO_EVIDENCE_TEXT, Route.LOOKUP, complete=False, notes=("no passage matched",))
     if escalates and params.grading is not None:
-        best = best_possible_score(decision.lexical_weight, decision.dense_weight)
         evidence = assess(ctx.query, hits, decision.classification, best, params.grading)
         if not evidence.sufficient:
             return _escalation(tuple(citation_from_hit(h) for h in hits), evidence)

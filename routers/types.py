@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from backends.llm.base import LLM, NO_OPTIONS, GenerationOptions, Message, Tier, ToolCall, Usage
 from backends.retrieval.base import Hit, Vector
+
+if TYPE_CHECKING:
+    from routers.rerank import RerankRecorder
+
 
 # "ok", or why an agent's tool call did not run or failed: a metric label and a debug field.
 ToolStatus = Literal["ok", "invalid_arguments", "timeout", "unavailable", "failed", "cap_reached"]
@@ -205,6 +209,10 @@ class RouteContext:
     # The request's model calls, bound to its tenant (the gateway's per-request view of the
     # seam); None: the executor's own `LLM` (an evaluation, a benchmark).
     llm: LLM | None = None
+    # Keeps the request's rerank decisions (its timings, metrics, debug and the tenant's cost);
+    # None: they are not kept. `deadline`: the request's, a `time.monotonic()` instant.
+    reranks: RerankRecorder | None = None
+    deadline: float | None = None
 
     @property
     def has_tool_messages(self) -> bool:

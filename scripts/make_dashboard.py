@@ -131,6 +131,19 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 quantiles("querygate_retrieval_duration_seconds", "backend"),
                 unit="s",
             ),
+            Panel(
+                "Rerank decisions",
+                [(rate("querygate_rerank_total", "decision"), "{{decision}}")],
+                unit="reqps",
+                stack=True,
+                description="Per search: reranked, or why not (off, few hits, a confident "
+                "fused ranking); failed keeps the fused order (docs/reranking.md)",
+            ),
+            Panel(
+                "Reranker latency",
+                quantiles("querygate_rerank_duration_seconds", "reranker"),
+                unit="s",
+            ),
         ],
     ),
     (

@@ -59,14 +59,19 @@ class Lease:
         self.deployment.breaker.record(self.admitted, verdict)
 
 
-def _resolve_key(config: TierConfig) -> str:
-    if config.api_key_env is None:
+def resolve_api_key(owner: str, env_var: str | None) -> str:
+    """The key in `env_var` (a placeholder when none is named), for the model `owner`; raises
+    at start-up, not on the first request hours later, when the variable is not set."""
+    if env_var is None:
         return KEYLESS_PLACEHOLDER
-    key = os.environ.get(config.api_key_env, "")
+    key = os.environ.get(env_var, "")
     if not key:
-        # fail at start-up, not on the first request hours later
-        raise ValueError(f"{config.model}: environment variable {config.api_key_env} is not set")
+        raise ValueError(f"{owner}: environment variable {env_var} is not set")
     return key
+
+
+def _resolve_key(config: TierConfig) -> str:
+    return resolve_api_key(config.model, config.api_key_env)
 
 
 def build_chain(

@@ -35,7 +35,6 @@ from backends.llm import offline  # noqa: F401  (must run before litellm is impo
 import asyncio
 import functools
 import logging
-import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -48,8 +47,9 @@ from backends.errors import BackendUnavailable, UpstreamError
 from backends.llm import openai_http
 from backends.llm.base import Completion, LLMCall, StreamDelta, Tier, TierConfig
 from backends.llm.deployments import Deployment, Lease, build_chain
-from backends.llm.failures import CALL_ERRORS, classify, exhausted, is_transient, verdict
+from backends.llm.failures import CALL_ERRORS, classify, exhausted, verdict
 from backends.llm.relay import LeanStream, LitellmStream, OpenStream, relay
+from backends.llm.retrying import retrying
 from backends.llm.wire import (
     estimate_usage,
     from_json,
@@ -285,17 +285,9 @@ class LiteLLMTiers:
         attempt: Callable[[Deployment], Awaitable[T]],
         attempts: int,
     ) -> T:
-        """`attempt` until it answers, a failure is not transient, or `attempts` ran out, with
-        exponential backoff and jitter between tries (tenacity's `wait_exponential_jitter`
-        formula; a loop rather than a tenacity object per call, which cost ~5% of a
-        pass-through request's CPU)."""
-        for number in range(1, attempts + 1):
-            try:
-                return await attempt(deployment)
-            except Exception as exc:
-                if number >= attempts or not is_transient(exc):
-                    raise
-            initial = self._backoff_initial_s
-            backoff = initial * 2 ** (number - 1) + random.uniform(0, initial)
-            await asyncio.sleep(min(backoff, self._backoff_max_s))
-        raise ValueError(f"attempts must be at least 1, not {attempts}")
+        return await retrying(
+            functools.partial(attempt, deployment),
+            attempts,
+            self._backoff_initial_s,
+            self._backoff_max_s,
+        )

@@ -13,12 +13,14 @@ Contract shared by every implementation:
 - A reranker that cannot answer (a remote API down, the cluster's model undeployed) raises
   `backends.errors.BackendUnavailable`; the caller keeps the fused order.
 - `deadline` is an absolute `time.monotonic()` instant the call must not outlive, or None.
+- A reranker that is paid per call (a remote API) reports each answered call's price in USD
+  to `on_cost`, once, before `scores` returns; the caller charges it to `tenant`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 RerankerKind = Literal["local", "remote", "opensearch"]
@@ -30,6 +32,8 @@ class RerankRequest:
     query: str
     passages: Sequence[str]
     deadline: float | None = None
+    # Hears the price of each answered call (USD); None: the caller does not account for it.
+    on_cost: Callable[[float], None] | None = field(default=None, compare=False)
 
 
 class Reranker(Protocol):

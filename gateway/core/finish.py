@@ -134,6 +134,9 @@ class Finisher:
     async def _conclude(self, ctx: RequestContext, answer: Answer) -> QueryResult:
         reason = "; ".join((ctx.route_reason, *answer.notes))
         answer = replace(answer, usage_by_tier=with_usage(answer.usage_by_tier, ctx.usage_before))
+        if ctx.reranks is not None and ctx.reranks.failed:
+            # Made from the fused order while the reranker was failing: served, never stored.
+            answer = replace(answer, complete=False)
         await self._cache.store(ctx.cache, ctx.request, answer, reason, ctx.vector, ctx.timer)
         result = QueryResult(
             id=ctx.request.id,
@@ -144,6 +147,7 @@ class Finisher:
             decision=ctx.decision,
             cache=ctx.cache.tier,
             cache_debug=ctx.cache.debug(),
+            rerank_debug=ctx.reranks.debug() if ctx.reranks is not None else None,
             timings_ms=ctx.timer.report(),
             config_version=self._version,
             partial_index=self._s.ingests.partial_index(ctx.request.tenant.id),

@@ -29,6 +29,7 @@ from gateway.settings import Settings
 from routers.agent import AgentDeps
 from routers.classifier import Classifier
 from routers.executors import build_registry
+from routers.rerank import RerankStage
 from routers.types import Route, RouteDecision
 
 Stage = Callable[[RequestContext], Awaitable[Outcome | None]]
@@ -53,6 +54,7 @@ class Pipeline:
                 services.embedder,
                 settings.retrieval.candidates,
                 estimate=self._finisher.cut_usage,
+                rerank=RerankStage(settings.retrieval.rerank, services.reranker),
             ),
             registry_config(settings),
             services.reranker,

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from backends.llm.base import NO_OPTIONS, GenerationOptions, Message, Usage
 from backends.retrieval.base import Hit, Vector
 from gateway.cache.stages import CacheState
+from gateway.core.reranks import RequestReranks
 from gateway.core.scope import RequestScope
 from gateway.limits.budget import BudgetedLLM
 from gateway.obs.timing import StageTimer
@@ -60,3 +61,5 @@ class RequestContext:
     # follow-up): added to the answer's notes, and to its text when no model writes it.
     notes: list[str] = field(default_factory=list)
     outcome: Outcome | None = None
+    # The rerank stage's decisions for this request (None: no route ran a search).
+    reranks: RequestReranks | None = None

@@ -23,6 +23,8 @@ class QueryResult:
     config_version: str
     # For `debug`: the lookup's result and what the semantic tier compared (None: no lookup).
     cache_debug: dict[str, Any] | None = None
+    # For `debug`: each search's rerank decision (None: no route searched).
+    rerank_debug: list[dict[str, Any]] | None = None
     # Set while the tenant's index is still being filled (an ingest in this process): the
     # answer comes from the documents indexed so far.
     partial_index: PartialIndex | None = None

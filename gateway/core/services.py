@@ -26,5 +26,5 @@ class Services:
     quotas: Quotas | None = None  # the tenants' rate limits and budgets (gateway/limits/quotas.py)
     # The ingests this process runs, by tenant: answers from a partial index say so.
     ingests: IngestRegistry = field(default_factory=IngestRegistry)
-    # The second-stage reranker (`retrieval.rerank`); None: none is configured.
+    # The second stage of retrieval (`retrieval.rerank.reranker`); None: off.
     reranker: Reranker | None = None

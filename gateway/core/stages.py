@@ -17,6 +17,7 @@ from backends.errors import BackendError
 from backends.retrieval.base import Vector
 from gateway.cache.stages import CacheStages
 from gateway.core.request import Outcome, RequestContext
+from gateway.core.reranks import RequestReranks
 from gateway.core.routing import TenantPolicies
 from gateway.core.services import Services
 from gateway.limits.metering import MeteredLLM
@@ -148,6 +149,7 @@ class RouteStages:
         assert decision is not None
         self.count_decision(decision)
         ctx.route_reason = decision.explanation
+        ctx.reranks = reranks = self._reranks(ctx)
         route_ctx = RouteContext(
             request.tenant.id,
             request.query,
@@ -158,11 +160,23 @@ class RouteStages:
             options=request.options,
             trailing=request.trailing,
             llm=ctx.llm,
+            reranks=reranks,
+            deadline=ctx.scope.deadline if ctx.scope is not None else None,
         )
         outcome = await self._run(decision.route, route_ctx, ctx.timer)
         if isinstance(outcome, Escalation):
             outcome = await self._escalate(route_ctx, outcome, ctx.timer)
+        # A failed rerank is said where the answer says how it was made; its cost is the
+        # request's, beside the model calls'.
+        ctx.route_reason = "; ".join((ctx.route_reason, *reranks.notes()))
+        ctx.usage_before = {**ctx.usage_before, **reranks.usage()}
         return said(outcome, ctx.notes)
+
+    def _reranks(self, ctx: RequestContext) -> RequestReranks:
+        reranker = self._s.reranker
+        model = reranker.model_id if reranker is not None else ""
+        quotas, metrics = self._s.quotas, self._s.metrics
+        return RequestReranks(metrics, ctx.timer, ctx.request.tenant, quotas, model)
 
     def count_decision(self, decision: RouteDecision) -> None:
         self._s.metrics.route_decisions.labels(decision.route.value, decision.reason).inc()
@@ -174,8 +188,10 @@ class RouteStages:
         with timer.stage(stage):
             outcome = await self._registry[route](route_ctx)
         if route is Route.LOOKUP:
+            # The retrieval's own time: the rerank inside the lookup has its own histogram.
+            retrieve_ms = timer.stages_ms["retrieve"] - timer.stages_ms.get("rerank", 0.0)
             self._s.metrics.retrieval_duration.labels(self._s.retriever.name, "hybrid").observe(
-                timer.stages_ms["retrieve"] / 1000
+                retrieve_ms / 1000
             )
         return outcome
 

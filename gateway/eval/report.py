@@ -95,6 +95,8 @@ def render_retrieval(report: dict[str, Any]) -> str:
         f"  hybrid - bm25 {_signed(diffs['bm25'])}   hybrid - dense {_signed(diffs['dense'])}"
         "   (paired)"
     )
+    if "rerank" in report:
+        lines += _rerank_lines(report["rerank"])
     if report["relevant_not_in_index"]:
         ids = report["relevant_not_in_index"]
         lines.append(
@@ -117,6 +119,21 @@ def render_retrieval(report: dict[str, Any]) -> str:
         f"  intervals: 95% bootstrap over questions, {b['samples']} resamples, seed {b['seed']}",
     ]
     return "\n".join(lines)
+
+
+def _rerank_lines(rerank: dict[str, Any]) -> list[str]:
+    """The rows with reranking, under fusion's, and their paired differences from it."""
+    lines = [f"  with the {rerank['reranker']} reranker {rerank['model']}:"]
+    for row, m in rerank["arms"].items():
+        lines.append(f"  {row:<14}{_est(m['recall_at_k']):>22}{_est(m['mrr_at_10']):>28}")
+    for row, d in rerank["minus_hybrid"].items():
+        lines.append(
+            f"  {row} - hybrid: recall {_signed(d['recall_at_k'])}, "
+            f"MRR {_signed(d['mrr_at_10'])} (paired)"
+        )
+    decisions = ", ".join(f"{k} {v}" for k, v in rerank["policy_decisions"].items())
+    lines.append(f"  policy decisions: {decisions}; reranker cost ${rerank['cost_usd']:g}")
+    return lines
 
 
 def _signed(value: dict[str, Any]) -> str:

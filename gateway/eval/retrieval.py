@@ -5,7 +5,9 @@ lookup route makes (the configured `retrieval.candidates`, arm weights from the 
 and the identifier weighting apply as they do for a lookup of that question). Document level:
 a document's rank is the position of its first chunk among the hits; recall@k is the share of
 a question's relevant documents ranked within k, averaged over questions; MRR@10 the mean of
-1 / the best-ranked relevant document's rank (0 when none is in the top 10).
+1 / the best-ranked relevant document's rank (0 when none is in the top 10). With a reranker
+configured (`retrieval.rerank`), the fused hits are also reranked and scored beside fusion
+(`gateway.eval.rerank`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import numpy as np
 from backends.retrieval.base import SearchRequest
 from gateway.eval.deployment import embed_all, require_documents, tenant_flags
 from gateway.eval.examples import read_retrieval_examples
+from gateway.eval.rerank import RerankRows
 from gateway.eval.stats import (
     MRR_DEPTH,
     bootstrap_settings,
@@ -37,7 +40,8 @@ async def evaluate_retrieval(
     from backends.embeddings.config import build_embedder
     from gateway.core.routing import configured_routes, policy_for, registry_config
     from gateway.core.runtime import build_classifier
-    from gateway.server.services import build_retriever
+    from gateway.server.services import build_reranker, build_retriever
+    from routers.grading import best_possible_score
     from routers.policy import decide
 
     examples = read_retrieval_examples(path, settings.server.max_query_chars)
@@ -49,6 +53,8 @@ async def evaluate_retrieval(
     depth = max(k, MRR_DEPTH)
     embedder = build_embedder(settings.embeddings)
     retriever = build_retriever(settings, embedder.dimension)
+    reranker = build_reranker(settings)
+    rows = None if reranker is None else RerankRows(settings.retrieval.rerank, reranker, k, depth)
     try:
         await require_documents(retriever, settings, tenant)
         relevant = sorted({d for e in examples for d in e.relevant})
@@ -67,13 +73,17 @@ async def evaluate_retrieval(
                         tenant=tenant,
                         text=example.question,
                         vector=vector,
-                        k=depth,
+                        k=rows.fetch() if rows is not None and arm == "hybrid" else depth,
                         mode=arm,
                         lexical_weight=decision.lexical_weight,
                         dense_weight=decision.dense_weight,
                         candidates=candidates,
                     )
                 )
+                if rows is not None and arm == "hybrid":
+                    best = best_possible_score(decision.lexical_weight, decision.dense_weight)
+                    await rows.add(tenant, example, hits, best)
+                    hits = hits[:depth]
                 ranks = document_ranks([h.doc_id for h in hits])
                 recall[arm].append(recall_at(ranks, example.relevant, k))
                 rr[arm].append(reciprocal_rank(ranks, example.relevant))
@@ -92,6 +102,8 @@ async def evaluate_retrieval(
     finally:
         await retriever.aclose()
         await embedder.aclose()
+        if reranker is not None:
+            await reranker.aclose()
     arrays = {arm: np.array(recall[arm]) for arm in ARMS}
     hybrid = arrays["hybrid"]
     return {
@@ -115,6 +127,8 @@ async def evaluate_retrieval(
         "hybrid_minus_arm_recall_at_k": {
             arm: estimate(hybrid - arrays[arm]).as_dict() for arm in ("bm25", "dense")
         },
+        # With and without reranking, side by side (absent: no reranker is configured).
+        **({"rerank": rows.report(recall["hybrid"], rr["hybrid"])} if rows is not None else {}),
         "relevant_not_in_index": [d for d in relevant if d not in stored],
         "missed": len(misses),
         "misses": misses[:show],

@@ -4,10 +4,11 @@ Each question goes through the configuration's own classifier and policy (thresh
 identifiers, the routes this deployment can execute) exactly as `POST /v1/route` decides it;
 no LLM is called and nothing is answered. The tenant's index is read only where the decision
 needs it: whether the whole corpus fits (full context, when configured) and, with
-`--with-escalation`, the lookup's own retrieval and evidence grade
-(`routers.lookup.gather_evidence`): a lookup that escalates ends on multihop where this
-deployment can run it, as the pipeline does. A follow-up (history given) is classified as
-written: the small model's rewrite is not run, and the report counts such lines.
+`--with-escalation`, the lookup's own retrieval, rerank stage (when `retrieval.rerank` names a
+reranker) and evidence grade (`routers.lookup.gather_evidence`): a lookup that escalates ends
+on multihop where this deployment can run it, as the pipeline does. A follow-up (history
+given) is classified as written: the small model's rewrite is not run, and the report counts
+such lines.
 """
 
 from __future__ import annotations
@@ -75,11 +76,12 @@ async def evaluate_routes(
     from backends.embeddings.config import build_embedder
     from gateway.core.routing import configured_routes, policy_for, registry_config
     from gateway.core.runtime import build_classifier
-    from gateway.server.services import build_retriever
+    from gateway.server.services import build_reranker, build_retriever
     from gateway.settings import ConfigError
     from routers.full_context import corpus_chunks
     from routers.lookup import gather_evidence
     from routers.policy import decide, with_full_context
+    from routers.rerank import RerankStage
     from routers.rewrite import looks_like_followup
     from routers.sufficiency import SufficiencyModelMismatch, use_model
     from routers.types import Escalation, RouteContext
@@ -98,6 +100,9 @@ async def evaluate_routes(
         )
     embedder = build_embedder(settings.embeddings)
     retriever: Retriever | None = None
+    # The lookup grades the evidence the rerank stage leaves, as the gateway's does.
+    reranker = build_reranker(settings) if with_escalation else None
+    rerank = RerankStage(settings.retrieval.rerank, reranker)
     try:
         classifier = build_classifier(settings, embedder.model_id)
         if with_escalation and params.grading is not None and params.grading.method == "learned":
@@ -128,7 +133,7 @@ async def evaluate_routes(
             if with_escalation and route is Route.LOOKUP:
                 assert retriever is not None
                 ctx = RouteContext(tenant, example.question, vector, example.history, decision)
-                outcome = await gather_evidence(ctx, retriever, params)
+                outcome = await gather_evidence(ctx, retriever, params, rerank)
                 escalated = outcome.reason if isinstance(outcome, Escalation) else None
                 if escalated is not None and Route.MULTIHOP in executable:
                     route = Route.MULTIHOP
@@ -151,6 +156,8 @@ async def evaluate_routes(
     finally:
         if retriever is not None:
             await retriever.aclose()
+        if reranker is not None:
+            await reranker.aclose()
         await embedder.aclose()
     return _route_report(
         settings, path, tenant, classifier.name, executable, rows, show, with_escalation

@@ -21,7 +21,8 @@ def partial_headers(partial: PartialIndex | None) -> dict[str, str]:
 def query_body(result: QueryResult, debug: bool = False) -> dict[str, Any]:
     """The /v1/query answer; `debug` adds the routing decision in full (classifier scores,
     weights), absent on a cache hit since nothing was decided, and the cache lookup (for the
-    semantic tier: the nearest similarity, the guards that refused, the cached question served)."""
+    semantic tier: the nearest similarity, the guards that refused, the cached question served),
+    and each search's rerank decision."""
     body = _answer_body(result)
     if debug:
         extra: dict[str, Any] = {}
@@ -31,6 +32,8 @@ def query_body(result: QueryResult, debug: bool = False) -> dict[str, Any]:
             extra["agent"] = agent_body(result.answer)
         if result.cache_debug is not None:
             extra["cache"] = result.cache_debug
+        if result.rerank_debug:
+            extra["rerank"] = result.rerank_debug
         if extra:
             body["debug"] = extra
     return body

@@ -134,6 +134,25 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.rerank_decisions = Counter(
+            "querygate_rerank",
+            "Rerank stage decisions, one per search (the lookup's and each agent search's).",
+            ["decision"],
+            registry=r,
+        )
+        self.rerank_duration = Histogram(
+            "querygate_rerank_duration_seconds",
+            "Time of the reranker's calls (reranked or failed), by reranker.",
+            ["reranker"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.rerank_cost = Counter(
+            "querygate_rerank_cost_usd",
+            "USD spent on paid reranker calls, by reranker model.",
+            ["model"],
+            registry=r,
+        )
         self.http_requests = Counter(
             "querygate_http_requests",
             "Every HTTP request, once, by endpoint (method and route template) and outcome: "

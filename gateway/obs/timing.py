@@ -26,6 +26,12 @@ class StageTimer:
             self._metrics.stage_duration.labels(name).observe(elapsed)
             self.stages_ms[name] = round(self.stages_ms.get(name, 0.0) + elapsed * 1000, 3)
 
+    def add(self, name: str, seconds: float) -> None:
+        """Time measured elsewhere (a stage run inside another, such as the rerank inside the
+        lookup), counted as `stage` counts it."""
+        self._metrics.stage_duration.labels(name).observe(seconds)
+        self.stages_ms[name] = round(self.stages_ms.get(name, 0.0) + seconds * 1000, 3)
+
     def elapsed_s(self) -> float:
         return time.perf_counter() - self._started
 

@@ -44,6 +44,11 @@ RESTART_ONLY = (
     "embeddings",
     "retrieval.backend",
     "retrieval.opensearch",
+    # The reranker built at start (which one, its endpoint, key, breakers); the policy of
+    # `retrieval.rerank` (when, margins, candidates, lengths, timeout) reloads live.
+    "retrieval.rerank.reranker",
+    "retrieval.rerank.remote",
+    "retrieval.rerank.opensearch",
     "cache.backend",
     "cache.max_entries",  # the size of the store already built
     # The Redis connection, opened once at start (cache and quotas share it).

@@ -16,9 +16,13 @@ from backends.errors import BackendUnavailable
 from backends.llm.tiers import LiteLLMTiers
 from backends.quotas.redis import RedisQuotaStore
 from backends.redis_client import RedisConnection, RedisModeMismatch, RedisOptions
+from backends.rerank.base import Reranker
+from backends.rerank.opensearch import OpenSearchReranker
+from backends.rerank.remote import RemoteReranker
 from backends.retrieval.base import Retriever
 from backends.retrieval.embedded import EmbeddedRetriever
 from backends.retrieval.opensearch import OpenSearchRetriever, SharedChunksNotMigrated
+from backends.retrieval.opensearch.client import open_client
 from gateway.cache.background import DRAIN_S, PROCESS_WRITES
 from gateway.core.services import Services
 from gateway.ingest.progress import IngestRegistry
@@ -28,6 +32,17 @@ from gateway.obs.metrics import Metrics
 from gateway.settings import ConfigError, Settings
 
 log = logging.getLogger(__name__)
+
+
+def build_reranker(settings: Settings) -> Reranker | None:
+    """The reranker `retrieval.rerank.reranker` names (None: off); validation made sure its
+    section is there."""
+    config = settings.retrieval.rerank
+    if config.reranker == "remote" and config.remote is not None:
+        return RemoteReranker(config.remote)
+    if config.reranker == "opensearch" and config.opensearch is not None:
+        return OpenSearchReranker(open_client(settings.retrieval.opensearch), config.opensearch)
+    return None
 
 
 def build_retriever(settings: Settings, dimension: int) -> Retriever:
@@ -145,6 +160,12 @@ async def open_services(settings: Settings, metrics: Metrics) -> AsyncIterator[S
             stack.push_async_callback(cache_store.aclose)
         # Before the store closes (callbacks run last first): the answers' last writes.
         stack.push_async_callback(PROCESS_WRITES.drain, DRAIN_S)
+        reranker = build_reranker(settings)
+        if reranker is not None:
+            stack.push_async_callback(reranker.aclose)
+            if isinstance(reranker, RemoteReranker):
+                await reranker.warm_up()
+            log.info("rerank: %s reranker, model %s", reranker.kind, reranker.model_id)
         # Another process's first ingest of a tenant (`querygate ingest`) is seen through it.
         ingests = IngestRegistry(SharedIngests(settings.data_dir))
-        yield Services(embedder, retriever, tiers, cache_store, metrics, quotas, ingests)
+        yield Services(embedder, retriever, tiers, cache_store, metrics, quotas, ingests, reranker)

@@ -161,6 +161,61 @@ def test_eval_retrieval_reports_recall_mrr_per_arm_and_misses(config: Path, tmp_
     assert "relevant ids are not in the tenant's index: globex-launch" in done.stdout
 
 
+def test_eval_retrieval_reports_with_and_without_the_reranker(
+    config: Path, tmp_path: Path, fake_upstream: str
+) -> None:
+    """The fake upstream's reranker scores by word overlap; on these questions it keeps the
+    right document first where fusion had it, so the rows with reranking score as fusion."""
+    settings = yaml.safe_load(config.read_text())
+    remote = {"model": "cohere/fake-rerank", "api_base": f"{fake_upstream}/rerank"}
+    remote["cost_per_search_unit_usd"] = 0.001
+    settings["retrieval"] = {"rerank": {"reranker": "remote", "remote": remote}}
+    reranked = tmp_path / "reranked.yaml"
+    reranked.write_text(yaml.safe_dump(settings))
+    labels = _jsonl(
+        tmp_path / "retrieval.jsonl",
+        [
+            {"question": "How do I fix ERR-4471?", "relevant": ["errors.md"]},
+            {"question": "What does the Acme warranty exclude?", "relevant": ["warranty.txt"]},
+            {"question": "What is the Hammerfall launch code?", "relevant": ["globex-launch"]},
+        ],
+    )
+    report = _report(reranked, "retrieval", str(labels), "--tenant", "acme", "--k", "1")
+    assert set(report["arms"]) == {"bm25", "dense", "hybrid"}
+    rerank = report["rerank"]
+    assert (rerank["reranker"], rerank["model"]) == ("remote", "cohere/fake-rerank")
+    assert set(rerank["arms"]) == {"hybrid+rerank", "hybrid+policy"}
+    for row in rerank["arms"].values():
+        assert row["recall_at_k"]["value"] == pytest.approx(2 / 3, abs=1e-4)
+    assert rerank["minus_hybrid"]["hybrid+rerank"]["recall_at_k"]["value"] == 0.0
+    assert sum(rerank["policy_decisions"].values()) == 3
+    assert rerank["cost_usd"] == pytest.approx(0.003)  # every question reranked once
+
+    done = run_cli(reranked, "eval", "retrieval", str(labels), "--tenant", "acme", "--k", "1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "with the remote reranker cohere/fake-rerank:" in done.stdout
+    assert "hybrid+rerank - hybrid: recall" in done.stdout
+
+    # Without a reranker configured the report has no rerank rows.
+    plain = _report(config, "retrieval", str(labels), "--tenant", "acme", "--k", "1")
+    assert "rerank" not in plain
+
+
+def test_eval_retrieval_stops_when_the_reranker_fails(config: Path, tmp_path: Path) -> None:
+    settings = yaml.safe_load(config.read_text())
+    remote = {"model": "cohere/fake-rerank", "api_base": "http://127.0.0.1:9/v1/rerank"}
+    settings["retrieval"] = {"rerank": {"reranker": "remote", "remote": {**remote, "retries": 0}}}
+    down = tmp_path / "down.yaml"
+    down.write_text(yaml.safe_dump(settings))
+    labels = _jsonl(
+        tmp_path / "retrieval.jsonl",
+        [{"question": "How do I fix ERR-4471?", "relevant": ["errors.md"]}],
+    )
+    done = run_cli(down, "eval", "retrieval", str(labels), "--tenant", "acme")
+    assert done.returncode == 1
+    assert "cannot evaluate: rerank unavailable: line 1:" in done.stderr
+
+
 @pytest.mark.parametrize(
     ("command", "line", "expected"),
     [

@@ -10,7 +10,12 @@ Endpoints
                               is set, then ``data: [DONE]``); tool calls in the message or deltas.
 ``POST /v1/embeddings``        deterministic unit vectors from a hash of each input (float or
                               base64), with usage; ``dimensions`` honoured (default 384).
-``GET  /v1/models``            a static list.
+``POST /v1/rerank``            Cohere's rerank shape (what litellm's ``arerank`` sends for a
+                              ``cohere/…`` model with an ``api_base``): each document scored by
+                              token overlap, the share of the query's words (lowercased, the
+                              directive stripped) that the document holds, ties by index;
+                              ``results`` best first (``top_n`` honoured), ``meta.billed_units``
+                              ``{"search_units": 1}`` unless the directive's ``billed_units``.
 ``GET  /health``               ``{"status": "ok"}``.
 ``GET|POST /admin/stats``      request counts: total, by endpoint, model, status and key; and
                               ``params_by_key``: the parameters (all but ``messages``) of the
@@ -32,6 +37,7 @@ stripped from the text before the default answer echoes it. Keys, all optional:
 ``delay_ms``       int   sleep before the first byte (before the response headers).
 ``chunk_delay_ms`` int   sleep before each streamed chunk.
 ``malformed``      bool  HTTP 200 with a body (or SSE data line) that is not valid JSON.
+``billed_units``   obj   rerank: the ``meta.billed_units`` to report.
 ``raw``            obj   HTTP 200 with exactly this JSON body; streamed, each element of it (a
                          list) as one SSE data line, then ``[DONE]`` (odd shapes, valid JSON).
 ``truncate_after`` int   stream: after N content chunks drop the connection mid-body.
@@ -445,6 +451,56 @@ async def embeddings(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": data, "model": model, "usage": usage})
 
 
+_WORD_RE = re.compile(r"\w+")
+
+
+def _words(text: str) -> set[str]:
+    return set(_WORD_RE.findall(text.lower()))
+
+
+def overlap_score(query: str, document: str) -> float:
+    """The fake reranker's relevance: the share of the query's words the document holds."""
+    wanted = _words(_strip_directive(query))
+    return len(wanted & _words(document)) / len(wanted) if wanted else 0.0
+
+
+async def rerank(request: web.Request) -> web.Response:
+    body = await _read_json(request)
+    if body is None:
+        return _error(400, "body is not a JSON object")
+    query, documents = body.get("query"), body.get("documents")
+    if not isinstance(query, str) or not isinstance(documents, list):
+        return _error(400, "rerank needs a string 'query' and a list 'documents'")
+    try:
+        directive = _parse_directive(request.headers.get("x-fake"), query)
+    except json.JSONDecodeError as exc:
+        return _error(400, f"bad fake directive: {exc}")
+    model = str(body.get("model", ""))
+    _record(request, "rerank", model, directive)
+    if _applies(directive, model) and (failure := await _scripted_failure(request, directive)):
+        request.app[STATS_KEY].by_status[failure.status] += 1
+        return failure
+    request.app[STATS_KEY].by_status[200] += 1
+    if directive.get("malformed"):
+        return web.Response(text='{"results": [{"index"', content_type="application/json")
+    if "raw" in directive:
+        return web.json_response(directive["raw"])
+    texts = [d if isinstance(d, str) else str(d.get("text", "")) for d in documents]
+    scored = sorted(
+        ((i, overlap_score(query, t)) for i, t in enumerate(texts)), key=lambda x: (-x[1], x[0])
+    )
+    if isinstance(top_n := body.get("top_n"), int):
+        scored = scored[:top_n]
+    billed = directive.get("billed_units", {"search_units": 1})
+    return web.json_response(
+        {
+            "id": f"rerank-fake-{time.monotonic_ns()}",
+            "results": [{"index": i, "relevance_score": score} for i, score in scored],
+            "meta": {"billed_units": billed},
+        }
+    )
+
+
 async def models(request: web.Request) -> web.Response:
     data = [{"id": m, "object": "model", "created": 0, "owned_by": "fake"} for m in MODELS]
     return web.json_response({"object": "list", "data": data})
@@ -463,6 +519,7 @@ def create_app() -> web.Application:
     app[STATS_KEY] = Stats()
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/embeddings", embeddings)
+    app.router.add_post("/v1/rerank", rerank)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_route("GET", "/admin/stats", admin_stats)

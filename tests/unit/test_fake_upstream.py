@@ -303,3 +303,30 @@ async def test_stats_count_requests_by_endpoint_and_key(
     after = await upstream_stats(fake_upstream)
     assert after["by_key"][key] == 3
     assert after["by_endpoint"]["chat"] - before["by_endpoint"].get("chat", 0) == 3
+
+
+async def test_rerank_scores_by_token_overlap_best_first_with_billed_units(
+    fake_upstream: str, http: aiohttp.ClientSession
+) -> None:
+    documents = ["Berlin is in Germany", "Paris is the capital of France", "France"]
+    body = {"model": "fake-rerank", "query": "capital of France", "documents": documents}
+    status, answer = await _post(http, f"{fake_upstream}/rerank", body)
+    assert status == 200
+    assert [r["index"] for r in answer["results"]] == [1, 2, 0]
+    assert [r["relevance_score"] for r in answer["results"]] == [1.0, 1 / 3, 0.0]
+    assert answer["meta"]["billed_units"] == {"search_units": 1}
+    status, top = await _post(http, f"{fake_upstream}/rerank", body | {"top_n": 1})
+    assert [r["index"] for r in top["results"]] == [1]
+
+
+async def test_rerank_takes_the_directive_from_the_query(
+    fake_upstream: str, http: aiohttp.ClientSession
+) -> None:
+    key = _key()
+    query = f'capital [[fake:{{"key": "{key}", "fail_first": 1}}]]'
+    body = {"model": "fake-rerank", "query": query, "documents": ["the capital"]}
+    first, _ = await _post(http, f"{fake_upstream}/rerank", body)
+    second, answer = await _post(http, f"{fake_upstream}/rerank", body)
+    assert (first, second) == (503, 200)
+    assert answer["results"] == [{"index": 0, "relevance_score": 1.0}]  # the directive stripped
+    assert await calls_for(fake_upstream, key) == 2

@@ -539,6 +539,13 @@ RESTART_CHANGES: dict[str, Doc] = {
     "cache.redis_request_budget_s": with_config({"cache": {"redis_request_budget_s": 1}}),
     "models": with_config({"models": {"small": {"model": "openai/gpt-4o-mini"}}}),
     "quotas": with_config({"quotas": {"redis_retry_s": 5}}),
+    "retrieval.rerank.reranker": with_config(
+        {"retrieval": {"rerank": {"reranker": "remote", "remote": {"model": "cohere/r"}}}}
+    ),
+    "retrieval.rerank.remote": with_config({"retrieval": {"rerank": {"remote": {"model": "c/r"}}}}),
+    "retrieval.rerank.opensearch": with_config(
+        {"retrieval": {"rerank": {"opensearch": {"model_id": "m-1"}}}}
+    ),
 }
 # cache.redis_url comes from a Secret's key as an environment variable, read at a pod's start.
 CHART_OWNED = {"server.host", "data_dir", "cache.redis_url"}

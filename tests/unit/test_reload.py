@@ -10,9 +10,11 @@ import pytest
 from gateway.server.reload import RESTART_ONLY, fingerprint, restart_only_changes
 from gateway.settings import Settings, hash_api_key
 
+# A remote reranker's settings are there, the reranker off: each rerank case changes one thing.
+REMOTE = {"model": "cohere/rerank-v3.5", "api_base": "http://rerank:8080"}
 BASE: dict[str, Any] = {
     "tenants": [{"id": "acme", "api_key_sha256": hash_api_key("key-a")}],
-    "retrieval": {"k": 6},
+    "retrieval": {"k": 6, "rerank": {"remote": REMOTE}},
 }
 
 # One change per RESTART_ONLY entry, each a fragment merged into BASE.
@@ -35,12 +37,33 @@ RESTART_CASES: dict[str, dict[str, Any]] = {
     "cache.redis_request_budget_s": {"cache": {"redis_request_budget_s": 1}},
     "quotas": {"quotas": {"backend": "memory"}},
     "models": {"models": {"small": {"model": "openai/gpt-4o-mini"}}},
+    "retrieval.rerank.reranker": {
+        "retrieval": {"rerank": {"reranker": "remote", "remote": REMOTE}}
+    },
+    "retrieval.rerank.remote": {
+        "retrieval": {"rerank": {"remote": {**REMOTE, "api_base": "http://elsewhere:8080"}}}
+    },
+    "retrieval.rerank.opensearch": {
+        "retrieval": {"rerank": {"remote": REMOTE, "opensearch": {"model_id": "m-1"}}}
+    },
 }
 
 LIVE_CASES: dict[str, dict[str, Any]] = {
     "retrieval.k": {"retrieval": {"k": 3}},
     "fusion weights": {"retrieval": {"lexical_weight": 0.5, "dense_weight": 2.0}},
     "cache ttl": {"cache": {"ttl_s": 60}},
+    "the rerank policy": {
+        "retrieval": {
+            "rerank": {
+                "remote": REMOTE,
+                "when": "always",
+                "max_margin": 0.3,
+                "candidates": 10,
+                "passage_chars": 256,
+                "timeout_s": 0.5,
+            }
+        }
+    },
     "request deadline": {"server": {"request_timeout_s": 5}},
     "tenants": {"tenants": [{"id": "initech", "api_key_sha256": hash_api_key("key-i")}]},
     "admin key": {"admin_api_key_sha256": hash_api_key("admin")},

@@ -116,11 +116,13 @@ modes, so changing one rolls the pods instead of being refused by every running 
 {{- $server := $c.server | default dict }}
 {{- $retrieval := $c.retrieval | default dict }}
 {{- $cache := $c.cache | default dict }}
+{{- $rerank := $retrieval.rerank | default dict }}
 {{- $picked := dict
   "server" (pick $server "host" "port" "max_body_bytes" "shutdown_grace_s" "reload_poll_s")
   "data_dir" $c.data_dir
   "embeddings" ($c.embeddings | default dict)
   "retrieval" (pick $retrieval "backend" "opensearch")
+  "rerank" (pick $rerank "reranker" "remote" "opensearch")
   "cache" (pick $cache "backend" "max_entries" "redis_socket_timeout_s" "redis_connect_timeout_s"
     "redis_max_connections" "redis_request_budget_s")
   "models" ($c.models | default dict)

@@ -1,0 +1,250 @@
+"""The rerank stage: whether a fused ranking is worth a second stage, and running it.
+
+Reranking is a decision, like routing: a cross-encoder reads the query with every candidate,
+which costs a forward pass (or a paid API call) per passage, so it runs only where the fused
+ranking is uncertain. The lookup and the agent's `search` tool both call `RerankStage.rerank`
+between the search and what reads its hits (the sufficiency grade, the agent's relevance grade),
+so both follow one policy (`retrieval.rerank`):
+
+- off, or fewer than two hits: nothing to reorder;
+- `when: uncertain` (the default): skipped where the top fused hit stands out, ranked first by
+  both arms (`skip_when_arms_agree`) or ahead of the second by more than `max_margin` (the gap
+  between their fused scores as a share of the best possible score, both arms ranking a passage
+  first: the scale `routers.grading` reads agreement on); `when: always`: every time;
+- otherwise the top `candidates` fused hits, each cut at `passage_chars`, are scored and
+  reordered (ties keep the fused order), the rest follow in fused order, and `k` are kept.
+
+A reranker that fails or outlives `timeout_s` (or the request's deadline) leaves the fused order
+as it was: the decision says "failed" and the request's notes say so. Every decision is handed
+to the request's `RerankRecorder` (the gateway's: timings, metrics, `debug`, the tenant's cost).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from pydantic import BaseModel, Field, model_validator
+
+from backends.errors import BackendError, UpstreamError
+from backends.rerank.base import Reranker, RerankRequest
+from backends.rerank.config import OpenSearchRerankConfig, RemoteRerankConfig
+from backends.retrieval.base import Hit
+from backends.sections import SECTION
+
+log = logging.getLogger(__name__)
+
+# What the stage decided for one search (a metric label and a `debug` field).
+RerankDecision = Literal["reranked", "skipped_off", "skipped_few", "skipped_confident", "failed"]
+# Which search it was: the lookup's, or one of the agent's `search` tool.
+RerankSite = Literal["lookup", "agent"]
+
+
+class RerankConfig(BaseModel):
+    """`retrieval.rerank`: which reranker, its settings, and when a query pays for it."""
+
+    model_config = SECTION
+
+    reranker: Literal["off", "remote", "opensearch"] = "off"
+    remote: RemoteRerankConfig | None = None
+    opensearch: OpenSearchRerankConfig | None = None
+    # "uncertain": only where the fused ranking is (below); "always": every search.
+    when: Literal["uncertain", "always"] = "uncertain"
+    # Reranked only when the top two fused scores are at most this far apart, as a share of the
+    # best possible fused score. Conservative until measured (docs/reranking.md): most margins
+    # under minmax_peak fall well above it, so few queries pay.
+    max_margin: float = Field(default=0.1, ge=0, le=1)
+    # Skipped when both arms rank the same passage first: the fusion is as sure as it gets.
+    skip_when_arms_agree: bool = True
+    # How many of the top fused hits are scored (the lookup fetches this many, keeps `k`).
+    candidates: int = Field(default=20, ge=2, le=100)
+    # Each passage (title and text) is cut at this many characters (~4 a token: 1024 ~ 256).
+    passage_chars: int = Field(default=1024, ge=64, le=8192)
+    # The reranker's whole call, retries included; past it the fused order stands.
+    timeout_s: float = Field(default=1.0, gt=0, le=30)
+
+    @model_validator(mode="after")
+    def _settings_of_the_reranker(self) -> RerankConfig:
+        if self.reranker == "remote" and self.remote is None:
+            raise ValueError("reranker 'remote' needs a 'remote' section (model, api_base, ...)")
+        if self.reranker == "opensearch" and self.opensearch is None:
+            raise ValueError("reranker 'opensearch' needs an 'opensearch' section (model_id)")
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class RerankTrace:
+    """One search's rerank decision, as `debug` shows it."""
+
+    site: RerankSite
+    decision: RerankDecision
+    reranker: str  # its kind, or "off"
+    model: str
+    # The top two fused scores' gap as a share of the best possible (None: under two hits).
+    margin: float | None
+    # Passages sent to the reranker (0: none was), and how long its call took.
+    candidates: int = 0
+    ms: float = 0.0
+    # The kept hits' fused ranks (1-based) in their new order; empty when nothing moved.
+    fused_ranks: tuple[int, ...] = ()
+    # Why it failed (the reranker's error), for the notes and the log.
+    detail: str = ""
+
+    @property
+    def called(self) -> bool:
+        return self.candidates > 0
+
+
+class RerankRecorder(Protocol):
+    """What a request keeps of its rerank decisions (the gateway's: timings, metrics, debug)."""
+
+    def record(self, trace: RerankTrace) -> None: ...
+
+    def spend(self, usd: float) -> None:
+        """A paid reranker call's price, charged to the request's tenant."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class RerankCall:
+    """One search's hits to rerank, and for whom."""
+
+    tenant: str
+    query: str
+    hits: Sequence[Hit]
+    k: int  # hits to keep
+    best_possible: float  # the fused score of a passage both arms rank first
+    site: RerankSite
+    recorder: RerankRecorder | None = None
+    deadline: float | None = None  # the request's, a `time.monotonic()` instant
+
+
+def fused_margin(hits: Sequence[Hit], best_possible: float) -> float | None:
+    if len(hits) < 2 or best_possible <= 0:
+        return None
+    return max(0.0, (hits[0].score - hits[1].score) / best_possible)
+
+
+def rerank_passage(hit: Hit, chars: int) -> str:
+    """What the reranker reads of a hit: its title, then its text, cut at `chars`."""
+    text = f"{hit.title}: {hit.text}" if hit.title else hit.text
+    return text[:chars]
+
+
+class RerankStage:
+    def __init__(self, config: RerankConfig, reranker: Reranker | None) -> None:
+        """`reranker` None (or `config.reranker` off): every search is "skipped_off"."""
+        self._config = config
+        self._reranker = reranker if config.reranker != "off" else None
+
+    @property
+    def enabled(self) -> bool:
+        return self._reranker is not None
+
+    def fetch_k(self, k: int) -> int:
+        """How many hits a search should return for `k` to be kept after this stage."""
+        return max(k, self._config.candidates) if self._reranker is not None else k
+
+    def decide(self, hits: Sequence[Hit], margin: float | None) -> RerankDecision | None:
+        """The decision for these fused hits; None: rerank them."""
+        c = self._config
+        if self._reranker is None:
+            return "skipped_off"
+        if len(hits) < 2:
+            return "skipped_few"
+        if c.when == "always":
+            return None
+        top = hits[0]
+        if c.skip_when_arms_agree and top.bm25_rank == 1 and top.dense_rank == 1:
+            return "skipped_confident"
+        if margin is not None and margin > c.max_margin:
+            return "skipped_confident"
+        return None
+
+    async def rerank(self, call: RerankCall) -> list[Hit]:
+        """The hits to keep, reranked when the policy says so; the decision is recorded."""
+        margin = fused_margin(call.hits, call.best_possible)
+        decision = self.decide(call.hits, margin)
+        reranker = self._reranker
+        if decision is not None or reranker is None:
+            self._record(call, self._trace(call, decision or "skipped_off", margin))
+            return list(call.hits[: call.k])
+        head = list(call.hits[: self._config.candidates])
+        started = time.perf_counter()
+        try:
+            scores = await self._scores(reranker, call, head)
+        except (BackendError, TimeoutError) as exc:
+            detail = str(exc) or "no answer within its timeout"
+            log.warning("rerank failed, the fused order stands", extra={"error": detail})
+            trace = self._trace(call, "failed", margin, len(head), started, detail=detail)
+            self._record(call, trace)
+            return list(call.hits[: call.k])
+        order = sorted(range(len(head)), key=lambda i: (-scores[i], i))
+        kept = ([head[i] for i in order] + list(call.hits[len(head) :]))[: call.k]
+        rest = range(len(head) + 1, len(call.hits) + 1)
+        ranks = (*(i + 1 for i in order), *rest)[: call.k]
+        moved = ranks if ranks != tuple(range(1, len(ranks) + 1)) else ()
+        trace = self._trace(call, "reranked", margin, len(head), started, moved)
+        self._record(call, trace)
+        return kept
+
+    async def _scores(self, reranker: Reranker, call: RerankCall, head: list[Hit]) -> list[float]:
+        deadline = time.monotonic() + self._config.timeout_s
+        if call.deadline is not None:
+            deadline = min(deadline, call.deadline)
+        passages = [rerank_passage(h, self._config.passage_chars) for h in head]
+        spend = call.recorder.spend if call.recorder is not None else None
+        request = RerankRequest(call.tenant, call.query, passages, deadline, on_cost=spend)
+        # The reranker ends by the deadline itself; this bounds one that does not.
+        async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
+            scores = await reranker.scores(request)
+        if len(scores) != len(head):
+            detail = f"{reranker.model_id}: {len(scores)} scores for {len(head)} passages"
+            raise UpstreamError("rerank", detail)
+        return scores
+
+    def _trace(
+        self,
+        call: RerankCall,
+        decision: RerankDecision,
+        margin: float | None,
+        candidates: int = 0,
+        started: float | None = None,
+        fused_ranks: tuple[int, ...] = (),
+        detail: str = "",
+    ) -> RerankTrace:
+        reranker = self._reranker
+        ms = 0.0 if started is None else round((time.perf_counter() - started) * 1000, 3)
+        return RerankTrace(
+            site=call.site,
+            decision=decision,
+            reranker=reranker.kind if reranker is not None else "off",
+            model=reranker.model_id if reranker is not None else "",
+            margin=None if margin is None else round(margin, 4),
+            candidates=candidates,
+            ms=ms,
+            fused_ranks=fused_ranks,
+            detail=detail,
+        )
+
+    @staticmethod
+    def _record(call: RerankCall, trace: RerankTrace) -> None:
+        if call.recorder is not None:
+            call.recorder.record(trace)
+
+
+# The stage of a deployment (or an evaluation) with no reranker: every search "skipped_off".
+RERANK_OFF = RerankStage(RerankConfig(), None)
+
+
+def failure_notes(traces: Sequence[RerankTrace]) -> tuple[str, ...]:
+    """What a request's answer says of the reranks that failed (the fused order was kept)."""
+    return tuple(
+        f"rerank failed ({t.site}: {t.detail}); the fused order was kept"
+        for t in traces
+        if t.decision == "failed"
+    )

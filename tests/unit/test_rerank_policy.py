@@ -1,0 +1,265 @@
+"""The rerank stage's policy: when a search's fused hits are reranked, how, and what it records."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from backends.llm.base import ToolCall
+from backends.rerank.base import RerankRequest
+from backends.retrieval.base import Hit
+from gateway.settings import Settings, load_settings
+from routers.agent_tools import AgentTools, SearchRerank, SourceBook, ToolLimits
+from routers.grading import best_possible_score
+from routers.rerank import (
+    RerankCall,
+    RerankConfig,
+    RerankStage,
+    RerankTrace,
+    failure_notes,
+    rerank_passage,
+)
+from tests.fakes.rerank import FakeReranker
+
+BEST = best_possible_score(1.0, 1.0)
+REMOTE = {"model": "cohere/fake-rerank", "api_base": "http://127.0.0.1:9/v1/rerank"}
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.traces: list[RerankTrace] = []
+        self.spent: list[float] = []
+
+    def record(self, trace: RerankTrace) -> None:
+        self.traces.append(trace)
+
+    def spend(self, usd: float) -> None:
+        self.spent.append(usd)
+
+
+def hit(n: int, text: str, score: float, bm25: int | None = None, dense: int | None = None) -> Hit:
+    return Hit(f"d{n}", f"d{n}#0", f"Title {n}", "", text, score, bm25, dense)
+
+
+# Fused best first: the top two within 0.05 of the best possible score (uncertain); the third
+# is the one holding every word of the query.
+HITS = [
+    hit(1, "alpha beta", BEST * 0.80, bm25=2, dense=1),
+    hit(2, "gamma", BEST * 0.76, bm25=1, dense=3),
+    hit(3, "where is the lighthouse keeper", BEST * 0.50, bm25=3, dense=2),
+    hit(4, "lighthouse", BEST * 0.40),
+]
+QUERY = "lighthouse keeper"
+
+
+def config(**fields: Any) -> RerankConfig:
+    return RerankConfig(reranker="remote", remote=REMOTE, **fields)
+
+
+async def run(
+    stage: RerankStage, hits: list[Hit] = HITS, k: int = 3, **kw: Any
+) -> tuple[list[Hit], Recorder]:
+    recorder = Recorder()
+    call = RerankCall("acme", QUERY, hits, k, BEST, "lookup", recorder, **kw)
+    return await stage.rerank(call), recorder
+
+
+async def test_an_uncertain_ranking_is_reranked_and_the_rest_follow_in_fused_order() -> None:
+    fake = FakeReranker()
+    kept, recorder = await run(RerankStage(config(candidates=3), fake), k=4)
+    assert [h.doc_id for h in kept] == ["d3", "d1", "d2", "d4"]
+    (trace,) = recorder.traces
+    assert (trace.decision, trace.site, trace.candidates) == ("reranked", "lookup", 3)
+    assert trace.fused_ranks == (3, 1, 2, 4)
+    assert trace.margin == pytest.approx(0.04)
+    assert len(fake.requests[0].passages) == 3
+
+
+async def test_ties_keep_the_fused_order() -> None:
+    kept, recorder = await run(RerankStage(config(), FakeReranker(score=lambda q, p: 0.5)))
+    assert [h.doc_id for h in kept] == ["d1", "d2", "d3"]
+    assert recorder.traces[0].decision == "reranked"
+    assert recorder.traces[0].fused_ranks == ()  # nothing moved
+
+
+async def test_a_clear_leader_is_not_reranked() -> None:
+    fake = FakeReranker()
+    leading = [hit(1, "a", BEST * 0.9), hit(2, "b", BEST * 0.5), hit(3, "lighthouse keeper", 0.0)]
+    kept, recorder = await run(RerankStage(config(max_margin=0.1), fake), leading)
+    assert [h.doc_id for h in kept] == ["d1", "d2", "d3"]
+    assert recorder.traces[0].decision == "skipped_confident"
+    assert recorder.traces[0].margin == pytest.approx(0.4)
+    assert fake.requests == []
+
+
+async def test_a_top_hit_both_arms_rank_first_is_not_reranked_unless_configured() -> None:
+    agreed = [hit(1, "a", BEST * 0.80, 1, 1), *HITS[1:]]
+    fake = FakeReranker()
+    _, recorder = await run(RerankStage(config(), fake), agreed)
+    assert recorder.traces[0].decision == "skipped_confident"
+    _, recorder = await run(RerankStage(config(skip_when_arms_agree=False), fake), agreed)
+    assert recorder.traces[0].decision == "reranked"
+
+
+async def test_always_reranks_a_confident_ranking_too() -> None:
+    leading = [hit(1, "a", BEST, 1, 1), hit(2, "lighthouse keeper", BEST * 0.1)]
+    kept, recorder = await run(RerankStage(config(when="always"), FakeReranker()), leading)
+    assert [h.doc_id for h in kept] == ["d2", "d1"]
+    assert recorder.traces[0].decision == "reranked"
+
+
+async def test_off_and_a_single_hit_skip_without_a_call() -> None:
+    fake = FakeReranker()
+    kept, recorder = await run(RerankStage(RerankConfig(), fake), k=2)
+    assert [h.doc_id for h in kept] == ["d1", "d2"]
+    assert recorder.traces[0] == RerankTrace("lookup", "skipped_off", "off", "", 0.04)
+    _, recorder = await run(RerankStage(config(), fake), HITS[:1])
+    assert recorder.traces[0].decision == "skipped_few"
+    assert recorder.traces[0].margin is None
+    assert fake.requests == []
+
+
+async def test_a_failing_reranker_keeps_the_fused_order_and_says_why() -> None:
+    kept, recorder = await run(RerankStage(config(), FakeReranker(fail=True)))
+    assert [h.doc_id for h in kept] == ["d1", "d2", "d3"]
+    (trace,) = recorder.traces
+    assert trace.decision == "failed" and "fake reranker is down" in trace.detail
+    (note,) = failure_notes(recorder.traces)
+    assert "the fused order was kept" in note
+
+
+class Stalled(FakeReranker):
+    async def scores(self, request: RerankRequest) -> list[float]:
+        self.requests.append(request)
+        await asyncio.Event().wait()
+        return []
+
+
+async def test_a_reranker_past_the_timeout_is_abandoned_and_the_fused_order_stands() -> None:
+    stalled = Stalled()
+    kept, recorder = await run(RerankStage(config(timeout_s=0.05), stalled))
+    assert [h.doc_id for h in kept] == ["d1", "d2", "d3"]
+    assert recorder.traces[0].decision == "failed"
+    # The reranker was told the deadline: the policy's timeout from the call's start.
+    deadline = stalled.requests[0].deadline
+    assert deadline is not None and deadline <= time.monotonic()
+
+
+async def test_the_requests_deadline_bounds_the_call_below_the_timeout() -> None:
+    fake = FakeReranker()
+    soon = time.monotonic() + 0.5
+    await run(RerankStage(config(timeout_s=5.0), fake), deadline=soon)
+    assert fake.requests[0].deadline == soon
+    _, recorder = await run(RerankStage(config(), Stalled()), deadline=time.monotonic() - 1)
+    assert recorder.traces[0].decision == "failed"
+
+
+async def test_a_reranker_answering_the_wrong_number_of_scores_failed() -> None:
+    short = FakeReranker()
+    short.score = lambda q, p: 1.0
+    original = short.scores
+
+    async def one_less(request: RerankRequest) -> list[float]:
+        return (await original(request))[:-1]
+
+    short.scores = one_less  # type: ignore[method-assign]
+    _, recorder = await run(RerankStage(config(), short))
+    assert recorder.traces[0].decision == "failed"
+    assert "3 scores for 4 passages" in recorder.traces[0].detail
+
+
+async def test_a_paid_call_is_charged_through_the_recorder() -> None:
+    _, recorder = await run(RerankStage(config(), FakeReranker(price_usd=0.002)))
+    assert recorder.spent == [0.002]
+
+
+def test_passages_carry_the_title_and_are_cut() -> None:
+    long = hit(1, "word " * 400, 1.0)
+    assert rerank_passage(long, 64) == ("Title 1: " + "word " * 400)[:64]
+    assert len(rerank_passage(long, 64)) == 64
+
+
+async def test_passages_sent_are_cut_at_passage_chars() -> None:
+    fake = FakeReranker()
+    await run(RerankStage(config(passage_chars=64), fake))
+    assert all(len(p) <= 64 for p in fake.requests[0].passages)
+    assert fake.requests[0].passages[2] == "Title 3: where is the lighthouse keeper"
+
+
+def test_a_search_fetches_the_candidates_only_when_a_reranker_is_on() -> None:
+    assert RerankStage(config(candidates=20), FakeReranker()).fetch_k(6) == 20
+    assert RerankStage(config(candidates=20), None).fetch_k(6) == 6
+    assert RerankStage(RerankConfig(candidates=20), FakeReranker()).fetch_k(6) == 6
+
+
+def test_a_reranker_needs_its_settings() -> None:
+    with pytest.raises(ValidationError, match="needs a 'remote' section"):
+        RerankConfig(reranker="remote")
+    with pytest.raises(ValidationError, match="needs an 'opensearch' section"):
+        RerankConfig(reranker="opensearch")
+    with pytest.raises(ValidationError, match="max_margin"):
+        RerankConfig(max_margin=2)
+
+
+def test_the_opensearch_reranker_needs_the_opensearch_backend() -> None:
+    rerank = {"reranker": "opensearch", "opensearch": {"model_id": "m-1"}}
+    with pytest.raises(ValidationError, match="needs backend: opensearch"):
+        Settings(retrieval={"rerank": rerank})
+    assert Settings(retrieval={"backend": "opensearch", "rerank": rerank}).retrieval.rerank
+
+
+class Index:
+    """A retriever that returns `HITS` for any search, and remembers the k asked for."""
+
+    name = "fixed"
+
+    def __init__(self) -> None:
+        self.asked: list[int] = []
+
+    async def search(self, request: Any) -> list[Hit]:
+        self.asked.append(request.k)
+        return HITS[: request.k]
+
+
+class Embedder:
+    dimension = 4
+
+    async def embed(self, texts: Any) -> Any:
+        return np.zeros((len(texts), 4), dtype=np.float32)
+
+
+async def test_the_agents_search_tool_reranks_by_the_same_policy() -> None:
+    index, recorder = Index(), Recorder()
+    limits = ToolLimits(search_k=2, candidates=50, read_max_chunks=3, timeout_s=5, min_similarity=0)
+    stage = RerankStage(config(candidates=4), FakeReranker())
+    tools = AgentTools(
+        "acme",
+        index,
+        Embedder(),
+        limits,
+        SourceBook(),
+        SearchRerank(stage, recorder),  # type: ignore[arg-type]
+    )
+    result = await tools.run(ToolCall("c1", "search", {"query": QUERY, "k": 2}))
+    assert result.run.status == "ok"
+    assert index.asked == [4]  # the candidates fetched, two kept
+    assert result.run.chunk_ids[0] == "d3#0"
+    assert [(t.site, t.decision) for t in recorder.traces] == [("agent", "reranked")]
+
+
+def test_the_configuration_examples_of_the_reranking_page_validate(tmp_path: Path) -> None:
+    page = Path(__file__).resolve().parents[2] / "docs" / "reranking.md"
+    blocks = re.findall(r"```yaml\n(.*?)```", page.read_text(encoding="utf-8"), re.DOTALL)
+    kinds = []
+    for n, block in enumerate(blocks):
+        path = tmp_path / f"example-{n}.yaml"
+        path.write_text(block, encoding="utf-8")
+        kinds.append(load_settings(path).retrieval.rerank.reranker)
+    assert kinds == ["remote", "opensearch"]
