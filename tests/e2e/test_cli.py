@@ -190,6 +190,16 @@ def test_ingest_names_a_missing_path_ingests_the_rest_and_exits_1(tmp_path: Path
     assert _report(again)["unchanged"] == 1  # it was stored
 
 
+def test_ingest_of_only_missing_paths_exits_2_and_makes_no_index(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(f"data_dir: {tmp_path / 'data'}\n")
+    done = run_cli(config, "ingest", "--tenant", "t", str(tmp_path / "notes.md"))
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"skipped, no such file or directory: {tmp_path / 'notes.md'}" in done.stderr
+    assert "nothing to ingest" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "data" / "index.sqlite3").exists()
+
+
 def test_a_relative_data_dir_is_the_config_files_whatever_the_current_directory(
     tmp_path: Path,
 ) -> None:
