@@ -137,12 +137,18 @@ def test_a_config_refused_while_starting_the_backends_exits_2_naming_it(tmp_path
     assert "Traceback" not in done.stderr
 
 
-def test_ingest_names_an_invisible_only_file_and_ingests_nothing_of_it(tmp_path: Path) -> None:
+def warranty_docs(tmp_path: Path) -> tuple[Path, Path]:
+    """A configuration with its data_dir in `tmp_path`, and a folder of one document."""
     config = tmp_path / "config.yaml"
     config.write_text(f"data_dir: {tmp_path / 'data'}\n")
     docs = tmp_path / "docs"
     docs.mkdir()
     (docs / "warranty.md").write_text("# Warranty\n\nAcme's warranty lasts two years.\n")
+    return config, docs
+
+
+def test_ingest_names_an_invisible_only_file_and_ingests_nothing_of_it(tmp_path: Path) -> None:
+    config, docs = warranty_docs(tmp_path)
     (docs / "ghost.txt").write_text("\u200b\u200e\n\u2060\n", encoding="utf-8")
     done = run_cli(config, "ingest", "--tenant", "t", str(docs))
     assert done.returncode == 0, done.stderr[-2000:]
@@ -172,11 +178,7 @@ def _report(done: subprocess.CompletedProcess[str]) -> dict[str, int]:
 
 
 def test_ingest_names_a_missing_path_ingests_the_rest_and_exits_1(tmp_path: Path) -> None:
-    config = tmp_path / "config.yaml"
-    config.write_text(f"data_dir: {tmp_path / 'data'}\n")
-    docs = tmp_path / "docs"
-    docs.mkdir()
-    (docs / "warranty.md").write_text("# Warranty\n\nAcme's warranty lasts two years.\n")
+    config, docs = warranty_docs(tmp_path)
     done = run_cli(config, "ingest", "--tenant", "t", str(docs), str(tmp_path / "notes.md"))
     assert done.returncode == 1, done.stderr[-2000:]
     assert f"skipped, no such file or directory: {tmp_path / 'notes.md'}" in done.stderr
