@@ -89,7 +89,7 @@ def build_registry(
     extractor = Extractor(deps.embedder, reranker)
     lookup = LookupExecutor(deps.retriever, config.lookup, tiers[Route.LOOKUP], extractor)
     registry: dict[Route, Executor] = {
-        Route.DIRECT: DirectExecutor(tiers[Route.DIRECT], lookup),
+        Route.DIRECT: DirectExecutor(tiers[Route.DIRECT], lookup, extractor.count),
         Route.LOOKUP: lookup,
     }
     if (tier := tiers.get(Route.MULTIHOP)) is not None:

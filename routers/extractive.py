@@ -262,8 +262,13 @@ def _truncated(quote: str, max_tokens: int, count: Callable[[str], int]) -> str:
     marker = " … [1]"
     words = _fitting(quote.split(), max_tokens - count(marker), count)
     if not words:
-        return " ".join(_fitting(quote.split(), max_tokens, count))
+        return fit_tokens(quote, max_tokens, count)
     return " ".join(words) + marker
+
+
+def fit_tokens(text: str, max_tokens: int, count: Callable[[str], int]) -> str:
+    """The first words of `text` within `max_tokens`."""
+    return " ".join(_fitting(text.split(), max_tokens, count))
 
 
 def _fitting(words: Sequence[str], budget: int, count: Callable[[str], int]) -> list[str]:
