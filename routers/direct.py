@@ -1,9 +1,9 @@
 """The direct route: no retrieval, the small model answers from the conversation alone.
 
 Without a model, small talk (`routers.small_talk`) gets a short reply saying what this
-gateway can do, and any other question that reaches the route (forced, or sent by a
-configured rule) is answered from the documents by the lookup route, which says so: a fixed
-sentence would answer none of it.
+gateway can do (cut to `max_tokens`, as an extractive answer is), and any other question that
+reaches the route (forced, or sent by a configured rule) is answered from the documents by the
+lookup route, which says so: a fixed sentence would answer none of it.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 from backends.llm.base import Message, Tier
+from routers.extractive import fit_tokens
 from routers.prompts import DIRECT_SYSTEM
 from routers.small_talk import small_talk
 from routers.types import Answer, Escalation, Generation, OptionNotHonoured, Route, RouteContext
@@ -26,9 +27,10 @@ Lookup = Callable[[RouteContext], Awaitable[Answer | Generation | Escalation]]
 
 
 class DirectExecutor:
-    def __init__(self, tier: Tier | None, lookup: Lookup) -> None:
+    def __init__(self, tier: Tier | None, lookup: Lookup, count: Callable[[str], int]) -> None:
         self._tier = tier  # None: no model configured
         self._lookup = lookup  # answers what needs a model when there is none
+        self._count = count  # tokens, as the extractive answers' `max_tokens` counts them
 
     async def __call__(self, ctx: RouteContext) -> Answer | Generation | Escalation:
         if self._tier is None:
@@ -36,7 +38,7 @@ class DirectExecutor:
                 raise OptionNotHonoured(f"{wanted}: no model is configured for the direct route")
             if small_talk(ctx.query) is None:
                 return _noted(await self._lookup(ctx), LOOKED_UP)
-            return Answer(text=NO_MODEL_TEXT, route=Route.DIRECT, extractive=True, complete=False)
+            return self._no_model_reply(ctx.options.max_tokens)
         messages = (
             Message("system", DIRECT_SYSTEM),
             *ctx.history,
@@ -45,6 +47,19 @@ class DirectExecutor:
         )
         return Generation(
             route=Route.DIRECT, tier=self._tier, messages=messages, options=ctx.options
+        )
+
+    def _no_model_reply(self, max_tokens: int | None) -> Answer:
+        """The fixed reply, cut to the client's `max_tokens` as an extractive answer is."""
+        if max_tokens is None or self._count(NO_MODEL_TEXT) <= max_tokens:
+            return Answer(NO_MODEL_TEXT, Route.DIRECT, extractive=True, complete=False)
+        return Answer(
+            fit_tokens(NO_MODEL_TEXT, max_tokens, self._count),
+            Route.DIRECT,
+            extractive=True,
+            complete=False,
+            notes=(f"the reply was cut to max_tokens {max_tokens}",),
+            finish_reason="length",
         )
 
 

@@ -91,7 +91,7 @@ def build_registry(
         deps.retriever, config.lookup, tiers[Route.LOOKUP], extractor, deps.rerank
     )
     registry: dict[Route, Executor] = {
-        Route.DIRECT: DirectExecutor(tiers[Route.DIRECT], lookup),
+        Route.DIRECT: DirectExecutor(tiers[Route.DIRECT], lookup, extractor.count),
         Route.LOOKUP: lookup,
     }
     if (tier := tiers.get(Route.MULTIHOP)) is not None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -195,7 +195,8 @@ def candidates(hits: Sequence[Hit]) -> list[Candidate]:
 
 
 def choose(ranked: Sequence[Candidate]) -> list[Candidate]:
-    """The best candidates that fit the answer's bounds, in rank order (the first always)."""
+    """The best candidates that fit the answer's bounds, in rank order: the first always, cut
+    at a word to `MAX_CHARS` when it is longer (a passage with no sentence end in it)."""
     chosen: list[Candidate] = []
     chars = 0
     for candidate in ranked:
@@ -203,9 +204,20 @@ def choose(ranked: Sequence[Candidate]) -> list[Candidate]:
             break
         if chosen and chars + len(candidate.text) > MAX_CHARS:
             continue
+        if len(candidate.text) > MAX_CHARS:
+            candidate = replace(candidate, text=_clipped(candidate.text, MAX_CHARS))
         chosen.append(candidate)
         chars += len(candidate.text)
     return chosen
+
+
+def _clipped(text: str, limit: int) -> str:
+    """The first words of `text` (longer than `limit`) and "…", within `limit` characters; a
+    first word longer than that is cut inside it."""
+    head = text[: limit - 1]
+    if not text[limit - 1].isspace() and len(head.split()) > 1:
+        head = head.rsplit(None, 1)[0]  # the word the limit falls in
+    return head.rstrip() + "…"
 
 
 def compose(
@@ -264,8 +276,13 @@ def _truncated(quote: str, max_tokens: int, count: Callable[[str], int]) -> str:
     marker = " … [1]"
     words = _fitting(quote.split(), max_tokens - count(marker), count)
     if not words:
-        return " ".join(_fitting(quote.split(), max_tokens, count))
+        return fit_tokens(quote, max_tokens, count)
     return " ".join(words) + marker
+
+
+def fit_tokens(text: str, max_tokens: int, count: Callable[[str], int]) -> str:
+    """The first words of `text` within `max_tokens`."""
+    return " ".join(_fitting(text.split(), max_tokens, count))
 
 
 def _fitting(words: Sequence[str], budget: int, count: Callable[[str], int]) -> list[str]:

@@ -197,6 +197,9 @@ def _ingest(settings: Settings, args: argparse.Namespace) -> int:
     for path in missing:
         print(f"skipped, no such file or directory: {path}", file=sys.stderr)
     present = [path for path in args.paths if path.exists()]
+    if not present and not args.sample_corpus:
+        print("nothing to ingest: no path given exists", file=sys.stderr)
+        return 2  # before any index is made: a new empty one would look like a served one
     _say_if_new_index(settings)
     try:
         report = asyncio.run(

@@ -170,7 +170,7 @@ class RouteStages:
         # request's, beside the model calls'.
         ctx.route_reason = "; ".join((ctx.route_reason, *reranks.notes()))
         ctx.usage_before = {**ctx.usage_before, **reranks.usage()}
-        return said(outcome, ctx.notes)
+        return said(outcome, ctx.notes, in_text=request.options.max_tokens is None)
 
     def _reranks(self, ctx: RequestContext) -> RequestReranks:
         reranker = self._s.reranker
@@ -210,13 +210,14 @@ class RouteStages:
         return outcome
 
 
-def said(outcome: Outcome, notes: list[str]) -> Outcome:
+def said(outcome: Outcome, notes: list[str], *, in_text: bool = True) -> Outcome:
     """The outcome with what the stages before it have to tell the client: in the notes
     (`route_reason`) and, for an answer already written, at the end of its text too, which
-    is all an OpenAI client shows."""
+    is all an OpenAI client shows. Not `in_text` when the client capped the answer's tokens:
+    the text was cut to fit the cap, and a note after it would not."""
     if not notes:
         return outcome
-    if isinstance(outcome, Generation):
+    if isinstance(outcome, Generation) or not in_text:
         return replace(outcome, notes=(*outcome.notes, *notes))
     told = "\n\n".join(f"({note})" for note in notes)
     return replace(outcome, text=f"{outcome.text}\n\n{told}", notes=(*outcome.notes, *notes))

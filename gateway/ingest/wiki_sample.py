@@ -39,10 +39,11 @@ def load_wiki_sample(path: Path | None = None) -> list[RawDocument]:
 # Ingested first, then the rest by id. The README's example question, in its first query and
 # its OpenAI client example, is "Who designed the Eiffel Tower?": a new user asks it within
 # seconds of the port opening, while the sample ingests in the background. In id order its
-# pages are the 2,689th and 3,782nd, so for minutes it was answered confidently from the wrong
-# pages; first, they are in the first batch written. A general "most-linked first" order does
-# not do this: counting each title's mentions in the other extracts takes 3.5 s and ranks
-# "Eiffel Tower" 4,739th (mentioned once) behind common nouns ("City", "Species", "Area").
+# pages are the 2,689th and 3,782nd, minutes into the ingest, and until then it is answered
+# from the wrong pages; first, they are in the first batch written. A general "most-linked
+# first" order does not do this: counting each title's mentions in the other extracts takes
+# 3.5 s and ranks "Eiffel Tower" 4,739th (mentioned once) behind common nouns ("City",
+# "Species", "Area").
 README_PAGES = ("Eiffel Tower", "Gustave Eiffel")
 
 

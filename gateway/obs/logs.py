@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from contextvars import ContextVar
 from datetime import UTC, datetime
@@ -26,6 +27,9 @@ PROBES = frozenset({"GET /healthz", "GET /readyz", "GET /metrics"})
 _REQUEST_TAIL = ("route", "cache", "tenant")
 # Any other line on a terminal: its fields while it fits this width (the JSON has them all).
 TEXT_WIDTH = 120
+# Control characters in a text line: a client's or an upstream's text (an error message, a
+# field) must not move the cursor or retitle the operator's terminal, so they are shown escaped.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 class JsonFormatter(logging.Formatter):
@@ -63,6 +67,7 @@ class TextFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         line = _request_line(record) if _is_request(record) else self._other_line(record)
+        line = _CONTROL.sub(lambda m: repr(m.group())[1:-1], line)
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
         return self._prefix + line

@@ -137,12 +137,18 @@ def test_a_config_refused_while_starting_the_backends_exits_2_naming_it(tmp_path
     assert "Traceback" not in done.stderr
 
 
-def test_ingest_names_an_invisible_only_file_and_ingests_nothing_of_it(tmp_path: Path) -> None:
+def warranty_docs(tmp_path: Path) -> tuple[Path, Path]:
+    """A configuration with its data_dir in `tmp_path`, and a folder of one document."""
     config = tmp_path / "config.yaml"
     config.write_text(f"data_dir: {tmp_path / 'data'}\n")
     docs = tmp_path / "docs"
     docs.mkdir()
     (docs / "warranty.md").write_text("# Warranty\n\nAcme's warranty lasts two years.\n")
+    return config, docs
+
+
+def test_ingest_names_an_invisible_only_file_and_ingests_nothing_of_it(tmp_path: Path) -> None:
+    config, docs = warranty_docs(tmp_path)
     (docs / "ghost.txt").write_text("\u200b\u200e\n\u2060\n", encoding="utf-8")
     done = run_cli(config, "ingest", "--tenant", "t", str(docs))
     assert done.returncode == 0, done.stderr[-2000:]
@@ -172,11 +178,7 @@ def _report(done: subprocess.CompletedProcess[str]) -> dict[str, int]:
 
 
 def test_ingest_names_a_missing_path_ingests_the_rest_and_exits_1(tmp_path: Path) -> None:
-    config = tmp_path / "config.yaml"
-    config.write_text(f"data_dir: {tmp_path / 'data'}\n")
-    docs = tmp_path / "docs"
-    docs.mkdir()
-    (docs / "warranty.md").write_text("# Warranty\n\nAcme's warranty lasts two years.\n")
+    config, docs = warranty_docs(tmp_path)
     done = run_cli(config, "ingest", "--tenant", "t", str(docs), str(tmp_path / "notes.md"))
     assert done.returncode == 1, done.stderr[-2000:]
     assert f"skipped, no such file or directory: {tmp_path / 'notes.md'}" in done.stderr
@@ -188,6 +190,16 @@ def test_ingest_names_a_missing_path_ingests_the_rest_and_exits_1(tmp_path: Path
     again = run_cli(config, "ingest", "--tenant", "t", str(docs))
     assert again.returncode == 0, again.stderr[-2000:]
     assert _report(again)["unchanged"] == 1  # it was stored
+
+
+def test_ingest_of_only_missing_paths_exits_2_and_makes_no_index(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(f"data_dir: {tmp_path / 'data'}\n")
+    done = run_cli(config, "ingest", "--tenant", "t", str(tmp_path / "notes.md"))
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"skipped, no such file or directory: {tmp_path / 'notes.md'}" in done.stderr
+    assert "nothing to ingest" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "data" / "index.sqlite3").exists()
 
 
 def test_a_relative_data_dir_is_the_config_files_whatever_the_current_directory(

@@ -163,3 +163,36 @@ async def test_a_follow_up_without_a_model_is_searched_as_written_and_says_so(
     assert NOT_REWRITTEN in body["route_reason"]
     thanks = await query(client, "thanks!", history=history)  # small talk needs no rewrite
     assert thanks["answer"] == NO_MODEL_TEXT
+
+
+async def test_a_capped_follow_up_keeps_its_note_out_of_the_text(
+    client: Client, served_embedder: Embedder
+) -> None:
+    messages = [
+        {"role": "user", "content": "Tell me about the Eiffel Tower"},
+        {"role": "assistant", "content": "The Eiffel Tower is a lattice tower in Paris. [1]"},
+        {"role": "user", "content": "Who designed it?"},
+    ]
+    body = {"model": "auto", "messages": messages, "max_tokens": 16}
+    async with client.post("/v1/chat/completions", json=body, headers={**auth(), **FRESH}) as r:
+        assert r.status == 200, await r.text()
+        answer = await r.json()
+    window = token_window(served_embedder)
+    assert window is not None
+    text = answer["choices"][0]["message"]["content"]
+    assert window.count(text) <= 16 and NOT_REWRITTEN not in text  # the cap holds
+    assert NOT_REWRITTEN in answer["querygate"]["route_reason"]  # and the note is still said
+
+
+async def test_max_tokens_cuts_the_small_talk_reply_too(
+    client: Client, served_embedder: Embedder
+) -> None:
+    window = token_window(served_embedder)
+    assert window is not None and window.count(NO_MODEL_TEXT) > 8
+    cut = await chat(client, "Hello, thanks a lot!", max_tokens=8)
+    text = cut["choices"][0]["message"]["content"]
+    assert 0 < window.count(text) <= 8 and NO_MODEL_TEXT.startswith(text)
+    assert cut["choices"][0]["finish_reason"] == "length"
+    roomy = await chat(client, "Hello, thanks a lot!", max_tokens=1_000)
+    assert roomy["choices"][0]["message"]["content"] == NO_MODEL_TEXT
+    assert roomy["choices"][0]["finish_reason"] == "stop"

@@ -17,6 +17,7 @@ from backends.embeddings.base import Embedder, token_window
 from backends.errors import BackendUnavailable
 from backends.rerank.base import RerankerKind, RerankRequest
 from backends.retrieval.base import Hit
+from gateway.ingest.chunker import chunk_document
 from routers.extractive import (
     MAX_CHARS,
     MAX_SENTENCES,
@@ -213,3 +214,19 @@ async def test_a_sentence_under_its_section_naming_the_code_asked_about_is_quote
     answer = await extractor.answer("t", query, vector, found, None)
     assert [c.chunk_id for c in answer.citations] == ["errors.md#1"]
     assert "Renew the certificate on the upstream host" in answer.text
+
+
+async def test_a_sentence_longer_than_the_answer_is_cut_at_a_word(
+    served_embedder: Embedder,
+) -> None:
+    # One 50k-character sentence, as the chunker cuts it: each chunk is one unended sentence.
+    text = "Dynamite was invented by Alfred Nobel " + "and then tested " * 3000 + "in 1867."
+    chunk = chunk_document("d", "Dynamite", text)[0]
+    assert len(chunk.text) > MAX_CHARS and len(split_sentences(chunk.text)) == 1
+    found = [Hit("d", chunk.chunk_id, "Dynamite", "", chunk.text, 1.0)]
+    answer = await ask(served_embedder, "Who invented dynamite?", found)
+    quoted = answer.text.removesuffix(" [1]")
+    assert len(quoted) <= MAX_CHARS and quoted.endswith("…")
+    assert chunk.text.startswith(quoted.removesuffix("…")) and quoted[-2] != " "
+    assert chunk.text[len(quoted) - 1].isspace()  # cut between words
+    assert answer.citations[0].snippet.removesuffix("…") in chunk.text

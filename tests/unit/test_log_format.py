@@ -83,3 +83,16 @@ def test_other_lines_on_a_terminal_stay_within_the_width() -> None:
     (line,) = pipe.getvalue().splitlines()
     assert "ingest started field0=" in line and line.endswith(" …")
     assert len(line) <= TEXT_WIDTH + 2
+
+
+def test_control_characters_in_a_text_line_are_shown_escaped() -> None:
+    pipe = io.StringIO()
+    configure_logging("INFO", "text", pipe)
+    retitle = "\x1b]0;owned\x07\x1b[2J"  # an OSC title, then clear the screen
+    failed = RequestRecord("POST /v1/query", tenant="acme")
+    account(Metrics(), "r1", failed, 503, "unavailable", f"upstream said {retitle}")
+    logging.getLogger("t").warning("rerank failed", extra={"error": f"body {retitle}\nforged"})
+    request, other = pipe.getvalue().splitlines()
+    assert "\x1b" not in pipe.getvalue() and "\x07" not in pipe.getvalue()
+    assert request.endswith(r"(upstream said \x1b]0;owned\x07\x1b[2J)")
+    assert other.endswith(r"error=body \x1b]0;owned\x07\x1b[2J\nforged")  # one line, not two

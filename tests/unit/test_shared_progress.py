@@ -27,6 +27,16 @@ def test_a_tenants_file_is_read_for_that_tenant_only(tmp_path: Path) -> None:
     assert shared.any_partial
 
 
+@pytest.mark.parametrize("tenant", ["../../outside", "/etc/passwd", "a\x00b", "CON", "é" * 300])
+def test_any_tenant_id_names_one_file_inside_the_folder(tmp_path: Path, tenant: str) -> None:
+    progress = IngestProgress(tenant, "documents", state="running", done=1, total=2)
+    writer = ProgressFile(tmp_path, progress)
+    writer.update()
+    assert writer.path.parent == tmp_path / "ingests"
+    assert [p.name for p in (tmp_path / "ingests").iterdir()] == [writer.path.name]
+    assert SharedIngests(tmp_path).partial_index(tenant) == PartialIndex(1, 2)
+
+
 def test_the_reader_looks_at_most_once_a_second_per_tenant(tmp_path: Path) -> None:
     progress = IngestProgress("acme", "documents", state="running", done=3, total=10)
     writer = ProgressFile(tmp_path, progress)
