@@ -32,7 +32,7 @@ from backends.retrieval.base import (
     SearchRequest,
 )
 from routers.generation import citation_from_hit
-from routers.grading import best_possible_score, content_words
+from routers.grading import content_words
 from routers.prompts import (
     CHUNK_CHARS,
     format_source,
@@ -269,10 +269,7 @@ class AgentTools:
             candidates=self._limits.candidates,
         )
         fused = await self._retriever.search(request)
-        best = best_possible_score(request.lexical_weight, request.dense_weight)
-        call = RerankCall(
-            self._tenant, query, fused, k, best, "agent", rerank.recorder, rerank.deadline
-        )
+        call = RerankCall(self._tenant, query, fused, k, "agent", rerank.recorder, rerank.deadline)
         return await rerank.stage.rerank(call)
 
     def _relevant(self, query: str, hit: Hit) -> bool:

@@ -97,10 +97,7 @@ async def gather_evidence(
             dense_weight=decision.dense_weight,
         )
     )
-    best = best_possible_score(decision.lexical_weight, decision.dense_weight)
-    call = RerankCall(
-        ctx.tenant, ctx.query, fused, params.k, best, "lookup", ctx.reranks, ctx.deadline
-    )
+    call = RerankCall(ctx.tenant, ctx.query, fused, params.k, "lookup", ctx.reranks, ctx.deadline)
     hits = await rerank.rerank(call)
     # A route the client forced is answered as asked: escalation would override its choice.
     escalates = params.grading is not None and decision.reason != "forced"
@@ -109,6 +106,7 @@ async def gather_evidence(
             return _escalation((), EvidenceGrade(False, 0.0, 0.0, "no_hits"))
         return Answer(NO_EVIDENCE_TEXT, Route.LOOKUP, complete=False, notes=("no passage matched",))
     if escalates and params.grading is not None:
+        best = best_possible_score(decision.lexical_weight, decision.dense_weight)
         evidence = assess(ctx.query, hits, decision.classification, best, params.grading)
         if not evidence.sufficient:
             return _escalation(tuple(citation_from_hit(h) for h in hits), evidence)

@@ -7,12 +7,17 @@ between the search and what reads its hits (the sufficiency grade, the agent's r
 so both follow one policy (`retrieval.rerank`):
 
 - off, or fewer than two hits: nothing to reorder;
-- `when: uncertain` (the default): skipped where the top fused hit stands out, ranked first by
-  both arms (`skip_when_arms_agree`) or ahead of the second by more than `max_margin` (the gap
-  between their fused scores as a share of the best possible score, both arms ranking a passage
-  first: the scale `routers.grading` reads agreement on); `when: always`: every time;
+- `when: uncertain` (the default): skipped where the top fused hit stands out, ahead of the next
+  document's best hit by more than `max_margin` of its own fused score, (s1 - s2) / s1, or
+  ranked first by both arms when `skip_when_arms_agree`; and skipped for keyword and identifier
+  queries (`skip_keyword_queries`, `routers.policy.lexical_reason`), where BM25 already ranks
+  well and the cross-encoder ranks worse; `when: always`: every time;
 - otherwise the top `candidates` fused hits, each cut at `passage_chars`, are scored and
-  reordered (ties keep the fused order), the rest follow in fused order, and `k` are kept.
+  reordered by minmax(reranker) + `blend` x minmax(fused) over them (ties keep the fused
+  order), the rest follow in fused order, and `k` are kept.
+
+The defaults are the policy chosen on the tuning split by bench/rerank_eval.py for the local
+reranker (docs/reranking.md, "The default policy, measured").
 
 A reranker that fails or outlives `timeout_s` (or the request's deadline) leaves the fused order
 as it was: the decision says "failed" and the request's notes say so. Every decision is handed
@@ -35,11 +40,14 @@ from backends.rerank.base import Reranker, RerankRequest
 from backends.rerank.config import OpenSearchRerankConfig, RemoteRerankConfig
 from backends.retrieval.base import Hit
 from backends.sections import SECTION
+from routers.policy import lexical_reason
 
 log = logging.getLogger(__name__)
 
 # What the stage decided for one search (a metric label and a `debug` field).
-RerankDecision = Literal["reranked", "skipped_off", "skipped_few", "skipped_confident", "failed"]
+RerankDecision = Literal[
+    "reranked", "skipped_off", "skipped_few", "skipped_confident", "skipped_keywords", "failed"
+]
 # Which search it was: the lookup's, or one of the agent's `search` tool.
 RerankSite = Literal["lookup", "agent"]
 
@@ -49,20 +57,26 @@ class RerankConfig(BaseModel):
 
     model_config = SECTION
 
-    reranker: Literal["off", "remote", "opensearch"] = "off"
+    reranker: Literal["off", "local", "remote", "opensearch"] = "off"
     remote: RemoteRerankConfig | None = None
     opensearch: OpenSearchRerankConfig | None = None
     # "uncertain": only where the fused ranking is (below); "always": every search.
     when: Literal["uncertain", "always"] = "uncertain"
-    # Reranked only when the top two fused scores are at most this far apart, as a share of the
-    # best possible fused score. Conservative until measured (docs/reranking.md): most margins
-    # under minmax_peak fall well above it, so few queries pay.
-    max_margin: float = Field(default=0.1, ge=0, le=1)
-    # Skipped when both arms rank the same passage first: the fusion is as sure as it gets.
-    skip_when_arms_agree: bool = True
+    # Reranked only when the best two documents' fused scores are at most this far apart, as a
+    # share of the best one's: (s1 - s2) / s1.
+    max_margin: float = Field(default=0.2, ge=0, le=1)
+    # Skipped when both arms rank the same passage first.
+    skip_when_arms_agree: bool = False
+    # Keyword and identifier queries keep the fused order: on the lexical benchmark the local
+    # cross-encoder alone ranks far below fusion, and reranking them loses R@1.
+    skip_keyword_queries: bool = True
+    # The final order: minmax(reranker scores) + blend x minmax(fused scores), over the
+    # candidates; 0 orders by the reranker alone.
+    blend: float = Field(default=1.0, ge=0, le=10)
     # How many of the top fused hits are scored (the lookup fetches this many, keeps `k`).
-    candidates: int = Field(default=20, ge=2, le=100)
-    # Each passage (title and text) is cut at this many characters (~4 a token: 1024 ~ 256).
+    candidates: int = Field(default=10, ge=2, le=100)
+    # Each passage is cut at this many characters (~4 a token: 1024 ~ 256) before the reranker
+    # reads it; the local one also cuts at the word pieces it was trained on.
     passage_chars: int = Field(default=1024, ge=64, le=8192)
     # The reranker's whole call, retries included; past it the fused order stands.
     timeout_s: float = Field(default=1.0, gt=0, le=30)
@@ -117,22 +131,39 @@ class RerankCall:
     query: str
     hits: Sequence[Hit]
     k: int  # hits to keep
-    best_possible: float  # the fused score of a passage both arms rank first
     site: RerankSite
     recorder: RerankRecorder | None = None
     deadline: float | None = None  # the request's, a `time.monotonic()` instant
 
 
-def fused_margin(hits: Sequence[Hit], best_possible: float) -> float | None:
-    if len(hits) < 2 or best_possible <= 0:
+def fused_margin(hits: Sequence[Hit]) -> float | None:
+    """(s1 - s2) / s1 over the best fused hit of the two best documents; None: fewer than two
+    documents, or no positive score."""
+    best: dict[str, float] = {}
+    for h in hits:
+        best.setdefault(h.doc_id, h.score)
+    top = sorted(best.values(), reverse=True)[:2]
+    if len(top) < 2 or top[0] <= 0:
         return None
-    return max(0.0, (hits[0].score - hits[1].score) / best_possible)
+    return max(0.0, (top[0] - top[1]) / top[0])
 
 
-def rerank_passage(hit: Hit, chars: int) -> str:
-    """What the reranker reads of a hit: its title, then its text, cut at `chars`."""
-    text = f"{hit.title}: {hit.text}" if hit.title else hit.text
+def rerank_passage(hit: Hit, chars: int, titled: bool = True) -> str:
+    """What the reranker reads of a hit: its title (when `titled`), then its text, cut at
+    `chars`. The local reranker reads the text alone, as it was trained."""
+    text = f"{hit.title}: {hit.text}" if hit.title and titled else hit.text
     return text[:chars]
+
+
+def blended(scores: Sequence[float], fused: Sequence[float], blend: float) -> list[float]:
+    """minmax(scores) + blend x minmax(fused): the reranker's order, the fusion's as a weight."""
+    return [r + blend * f for r, f in zip(_minmax(scores), _minmax(fused), strict=True)]
+
+
+def _minmax(values: Sequence[float]) -> list[float]:
+    low, high = min(values), max(values)
+    span = high - low
+    return [(v - low) / span if span > 0 else 1.0 for v in values]
 
 
 class RerankStage:
@@ -149,7 +180,9 @@ class RerankStage:
         """How many hits a search should return for `k` to be kept after this stage."""
         return max(k, self._config.candidates) if self._reranker is not None else k
 
-    def decide(self, hits: Sequence[Hit], margin: float | None) -> RerankDecision | None:
+    def decide(
+        self, hits: Sequence[Hit], margin: float | None, query: str = ""
+    ) -> RerankDecision | None:
         """The decision for these fused hits; None: rerank them."""
         c = self._config
         if self._reranker is None:
@@ -163,12 +196,14 @@ class RerankStage:
             return "skipped_confident"
         if margin is not None and margin > c.max_margin:
             return "skipped_confident"
+        if c.skip_keyword_queries and lexical_reason(query):
+            return "skipped_keywords"
         return None
 
     async def rerank(self, call: RerankCall) -> list[Hit]:
         """The hits to keep, reranked when the policy says so; the decision is recorded."""
-        margin = fused_margin(call.hits, call.best_possible)
-        decision = self.decide(call.hits, margin)
+        margin = fused_margin(call.hits)
+        decision = self.decide(call.hits, margin, call.query)
         reranker = self._reranker
         if decision is not None or reranker is None:
             self._record(call, self._trace(call, decision or "skipped_off", margin))
@@ -183,7 +218,8 @@ class RerankStage:
             trace = self._trace(call, "failed", margin, len(head), started, detail=detail)
             self._record(call, trace)
             return list(call.hits[: call.k])
-        order = sorted(range(len(head)), key=lambda i: (-scores[i], i))
+        final = blended(scores, [h.score for h in head], self._config.blend)
+        order = sorted(range(len(head)), key=lambda i: (-final[i], i))
         kept = ([head[i] for i in order] + list(call.hits[len(head) :]))[: call.k]
         rest = range(len(head) + 1, len(call.hits) + 1)
         ranks = (*(i + 1 for i in order), *rest)[: call.k]
@@ -196,7 +232,8 @@ class RerankStage:
         deadline = time.monotonic() + self._config.timeout_s
         if call.deadline is not None:
             deadline = min(deadline, call.deadline)
-        passages = [rerank_passage(h, self._config.passage_chars) for h in head]
+        titled = reranker.kind != "local"
+        passages = [rerank_passage(h, self._config.passage_chars, titled) for h in head]
         spend = call.recorder.spend if call.recorder is not None else None
         request = RerankRequest(call.tenant, call.query, passages, deadline, on_cost=spend)
         # The reranker ends by the deadline itself; this bounds one that does not.

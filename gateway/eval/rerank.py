@@ -62,16 +62,14 @@ class RerankRows:
         """How deep the fused search goes: the reranker's candidates, or the scored depth."""
         return self._always.fetch_k(self._depth)
 
-    async def add(
-        self, tenant: str, example: RetrievalExample, hits: Sequence[Hit], best: float
-    ) -> None:
-        """Score one question's fused `hits` reranked; `best`: its best possible fused score."""
-        call = RerankCall(tenant, example.question, hits, self._depth, best, "lookup", self._calls)
+    async def add(self, tenant: str, example: RetrievalExample, hits: Sequence[Hit]) -> None:
+        """Score one question's fused `hits` reranked."""
+        call = RerankCall(tenant, example.question, hits, self._depth, "lookup", self._calls)
         reranked = await self._always.rerank(call)
         trace = self._calls.last
         if trace is not None and trace.decision == "failed":
             raise BackendUnavailable("rerank", f"line {example.line}: {trace.detail}")
-        decision = self._policy.decide(hits, fused_margin(hits, best)) or "reranked"
+        decision = self._policy.decide(hits, fused_margin(hits), example.question) or "reranked"
         self._decisions[decision] += 1
         chosen = reranked if decision == "reranked" else list(hits[: self._depth])
         for row, ranked in zip(ROWS, (reranked, chosen), strict=True):

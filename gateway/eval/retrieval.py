@@ -41,7 +41,6 @@ async def evaluate_retrieval(
     from gateway.core.routing import configured_routes, policy_for, registry_config
     from gateway.core.runtime import build_classifier
     from gateway.server.services import build_reranker, build_retriever
-    from routers.grading import best_possible_score
     from routers.policy import decide
 
     examples = read_retrieval_examples(path, settings.server.max_query_chars)
@@ -81,8 +80,7 @@ async def evaluate_retrieval(
                     )
                 )
                 if rows is not None and arm == "hybrid":
-                    best = best_possible_score(decision.lexical_weight, decision.dense_weight)
-                    await rows.add(tenant, example, hits, best)
+                    await rows.add(tenant, example, hits)
                     hits = hits[:depth]
                 ranks = document_ranks([h.doc_id for h in hits])
                 recall[arm].append(recall_at(ranks, example.relevant, k))

@@ -17,6 +17,7 @@ from backends.llm.tiers import LiteLLMTiers
 from backends.quotas.redis import RedisQuotaStore
 from backends.redis_client import RedisConnection, RedisModeMismatch, RedisOptions
 from backends.rerank.base import Reranker
+from backends.rerank.local import LocalCrossEncoder
 from backends.rerank.opensearch import OpenSearchReranker
 from backends.rerank.remote import RemoteReranker
 from backends.retrieval.base import Retriever
@@ -38,6 +39,8 @@ def build_reranker(settings: Settings) -> Reranker | None:
     """The reranker `retrieval.rerank.reranker` names (None: off); validation made sure its
     section is there."""
     config = settings.retrieval.rerank
+    if config.reranker == "local":
+        return LocalCrossEncoder()
     if config.reranker == "remote" and config.remote is not None:
         return RemoteReranker(config.remote)
     if config.reranker == "opensearch" and config.opensearch is not None:

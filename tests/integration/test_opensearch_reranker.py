@@ -162,7 +162,7 @@ async def test_on_the_real_node_without_ml_commons_the_fused_order_stands(
     traces = Traces()
     try:
         kept = await RerankStage(config, reranker).rerank(
-            RerankCall("acme", "capital", hits, 2, 2 / 61, "lookup", traces)
+            RerankCall("acme", "capital", hits, 2, "lookup", traces)
         )
     finally:
         await reranker.aclose()

@@ -57,7 +57,7 @@ async def test_a_reranked_lookup_shows_in_debug_timings_and_metrics(
 ) -> None:
     fake = FakeReranker(score=lambda q, p: 1.0 if "warranty" in p else 0.0)
     client = await app_client(
-        reranker=fake, cache=NO_CACHE, retrieval=rerank(when="always", candidates=5)
+        reranker=fake, cache=NO_CACHE, retrieval=rerank(when="always", candidates=5, blend=0)
     )
     answer = await ask(client, "Which error codes does the router have?")
     (trace,) = answer["debug"]["rerank"]

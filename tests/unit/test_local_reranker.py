@@ -16,6 +16,8 @@ from backends.rerank.base import RerankRequest
 from backends.rerank.graph import DELTA_PATH, load_delta, main
 from backends.rerank.local import LocalCrossEncoder
 from gateway.ingest.wiki_sample import load_wiki_sample
+from gateway.server.services import build_reranker
+from gateway.settings import Settings
 
 # The graph runs the fp32 encoder the training forward ran with the shipped fp16 weights cast
 # back to fp32; the differences are float32 summation order.
@@ -138,3 +140,16 @@ def test_no_batch_starts_past_the_deadline(
     with pytest.raises(BackendUnavailable):
         small.scores_sync("q", list(leads.values()), deadline=5.0)
     assert runs == [1]
+
+
+async def test_the_config_names_the_local_reranker() -> None:
+    reranker = build_reranker(Settings(retrieval={"rerank": {"reranker": "local"}}))
+    assert isinstance(reranker, LocalCrossEncoder)
+    try:
+        assert reranker.kind == "local"
+        scores = await reranker.scores(
+            RerankRequest("acme", "When was the Eiffel Tower built?", ["a", "b"])
+        )
+        assert len(scores) == 2
+    finally:
+        await reranker.aclose()
