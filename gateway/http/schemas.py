@@ -18,6 +18,9 @@ from pydantic import (
 from gateway.text import clean_text, is_blank
 
 RequestedRoute = Literal["auto", "direct", "lookup", "multihop"]
+# Texts one /v1/embeddings request may carry (OpenAI's limit is 2048; the body limit, 64 KiB by
+# default, binds first for texts of any length).
+MAX_EMBEDDING_INPUTS = 256
 
 
 def _clean(value: object) -> object:
@@ -168,32 +171,25 @@ class ResponseFormat(BaseModel):
         return self
 
 
-class ChatBody(BaseModel):
-    """OpenAI's chat completion request. The parameters declared here are honoured (see
-    gateway/http/chat_params.py for where); any other one is refused there with 400 naming it,
-    unless it is at the value that asks for nothing (`n: 1`, `logprobs: false`, ...)."""
+class GenerationBody(BaseModel):
+    """What OpenAI's chat and completion requests share. The parameters declared here are
+    honoured (see gateway/http/chat_params.py for where); any other one is refused there with
+    400 naming it, unless it is at the value that asks for nothing (`n: 1`, ...)."""
 
     model_config = ConfigDict(strict=True, extra="allow", frozen=True)
 
     model: str
-    messages: list[ChatMessage] = Field(min_length=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, ge=0, le=1)
     max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
     stop: str | list[str] | None = None
     seed: int | None = None
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
-    response_format: ResponseFormat | None = None
-    tools: list[ToolSpec] | None = Field(default=None, max_length=128)
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool | None = None
     # Who the end user is, for the log line (never a metric label).
     user: CleanStr | None = Field(default=None, max_length=256)
-    safety_identifier: CleanStr | None = Field(default=None, max_length=256)
 
     @field_validator("stop")
     @classmethod
@@ -201,3 +197,50 @@ class ChatBody(BaseModel):
         if isinstance(value, list) and not 1 <= len(value) <= 4:
             raise ValueError("at most 4 stop sequences, and at least one in a list")
         return value
+
+    def end_user(self) -> str | None:
+        return self.user
+
+
+class ChatBody(GenerationBody):
+    """OpenAI's chat completion request."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    response_format: ResponseFormat | None = None
+    tools: list[ToolSpec] | None = Field(default=None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    safety_identifier: CleanStr | None = Field(default=None, max_length=256)
+
+    def end_user(self) -> str | None:
+        return self.user or self.safety_identifier
+
+
+class CompletionBody(GenerationBody):
+    """OpenAI's (legacy) text completion request: the prompt is asked as one user message. A
+    list holds exactly one prompt (one choice is written per request); token arrays are not
+    text and are refused by the strict type check."""
+
+    prompt: NonBlankStr | Annotated[list[NonBlankStr], Field(min_length=1, max_length=1)]
+
+    def text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+
+class EmbeddingBody(BaseModel):
+    """OpenAI's embeddings request, served by the gateway's own embedder."""
+
+    model_config = ConfigDict(strict=True, extra="allow", frozen=True)
+
+    model: str
+    input: (
+        NonBlankStr
+        | Annotated[list[NonBlankStr], Field(min_length=1, max_length=MAX_EMBEDDING_INPUTS)]
+    )
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(default=None, ge=1)
+    user: CleanStr | None = Field(default=None, max_length=256)
+
+    def texts(self) -> list[str]:
+        return [self.input] if isinstance(self.input, str) else list(self.input)

@@ -15,7 +15,9 @@ from gateway.core.runtime import Runtime, build_runtime
 from gateway.core.services import Services
 from gateway.http.appkeys import INGEST, METRICS, READINESS, RUNTIME, SERVICES, RuntimeHolder
 from gateway.http.handlers.chat import handle_chat_completions
+from gateway.http.handlers.completions import handle_completions
 from gateway.http.handlers.documents import handle_delete_document, handle_put_document
+from gateway.http.handlers.embeddings import handle_embeddings
 from gateway.http.handlers.health import handle_healthz, handle_metrics, handle_readyz
 from gateway.http.handlers.models import handle_model, handle_models
 from gateway.http.handlers.query import handle_query, handle_route
@@ -115,6 +117,8 @@ def create_app(
     app.cleanup_ctx.append(live_config(config_path, prepare))
     app.router.add_post("/v1/query", handle_query)
     app.router.add_post("/v1/chat/completions", handle_chat_completions)
+    app.router.add_post("/v1/completions", handle_completions)
+    app.router.add_post("/v1/embeddings", handle_embeddings)
     app.router.add_get("/v1/models", handle_models)
     app.router.add_get("/v1/models/{model}", handle_model)
     app.router.add_post("/v1/route", handle_route)
