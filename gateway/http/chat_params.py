@@ -83,7 +83,7 @@ def refuse_unsupported(body: GenerationBody, refused: Refused) -> None:
             problems.append(f"{clip(name)}: not a parameter this endpoint supports")
             continue
         accepted, why = refused[name]
-        if not any(value == ok and type(value) is type(ok) for ok in accepted):
+        if not any(_json_equal(value, ok) for ok in accepted):
             problems.append(f"{name}: {why}")
     extra = body.stream_options.model_extra if body.stream_options is not None else None
     problems += [f"stream_options.{clip(name)}: not supported" for name in sorted(extra or {})]
@@ -91,12 +91,21 @@ def refuse_unsupported(body: GenerationBody, refused: Refused) -> None:
         # OpenAI refuses it too; taken silently, include_usage would ask for nothing
         problems.append("stream_options: only with stream: true")
     if isinstance(body, ChatBody):
-        if body.tools is None and body.tool_choice is not None:
+        if not body.tools and body.tool_choice is not None:
             problems.append("tool_choice: needs tools")
-        if body.tools is None and body.parallel_tool_calls is not None:
+        if not body.tools and body.parallel_tool_calls is not None:
             problems.append("parallel_tool_calls: needs tools")
     if problems:
         raise BadRequest(listed(problems))
+
+
+def _json_equal(value: object, ok: object) -> bool:
+    """Equal as JSON values: 1 and 1.0 are one number, but true is not 1."""
+    if isinstance(value, bool) or isinstance(ok, bool):
+        return type(value) is type(ok) and value == ok
+    if isinstance(value, int | float) and isinstance(ok, int | float):
+        return value == ok
+    return type(value) is type(ok) and value == ok
 
 
 def generation_options(body: GenerationBody) -> GenerationOptions:

@@ -51,12 +51,39 @@ def _finite(value: dict[str, Any]) -> dict[str, Any]:
     return value
 
 
+def _integral(value: object) -> object:
+    """JSON has one number type: `5.0` is the integer 5 (JSON Schema's `integer` says so too),
+    so an integral float is taken as that integer; `5.5`, a string or a bool is left for the
+    strict type check to refuse."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+# An integer as JSON writes it: `5` or `5.0`.
+JsonInt = Annotated[int, BeforeValidator(_integral)]
+
 # A client's JSON object that goes to the model as it is (a tool's parameters, a schema).
 FiniteObject = Annotated[dict[str, Any], AfterValidator(_finite)]
+
+
+def sent_at_most(limit: int) -> BeforeValidator:
+    """At most `limit` characters as sent, before cleaning (a before-validator listed after
+    `_clean` runs first): JSON Schema's `maxLength` counts those, so the document can state it."""
+
+    def check(value: object) -> object:
+        if isinstance(value, str) and len(value) > limit:
+            raise ValueError(f"at most {limit} characters")
+        return value
+
+    return BeforeValidator(check)
+
 
 # Every text a client sends is one of these: normalised once, here (see gateway/text.py).
 CleanStr = Annotated[str, BeforeValidator(_clean)]
 NonBlankStr = Annotated[str, BeforeValidator(_clean), AfterValidator(_not_blank)]
+# Who the end user is, for the log line (never a metric label).
+EndUser = Annotated[str, BeforeValidator(_clean), sent_at_most(256)]
 
 
 class HistoryMessage(BaseModel):
@@ -183,13 +210,12 @@ class GenerationBody(BaseModel):
     stream_options: StreamOptions | None = None
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, ge=0, le=1)
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: JsonInt | None = Field(default=None, ge=1)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: JsonInt | None = None
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
-    # Who the end user is, for the log line (never a metric label).
-    user: CleanStr | None = Field(default=None, max_length=256)
+    user: EndUser | None = None
 
     @field_validator("stop")
     @classmethod
@@ -206,12 +232,12 @@ class ChatBody(GenerationBody):
     """OpenAI's chat completion request."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: JsonInt | None = Field(default=None, ge=1)
     response_format: ResponseFormat | None = None
     tools: list[ToolSpec] | None = Field(default=None, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
-    safety_identifier: CleanStr | None = Field(default=None, max_length=256)
+    safety_identifier: EndUser | None = None
 
     def end_user(self) -> str | None:
         return self.user or self.safety_identifier
@@ -239,8 +265,8 @@ class EmbeddingBody(BaseModel):
         | Annotated[list[NonBlankStr], Field(min_length=1, max_length=MAX_EMBEDDING_INPUTS)]
     )
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = Field(default=None, ge=1)
-    user: CleanStr | None = Field(default=None, max_length=256)
+    dimensions: JsonInt | None = Field(default=None, ge=1)
+    user: EndUser | None = None
 
     def texts(self) -> list[str]:
         return [self.input] if isinstance(self.input, str) else list(self.input)

@@ -122,8 +122,10 @@ def create_app(
     app.router.add_get("/v1/models", handle_models)
     app.router.add_get("/v1/models/{model}", handle_model)
     app.router.add_post("/v1/route", handle_route)
-    app.router.add_put("/v1/documents/{doc_id:.+}", handle_put_document)
-    app.router.add_delete("/v1/documents/{doc_id:.+}", handle_delete_document)
+    # Any character, a line break too: an id is refused by its rules (422 naming them), not by
+    # a route that does not match it (404)
+    app.router.add_put(r"/v1/documents/{doc_id:[\s\S]+}", handle_put_document)
+    app.router.add_delete(r"/v1/documents/{doc_id:[\s\S]+}", handle_delete_document)
     app.router.add_get("/healthz", handle_healthz)
     app.router.add_get("/readyz", handle_readyz)
     app.router.add_get("/metrics", handle_metrics)

@@ -343,3 +343,29 @@ async def test_a_method_a_path_does_not_take_is_405_with_allow(
         body = await resp.json()
     assert body["error"]["type"] == "method_not_allowed"
     assert body["error"]["message"] == f"{method} is not allowed on {path}; allowed: {allow}"
+
+
+async def test_a_document_id_with_a_line_break_is_refused_by_its_rules_not_by_the_route(
+    extractive: Client,
+) -> None:
+    async with extractive.put("/v1/documents/a%0Ab", headers=auth(), json={"text": "t"}) as resp:
+        assert resp.status == 422
+        body = await resp.json()
+    assert body["error"]["message"] == "doc_id: no control, format or unassigned characters"
+
+
+async def test_integers_are_taken_as_json_writes_them(generating: Client) -> None:
+    """JSON has one number type: `5.0` is 5 (JSON Schema's `integer` says so); a bool is not."""
+    body = chat_body("direct", "Hello", max_tokens=5.0, seed=3.0, n=1.0)
+    status, answer = await post(generating, "/v1/chat/completions", body)
+    assert status == 200, answer
+    status, answer = await post(generating, "/v1/chat/completions", {**body, "n": True})
+    assert status == 400 and answer["error"]["message"].startswith("n: "), answer
+    status, answer = await post(generating, "/v1/chat/completions", {**body, "max_tokens": 5.5})
+    assert status == 422 and answer["error"]["message"].startswith("max_tokens"), answer
+
+
+async def test_tool_choice_without_a_tool_is_refused_naming_it(generating: Client) -> None:
+    body = chat_body("direct", "Hello", tools=[], tool_choice="required")
+    status, answer = await post(generating, "/v1/chat/completions", body)
+    assert (status, answer["error"]["message"]) == (400, "tool_choice: needs tools")
