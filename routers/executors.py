@@ -93,8 +93,8 @@ class WithoutModel:
     async def __call__(self, ctx: RouteContext) -> Answer | Generation | Escalation:
         if wanted := unsampled_params(ctx):
             raise OptionNotHonoured(
-                f"{wanted}: no model is configured for the {self._route.value} route, whose "
-                "answer is quoted from the documents, so it cannot honour it"
+                f"{wanted}: no model is configured for the {self._route.value} route, so its "
+                "answer is not generated and cannot honour it"
             )
         return await self._inner(ctx)
 
