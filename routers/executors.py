@@ -81,6 +81,38 @@ class FromSources:
         return await self._inner(ctx)
 
 
+class WithoutModel:
+    """A route with no model (its answer quoted from the passages, or a fixed note), refusing
+    before any work the generation parameters such an answer cannot honour: it ends where the
+    quote ends, not at a client's stop sequence, and repeats what the documents repeat. What
+    it can honour is not refused: `max_tokens` (the answer is cut), and `temperature`, `top_p`
+    and `seed`, met as they stand since nothing is sampled (the answer is what temperature 0
+    asks, the same for the same request)."""
+
+    def __init__(self, route: Route, inner: Executor) -> None:
+        self._route = route
+        self._inner = inner
+
+    async def __call__(self, ctx: RouteContext) -> Answer | Generation | Escalation:
+        if wanted := unsampled_params(ctx):
+            raise OptionNotHonoured(
+                f"{wanted}: no model is configured for the {self._route.value} route, so its "
+                "answer is not generated and cannot honour it"
+            )
+        return await self._inner(ctx)
+
+
+def unsampled_params(ctx: RouteContext) -> str:
+    """The generation parameters set that an answer written by no model cannot honour."""
+    options = ctx.options
+    wanted = {
+        "stop": bool(options.stop),
+        "frequency_penalty": bool(options.frequency_penalty),
+        "presence_penalty": bool(options.presence_penalty),
+    }
+    return ", ".join(name for name, asked in wanted.items() if asked)
+
+
 def build_registry(
     deps: AgentDeps, config: RegistryConfig, reranker: Reranker | None = None
 ) -> dict[Route, Executor]:
@@ -100,6 +132,9 @@ def build_registry(
         registry[Route.MULTIHOP] = MultihopExecutor(deps, config.agent, tier, degraded)
     if (tier := tiers.get(Route.FULL_CONTEXT)) is not None:
         registry[Route.FULL_CONTEXT] = FullContextExecutor(tier, tiers.get(Route.MULTIHOP))
+    for route in (Route.DIRECT, Route.LOOKUP):
+        if tiers[route] is None:
+            registry[route] = WithoutModel(route, registry[route])
     return {
         route: executor if route is Route.DIRECT else FromSources(route, executor)
         for route, executor in registry.items()

@@ -20,7 +20,7 @@ OUT = Path(__file__).resolve().parents[1] / "helm/querygate/files/alerts/queryga
 RUNBOOK = "docs/runbook.md"
 
 # The answering endpoints (gateway/obs/accounting.py ANSWERING; a test keeps the two equal).
-ANSWERING_ENDPOINTS = ("POST /v1/query", "POST /v1/chat/completions")
+ANSWERING_ENDPOINTS = ("POST /v1/query", "POST /v1/chat/completions", "POST /v1/completions")
 # Every outcome of an answering request falls in exactly one of these (or is `ok`); a test checks
 # the partition. Ours count against the availability SLO. `cancelled` is ours: the middleware
 # says `cancelled` when the handler was cancelled with the client still connected (e.g. a drain

@@ -1,15 +1,21 @@
 """Failures as HTTP sees them: the endpoint a request counts under, aiohttp's own exceptions
-beside `gateway.errors`' table, and the JSON error response every failure becomes."""
+beside `gateway.errors`' table, and the JSON error response every failure becomes.
+
+aiohttp's router refuses a path it does not serve (404) and a method a path does not take
+(405); both are told in the same JSON shape, the 404 naming the endpoints this gateway serves
+(an OpenAI client pointed at an endpoint it lacks, `/v1/responses` say, learns which it has),
+the 405 with the `Allow` header RFC 9110 requires and the methods in its message."""
 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from aiohttp import web
-from aiohttp.web_urldispatcher import SystemRoute
+from aiohttp.web_urldispatcher import AbstractResource, SystemRoute
 
 from gateway import errors
-from gateway.errors import Failure, status_outcome
+from gateway.errors import Failure, clip, status_outcome
 
 
 def endpoint_of(request: web.Request) -> str:
@@ -18,8 +24,11 @@ def endpoint_of(request: web.Request) -> str:
     resource = route.resource
     if resource is None or isinstance(route, SystemRoute):
         return "unmatched"
-    path = re.sub(r"\{(\w+)(:[^}]*)?\}", r"{\1}", resource.canonical)
-    return f"{route.method} {path}"
+    return f"{route.method} {_template(resource)}"
+
+
+def _template(resource: AbstractResource) -> str:
+    return _PARAMETER.sub(r"{\1}", resource.canonical)
 
 
 def error_response(
@@ -40,10 +49,46 @@ def request_failure(exc: Exception, *, client_gone: bool, client_shaped: bool = 
     return errors.failure_of(exc, client_gone=client_gone, client_shaped=client_shaped)
 
 
-def failure_response(failure: Failure) -> web.Response:
+def routing_failure(request: web.Request, exc: web.HTTPException) -> Failure:
+    """aiohttp's refusal of a path (404) or a method (405), told what it refuses; any other
+    of its exceptions as `request_failure` tells it."""
+    failure = request_failure(exc, client_gone=False)
+    path = clip(request.path)
+    if isinstance(exc, web.HTTPMethodNotAllowed):
+        allowed = ", ".join(sorted(exc.allowed_methods))
+        message = f"{clip(request.method)} is not allowed on {path}; allowed: {allowed}"
+    elif isinstance(exc, web.HTTPNotFound) and endpoint_of(request) == "unmatched":
+        hint = _HINTS.get(request.path.rstrip("/"), "")
+        message = f"no endpoint at {path}{hint}; this gateway serves {served(request.app)}"
+    else:
+        return failure
+    return replace(failure, message=message)
+
+
+def served(app: web.Application) -> str:
+    """The app's endpoints, "METHOD /path" each (HEAD, which aiohttp adds to GET, left out)."""
+    return ", ".join(
+        f"{route.method} {_template(route.resource)}"
+        for route in app.router.routes()
+        if route.resource is not None and route.method != "HEAD"
+    )
+
+
+def failure_response(failure: Failure, exc: BaseException | None = None) -> web.Response:
+    """The failure's JSON error; a 405 (`exc` aiohttp's) carries `Allow` (RFC 9110, 15.5.6)."""
     if failure.outcome == "disconnect":
         return web.Response(status=499)  # nobody reads it
-    return error_response(failure.status, failure.kind, failure.message, failure.retry_after_s)
+    response = error_response(failure.status, failure.kind, failure.message, failure.retry_after_s)
+    if isinstance(exc, web.HTTPMethodNotAllowed):
+        response.headers["Allow"] = ", ".join(sorted(exc.allowed_methods))
+    return response
 
 
+# A route template's parameter, with its regex if any: `{doc_id:.+}` reads `{doc_id}`.
+_PARAMETER = re.compile(r"\{(\w+)(:[^}]*)?\}")
+# OpenAI's endpoints that are not served here, and what to send instead.
+_HINTS = {
+    "/v1/responses": " (OpenAI's Responses API is not served: send POST /v1/chat/completions)",
+    "/v1/chat": " (did you mean POST /v1/chat/completions?)",
+}
 _HTTP_KINDS = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}

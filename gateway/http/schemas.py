@@ -18,6 +18,9 @@ from pydantic import (
 from gateway.text import clean_text, is_blank
 
 RequestedRoute = Literal["auto", "direct", "lookup", "multihop"]
+# Texts one /v1/embeddings request may carry (OpenAI's limit is 2048; the body limit, 64 KiB by
+# default, binds first for texts of any length).
+MAX_EMBEDDING_INPUTS = 256
 
 
 def _clean(value: object) -> object:
@@ -48,12 +51,39 @@ def _finite(value: dict[str, Any]) -> dict[str, Any]:
     return value
 
 
+def _integral(value: object) -> object:
+    """JSON has one number type: `5.0` is the integer 5 (JSON Schema's `integer` says so too),
+    so an integral float is taken as that integer; `5.5`, a string or a bool is left for the
+    strict type check to refuse."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+# An integer as JSON writes it: `5` or `5.0`.
+JsonInt = Annotated[int, BeforeValidator(_integral)]
+
 # A client's JSON object that goes to the model as it is (a tool's parameters, a schema).
 FiniteObject = Annotated[dict[str, Any], AfterValidator(_finite)]
+
+
+def sent_at_most(limit: int) -> BeforeValidator:
+    """At most `limit` characters as sent, before cleaning (a before-validator listed after
+    `_clean` runs first): JSON Schema's `maxLength` counts those, so the document can state it."""
+
+    def check(value: object) -> object:
+        if isinstance(value, str) and len(value) > limit:
+            raise ValueError(f"at most {limit} characters")
+        return value
+
+    return BeforeValidator(check)
+
 
 # Every text a client sends is one of these: normalised once, here (see gateway/text.py).
 CleanStr = Annotated[str, BeforeValidator(_clean)]
 NonBlankStr = Annotated[str, BeforeValidator(_clean), AfterValidator(_not_blank)]
+# Who the end user is, for the log line (never a metric label).
+EndUser = Annotated[str, BeforeValidator(_clean), sent_at_most(256)]
 
 
 class HistoryMessage(BaseModel):
@@ -168,32 +198,24 @@ class ResponseFormat(BaseModel):
         return self
 
 
-class ChatBody(BaseModel):
-    """OpenAI's chat completion request. The parameters declared here are honoured (see
-    gateway/http/chat_params.py for where); any other one is refused there with 400 naming it,
-    unless it is at the value that asks for nothing (`n: 1`, `logprobs: false`, ...)."""
+class GenerationBody(BaseModel):
+    """What OpenAI's chat and completion requests share. The parameters declared here are
+    honoured (see gateway/http/chat_params.py for where); any other one is refused there with
+    400 naming it, unless it is at the value that asks for nothing (`n: 1`, ...)."""
 
     model_config = ConfigDict(strict=True, extra="allow", frozen=True)
 
     model: str
-    messages: list[ChatMessage] = Field(min_length=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, ge=0, le=1)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: JsonInt | None = Field(default=None, ge=1)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: JsonInt | None = None
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
-    response_format: ResponseFormat | None = None
-    tools: list[ToolSpec] | None = Field(default=None, max_length=128)
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool | None = None
-    # Who the end user is, for the log line (never a metric label).
-    user: CleanStr | None = Field(default=None, max_length=256)
-    safety_identifier: CleanStr | None = Field(default=None, max_length=256)
+    user: EndUser | None = None
 
     @field_validator("stop")
     @classmethod
@@ -201,3 +223,50 @@ class ChatBody(BaseModel):
         if isinstance(value, list) and not 1 <= len(value) <= 4:
             raise ValueError("at most 4 stop sequences, and at least one in a list")
         return value
+
+    def end_user(self) -> str | None:
+        return self.user
+
+
+class ChatBody(GenerationBody):
+    """OpenAI's chat completion request."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: JsonInt | None = Field(default=None, ge=1)
+    response_format: ResponseFormat | None = None
+    tools: list[ToolSpec] | None = Field(default=None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    safety_identifier: EndUser | None = None
+
+    def end_user(self) -> str | None:
+        return self.user or self.safety_identifier
+
+
+class CompletionBody(GenerationBody):
+    """OpenAI's (legacy) text completion request: the prompt is asked as one user message. A
+    list holds exactly one prompt (one choice is written per request); token arrays are not
+    text and are refused by the strict type check."""
+
+    prompt: NonBlankStr | Annotated[list[NonBlankStr], Field(min_length=1, max_length=1)]
+
+    def text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+
+class EmbeddingBody(BaseModel):
+    """OpenAI's embeddings request, served by the gateway's own embedder."""
+
+    model_config = ConfigDict(strict=True, extra="allow", frozen=True)
+
+    model: str
+    input: (
+        NonBlankStr
+        | Annotated[list[NonBlankStr], Field(min_length=1, max_length=MAX_EMBEDDING_INPUTS)]
+    )
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: JsonInt | None = Field(default=None, ge=1)
+    user: EndUser | None = None
+
+    def texts(self) -> list[str]:
+        return [self.input] if isinstance(self.input, str) else list(self.input)

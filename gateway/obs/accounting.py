@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 # Endpoints whose answers the pipeline counts in querygate_requests_total; their failures are
 # counted there too (route "none"), so that counter covers every outcome of an answer.
-ANSWERING = frozenset({"POST /v1/query", "POST /v1/chat/completions"})
+ANSWERING = frozenset({"POST /v1/query", "POST /v1/chat/completions", "POST /v1/completions"})
 _WARNED: frozenset[Outcome] = frozenset(
     {"deadline", "unavailable", "upstream_error", "shed_process"}
 )

@@ -15,7 +15,9 @@ from gateway.core.runtime import Runtime, build_runtime
 from gateway.core.services import Services
 from gateway.http.appkeys import INGEST, METRICS, READINESS, RUNTIME, SERVICES, RuntimeHolder
 from gateway.http.handlers.chat import handle_chat_completions
+from gateway.http.handlers.completions import handle_completions
 from gateway.http.handlers.documents import handle_delete_document, handle_put_document
+from gateway.http.handlers.embeddings import handle_embeddings
 from gateway.http.handlers.health import handle_healthz, handle_metrics, handle_readyz
 from gateway.http.handlers.models import handle_model, handle_models
 from gateway.http.handlers.query import handle_query, handle_route
@@ -117,11 +119,15 @@ def create_app(
     app.cleanup_ctx.append(live_config(config_path, prepare))
     app.router.add_post("/v1/query", handle_query)
     app.router.add_post("/v1/chat/completions", handle_chat_completions)
+    app.router.add_post("/v1/completions", handle_completions)
+    app.router.add_post("/v1/embeddings", handle_embeddings)
     app.router.add_get("/v1/models", handle_models)
     app.router.add_get("/v1/models/{model}", handle_model)
     app.router.add_post("/v1/route", handle_route)
-    app.router.add_put("/v1/documents/{doc_id:.+}", handle_put_document)
-    app.router.add_delete("/v1/documents/{doc_id:.+}", handle_delete_document)
+    # Any character, a line break too: an id is refused by its rules (422 naming them), not by
+    # a route that does not match it (404)
+    app.router.add_put(r"/v1/documents/{doc_id:[\s\S]+}", handle_put_document)
+    app.router.add_delete(r"/v1/documents/{doc_id:[\s\S]+}", handle_delete_document)
     app.router.add_get("/healthz", handle_healthz)
     app.router.add_get("/readyz", handle_readyz)
     app.router.add_get("/metrics", handle_metrics)

@@ -1,8 +1,10 @@
-"""The official `openai` client talks to the gateway unchanged."""
+"""The official `openai` client and langchain-openai talk to the gateway unchanged: chat,
+completions, embeddings and models, with a model configured and without one."""
 
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from typing import Any
 
@@ -197,3 +199,113 @@ def test_the_openai_client_lists_and_retrieves_the_models(gateway: GatewayProces
     assert [m.id for m in client.models.list()] == ["auto", "direct", "lookup", "multihop"]
     model = client.models.retrieve("lookup")
     assert (model.id, model.owned_by) == ("lookup", "querygate")
+
+
+EMBEDDER = "all-MiniLM-L6-v2"
+
+
+@pytest.mark.parametrize("encoding", [None, "float"], ids=["default-base64", "float"])
+def test_the_openai_client_embeds_with_the_gateways_own_model(
+    gateway: GatewayProcess, encoding: Any
+) -> None:
+    """Left to its default, the client asks for base64 and decodes it itself."""
+    texts = ["What does the Acme warranty exclude?", "ERR-4471"]
+    if encoding is None:
+        got = client(gateway).embeddings.create(model=EMBEDDER, input=texts)
+    else:
+        got = client(gateway).embeddings.create(
+            model=EMBEDDER, input=texts, encoding_format=encoding
+        )
+    assert [d.index for d in got.data] == [0, 1]
+    for item in got.data:
+        assert len(item.embedding) == 384
+        assert math.isclose(math.fsum(x * x for x in item.embedding), 1.0, rel_tol=1e-4)
+    assert got.usage.prompt_tokens == got.usage.total_tokens > 4
+
+
+def test_the_openai_client_gets_the_404_for_another_embedding_model(
+    gateway: GatewayProcess,
+) -> None:
+    with pytest.raises(openai.NotFoundError) as raised:
+        client(gateway).embeddings.create(model="text-embedding-3-small", input="hi")
+    assert EMBEDDER in str(raised.value)
+
+
+def test_the_openai_client_completes_a_prompt(gateway: GatewayProcess) -> None:
+    completion = client(gateway).completions.create(
+        model="lookup", prompt=f"What does the Acme warranty exclude? ({session()})"
+    )
+    assert completion.object == "text_completion"
+    assert completion.choices[0].text.startswith("FAKE ANSWER")
+    assert completion.choices[0].finish_reason == "stop"
+    assert completion.model_extra["querygate"]["route"] == "lookup"  # type: ignore[index]
+
+
+def test_the_openai_client_streams_a_completion(gateway: GatewayProcess) -> None:
+    stream = client(gateway).completions.create(
+        model="lookup", prompt=f"How do I fix ERR-4471? ({session()})", stream=True
+    )
+    chunks = list(stream)
+    assert "".join(c.choices[0].text for c in chunks if c.choices).startswith("FAKE ANSWER")
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+
+
+def test_the_responses_api_is_a_404_naming_what_is_served(gateway: GatewayProcess) -> None:
+    with pytest.raises(openai.NotFoundError) as raised:
+        client(gateway).responses.create(model="auto", input="hi")
+    message = str(raised.value)
+    assert "Responses API is not served" in message
+    assert "POST /v1/chat/completions" in message and "POST /v1/embeddings" in message
+
+
+def test_without_a_large_model_multihop_is_answered_by_lookup_and_says_so(
+    extractive: GatewayProcess,
+) -> None:
+    listed = client(extractive).models.retrieve("multihop")
+    assert listed.model_extra["querygate"]["answered_by"] == "lookup"  # type: ignore[index]
+    completion = client(extractive).chat.completions.create(
+        model="multihop", messages=[{"role": "user", "content": "Acme warranty exclusions?"}]
+    )
+    extra = completion.model_extra["querygate"]  # type: ignore[index]
+    assert extra["route"] == "lookup" and extra["extractive"] is True
+    assert "multihop route is not available in this deployment" in extra["route_reason"]
+
+
+def test_without_a_model_stop_is_the_clients_bad_request_naming_it(
+    extractive: GatewayProcess,
+) -> None:
+    with pytest.raises(openai.BadRequestError) as raised:
+        client(extractive).chat.completions.create(
+            model="lookup", messages=[{"role": "user", "content": "Acme warranty?"}], stop=["."]
+        )
+    assert "stop: no model is configured for the lookup route" in str(raised.value)
+
+
+def test_langchain_embeds_through_the_gateway(gateway: GatewayProcess) -> None:
+    """langchain counts tokens with tiktoken and sends token arrays unless told not to: the
+    gateway embeds text (docs/openai.md)."""
+    from langchain_openai import OpenAIEmbeddings
+    from pydantic import SecretStr
+
+    embeddings = OpenAIEmbeddings(
+        model=EMBEDDER,
+        base_url=f"{gateway.url}/v1",
+        api_key=SecretStr(KEYS["acme"]),
+        check_embedding_ctx_length=False,
+        max_retries=0,
+    )
+    vectors = embeddings.embed_documents(["warranty", "ERR-4471"])
+    assert [len(v) for v in vectors] == [384, 384]
+    assert len(embeddings.embed_query("warranty")) == 384
+
+
+def test_langchains_completion_model_with_its_defaults(gateway: GatewayProcess) -> None:
+    """langchain's `OpenAI` (not `ChatOpenAI`) calls /v1/completions with temperature 0.7,
+    max_tokens 256, n 1 and zero penalties: each is honoured."""
+    from langchain_openai import OpenAI
+    from pydantic import SecretStr
+
+    llm = OpenAI(
+        model="auto", base_url=f"{gateway.url}/v1", api_key=SecretStr(KEYS["acme"]), max_retries=0
+    )
+    assert llm.invoke(f"How do I fix ERR-4471? ({session()})").startswith("FAKE ANSWER")

@@ -185,3 +185,32 @@ def test_operator_answers_fit_the_document(client: Client) -> None:
     assert client.call("POST", "/admin/reload").status_code == 401
     assert client.call("GET", "/admin/config", key="admin").status_code == 200
     assert client.call("GET", "/admin/config").status_code == 401
+
+
+def test_completion_and_embedding_answers_fit_the_document(client: Client) -> None:
+    prompt = {"model": "lookup", "prompt": f"Acme warranty? {uuid.uuid4().hex[:8]}"}
+    assert request_fits("CompletionRequest", prompt)
+    assert client.call("POST", "/v1/completions", json=prompt).status_code == 200
+    echoed = {**prompt, "echo": True}
+    assert not request_fits("CompletionRequest", echoed)
+    assert client.call("POST", "/v1/completions", json=echoed).status_code == 400
+    texts = {"model": "all-MiniLM-L6-v2", "input": ["warranty", "ERR-4471"]}
+    assert request_fits("EmbeddingRequest", texts)
+    assert client.call("POST", "/v1/embeddings", json=texts).status_code == 200
+    packed = {**texts, "encoding_format": "base64"}
+    assert client.call("POST", "/v1/embeddings", json=packed).status_code == 200
+    blank = {**texts, "input": ["\u200b"]}
+    assert not request_fits("EmbeddingRequest", blank)
+    assert client.call("POST", "/v1/embeddings", json=blank).status_code == 422
+    other = {**texts, "model": "text-embedding-3-small"}
+    assert not request_fits("EmbeddingRequest", other)
+    assert client.call("POST", "/v1/embeddings", json=other).status_code == 404
+
+
+def test_the_text_rules_the_document_states_are_the_servers(client: Client) -> None:
+    blank = {"query": "\u200b \x00"}
+    assert not request_fits("QueryRequest", blank)
+    assert client.call("POST", "/v1/query", json=blank).status_code == 422
+    only_a_tool_result = {"model": "auto", "messages": [{"role": "tool", "content": "x"}]}
+    assert not request_fits("ChatRequest", only_a_tool_result)
+    assert client.call("POST", "/v1/chat/completions", json=only_a_tool_result).status_code == 422

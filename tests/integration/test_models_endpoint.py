@@ -39,7 +39,7 @@ async def chat(client: Client, model: str, content: str) -> tuple[int, Any]:
         return resp.status, await resp.json()
 
 
-async def test_models_lists_auto_and_every_route_the_deployment_executes(
+async def test_models_lists_auto_and_every_route_a_request_may_force(
     generating: Client,
 ) -> None:
     status, body = await models(generating)
@@ -50,15 +50,16 @@ async def test_models_lists_auto_and_every_route_the_deployment_executes(
     assert {m["object"] for m in body["data"]} == {"model"}
 
 
-async def test_a_deployment_without_a_large_model_lists_no_multihop_and_refuses_it(
+async def test_a_deployment_without_a_large_model_lists_multihop_answered_by_lookup(
     extractive: Client,
 ) -> None:
     status, body = await models(extractive)
     assert status == 200
-    assert ids(body) == ["auto", "direct", "lookup"]
+    assert ids(body) == ["auto", "direct", "lookup", "multihop"]
+    assert body["data"][-1]["querygate"]["answered_by"] == "lookup"
     status, body = await chat(extractive, "multihop", "Acme warranty?")
-    assert status == 404
-    assert "'multihop'" in body["error"]["message"]
+    assert status == 200, body
+    assert body["querygate"]["route"] == "lookup"
 
 
 async def test_a_tenant_that_may_not_force_a_route_is_offered_auto_alone(

@@ -1,36 +1,31 @@
 """`POST /v1/chat/completions`: OpenAI's wire format in and out, querygate's routing inside.
 
-`model` picks the route ("auto" classifies; "direct", "lookup" or "multihop" force one, where
-this deployment can execute it: the names `GET /v1/models` lists). The last user message is
-the query, earlier messages the history. Route, citations and cost come back in an extra
-`querygate` field that OpenAI clients ignore. Every OpenAI parameter is honoured or refused
-with 400 naming it (gateway/http/chat_params.py); client tools' calls come back in OpenAI's
-shape.
+`model` picks the route ("auto" classifies; "direct", "lookup" or "multihop" force one: the
+names `GET /v1/models` lists; one this deployment cannot execute is answered by lookup, as on
+`/v1/query`, and `route_reason` says so). The last user message is the query, earlier messages
+the history. Route, citations and cost come back in an extra `querygate` field that OpenAI
+clients ignore. Every OpenAI parameter is honoured or refused with 400 naming it
+(gateway/http/chat_params.py); client tools' calls come back in OpenAI's shape. The flow is
+the completion endpoint's too (`gateway.http.handlers.generation`).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict
 from typing import Any, Literal
 
 from aiohttp import web
 
-from backends.llm.base import NO_OPTIONS, Message, ToolCall
-from gateway.core.request import QueryRequest
-from gateway.core.result import QueryResult, partial_fields, rewrite_fields
+from backends.llm.base import Message, ToolCall
+from gateway.core.result import QueryResult
 from gateway.errors import Unprocessable
-from gateway.http.appkeys import REQUEST_ID, RUNTIME, SCOPE
 from gateway.http.body import parse_body
-from gateway.http.chat_params import generation_options, refuse_unsupported
-from gateway.http.handlers.models import deployment_models, model_not_found
-from gateway.http.handlers.query import answer, cache_control, check_limits
+from gateway.http.chat_params import CHAT_REFUSED
+from gateway.http.handlers.generation import answer_openai, checked, extension, usage_block
 from gateway.http.schemas import ChatBody, ChatMessage
-from gateway.http.streaming import sse, stream_answer
-from gateway.http.wire import partial_headers
+from gateway.http.streaming import sse
 from gateway.text import is_blank
-from routers.generation import usage_total
 
 _ROLES: dict[str, Literal["system", "user", "assistant", "tool"]] = {
     "system": "system",
@@ -86,25 +81,6 @@ def _arguments_object(text: str) -> dict[str, Any]:
     return parsed if isinstance(parsed, dict) else {}
 
 
-def extension(result: QueryResult) -> dict[str, Any]:
-    a = result.answer
-    return {
-        "id": result.id,
-        "route": a.route.value,
-        "route_reason": result.route_reason,
-        "escalated": a.escalated,
-        "extractive": a.extractive,
-        "degraded": a.degraded,
-        "citations": [asdict(c) for c in a.citations],
-        "cache": result.cache,
-        "cost_usd": round(usage_total(a).cost_usd, 8),
-        "timings_ms": result.timings_ms,
-        "config_version": result.config_version,
-        **rewrite_fields(result),
-        **partial_fields(result),
-    }
-
-
 def tool_calls_body(calls: tuple[ToolCall, ...]) -> list[dict[str, Any]]:
     """The model's calls of the client's tools, in OpenAI's shape."""
     return [
@@ -128,15 +104,6 @@ def message_body(result: QueryResult) -> dict[str, Any]:
         return {"role": "assistant", "content": answer.text}
     calls = tool_calls_body(answer.tool_calls)
     return {"role": "assistant", "content": answer.text or None, "tool_calls": calls}
-
-
-def usage_block(result: QueryResult) -> dict[str, int]:
-    total = usage_total(result.answer)
-    return {
-        "prompt_tokens": total.prompt_tokens,
-        "completion_tokens": total.completion_tokens,
-        "total_tokens": total.prompt_tokens + total.completion_tokens,
-    }
 
 
 class ChatStreamFormat:
@@ -183,55 +150,31 @@ class ChatStreamFormat:
         return sse({"error": {"type": kind, "message": message}}) + sse("[DONE]")
 
 
+def _completion(request_id: str, model: str, result: QueryResult) -> dict[str, Any]:
+    return {
+        "id": f"chatcmpl-{request_id}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": message_body(result),
+                "finish_reason": result.answer.finish_reason,
+            }
+        ],
+        "usage": usage_block(result),
+        "querygate": extension(result),
+    }
+
+
 async def handle_chat_completions(request: web.Request) -> web.StreamResponse:
-    runtime = request.app[RUNTIME].current
-    scope = request[SCOPE]
     body = await parse_body(request, ChatBody)
-    if body.model not in (models := deployment_models(runtime)):
-        raise model_not_found(body.model, models)
-    refuse_unsupported(body)
-    options = generation_options(body)
-    query_text, history, trailing = split_messages(body.messages)
-    check_limits(runtime, query_text, len(history) + len(trailing))
-    lookup, store = cache_control(request)
-    if options is not NO_OPTIONS or trailing:
-        # an answer to the client's own parameters or tool results: not the cache's to give,
-        # nor to keep
-        lookup = store = False
-        scope.record.client_shaped = True
-    if body.user or body.safety_identifier:
-        scope.record.fields["user"] = body.user or body.safety_identifier
-    query = QueryRequest(
-        id=request[REQUEST_ID],
-        tenant=scope.tenant,
-        query=query_text,
-        history=history,
-        route=body.model,
-        cache_lookup=lookup,
-        cache_store=store,
-        options=options,
-        trailing=trailing,
-    )
-    if body.stream:
-        include_usage = body.stream_options is not None and body.stream_options.include_usage
-        fmt = ChatStreamFormat(query.id, body.model, include_usage)
-        return await stream_answer(request, runtime, query, scope, fmt)
-    result = await answer(runtime, query, scope)
-    return web.json_response(
-        {
-            "id": f"chatcmpl-{query.id}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": body.model,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": message_body(result),
-                    "finish_reason": result.answer.finish_reason,
-                }
-            ],
-            "usage": usage_block(result),
-            "querygate": extension(result),
-        },
-        headers=partial_headers(result.partial_index),
+    checked(body, CHAT_REFUSED)
+    return await answer_openai(
+        request,
+        body,
+        split_messages(body.messages),
+        lambda request_id, result: _completion(request_id, body.model, result),
+        lambda request_id, usage: ChatStreamFormat(request_id, body.model, usage),
     )

@@ -17,13 +17,13 @@ from __future__ import annotations
 from typing import Annotated
 
 from aiohttp import web
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict
 
 from backends.retrieval.base import EmptyDocument
 from gateway.errors import NotFound, PayloadTooLarge, Unprocessable
 from gateway.http.appkeys import RUNTIME, SCOPE, SERVICES
 from gateway.http.body import parse_body
-from gateway.http.schemas import NonBlankStr
+from gateway.http.schemas import NonBlankStr, sent_at_most
 from gateway.ingest.pipeline import ingest_documents
 from gateway.ingest.readers import RawDocument
 from gateway.text import InvalidText, canonical_doc_id, clean_text, is_blank
@@ -49,9 +49,9 @@ def _title(value: object) -> object:
 class DocumentBody(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
-    title: Annotated[str, BeforeValidator(_title)] = Field(default="", max_length=1000)
+    title: Annotated[str, BeforeValidator(_title), sent_at_most(1000)] = ""
     # Blank text is refused: DELETE is how a document is removed.
-    text: NonBlankStr = Field(max_length=MAX_DOCUMENT_CHARS)
+    text: Annotated[NonBlankStr, sent_at_most(MAX_DOCUMENT_CHARS)]
 
 
 def _doc_id(request: web.Request) -> str:

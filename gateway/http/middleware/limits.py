@@ -37,6 +37,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 POOLS = {
     "POST /v1/query": "queries",
     "POST /v1/chat/completions": "queries",
+    "POST /v1/completions": "queries",
+    "POST /v1/embeddings": "queries",
     "POST /v1/route": "queries",
     "PUT /v1/documents/{doc_id}": "writes",
     "DELETE /v1/documents/{doc_id}": "writes",

@@ -17,7 +17,12 @@ from aiohttp.typedefs import Middleware
 
 from gateway.errors import status_outcome
 from gateway.http.appkeys import RECORD, REQUEST_ID
-from gateway.http.failures import endpoint_of, failure_response, request_failure
+from gateway.http.failures import (
+    endpoint_of,
+    failure_response,
+    request_failure,
+    routing_failure,
+)
 from gateway.obs.accounting import RequestRecord, account
 from gateway.obs.metrics import Metrics
 
@@ -55,11 +60,14 @@ def outcome_middleware(metrics: Metrics) -> Middleware:
         except Exception as exc:
             if isinstance(exc, web.HTTPException) and exc.status < 400:
                 raise  # a redirect is an answer
-            failure = request_failure(
-                exc, client_gone=_client_gone(request), client_shaped=record.client_shaped
-            )
+            if isinstance(exc, web.HTTPException):  # aiohttp's router: 404, 405, 413
+                failure = routing_failure(request, exc)
+            else:
+                failure = request_failure(
+                    exc, client_gone=_client_gone(request), client_shaped=record.client_shaped
+                )
             outcome, error, bug = failure.outcome, failure.error, failure.bug
-            response = failure_response(failure)
+            response = failure_response(failure, exc)
         finally:
             metrics.inflight.dec()
         if outcome in ("ok", "client_error") and _client_gone(request):
