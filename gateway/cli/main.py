@@ -200,7 +200,8 @@ def _ingest(settings: Settings, args: argparse.Namespace) -> int:
     if not present and not args.sample_corpus:
         print("nothing to ingest: no path given exists", file=sys.stderr)
         return 2  # before any index is made: a new empty one would look like a served one
-    _say_if_new_index(settings)
+    if (notice := asyncio.run(commands.new_index_notice(settings))) is not None:
+        print(notice, file=sys.stderr)
     try:
         report = asyncio.run(
             commands.ingest(settings, args.tenant, present, args.sample_corpus, args.rechunk)
@@ -225,22 +226,6 @@ def _ingest(settings: Settings, args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 1 if refused or missing else 0
-
-
-def _say_if_new_index(settings: Settings) -> None:
-    """An ingest that creates the embedded index writes where no gateway has served from:
-    most often a data_dir other than the server's (another configuration, QUERYGATE_DATA_DIR)."""
-    from gateway.server.services import embedded_index_path
-
-    index = embedded_index_path(settings)
-    if settings.retrieval.backend == "embedded" and not index.exists():
-        print(
-            f"no index at {index}: creating a new one. A gateway reads the index in its own "
-            "data_dir (the configuration's data_dir, relative to its file; QUERYGATE_DATA_DIR; "
-            "else $XDG_DATA_HOME/querygate or ~/.local/share/querygate): serve with the same "
-            "configuration to answer from these documents",
-            file=sys.stderr,
-        )
 
 
 def _route(settings: Settings, args: argparse.Namespace) -> int:

@@ -6,8 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from opensearchpy.exceptions import OpenSearchException
+
 from backends.embeddings.bulk import bulk_embedder
 from backends.embeddings.config import build_embedder
+from backends.retrieval.opensearch.client import open_client
 from gateway.core.routing import configured_routes, policy_for
 from gateway.core.runtime import build_classifier
 from gateway.http.wire import decision_body
@@ -16,9 +19,43 @@ from gateway.ingest.progress import IngestProgress, ProgressDisplay
 from gateway.ingest.readers import read_paths
 from gateway.ingest.shared_progress import ProgressFile
 from gateway.ingest.wiki_sample import load_in_ingest_order
-from gateway.server.services import build_retriever
+from gateway.server.services import build_retriever, embedded_index_path
 from gateway.settings import Settings
 from routers.policy import decide
+
+_SERVE_WITH_IT = (
+    "A gateway reads the index its own configuration names: serve with the same configuration "
+    "to answer from these documents"
+)
+
+
+async def new_index_notice(settings: Settings) -> str | None:
+    """What to say when an ingest is about to create the index itself, where a gateway would
+    have made one on start: most often it is not the index a gateway serves (another data_dir,
+    QUERYGATE_DATA_DIR, another OpenSearch alias or cluster). None: the index exists."""
+    if settings.retrieval.backend == "embedded":
+        index = embedded_index_path(settings)
+        if index.exists():
+            return None
+        return (
+            f"no index at {index}: creating a new one. A gateway reads the index in its own "
+            "data_dir (the configuration's data_dir, relative to its file; QUERYGATE_DATA_DIR; "
+            "else $XDG_DATA_HOME/querygate or ~/.local/share/querygate): serve with the same "
+            "configuration to answer from these documents"
+        )
+    config = settings.retrieval.opensearch
+    client = open_client(config)
+    try:
+        # Every gateway's start creates the meta index (`ensure_index`): without it, no gateway
+        # has served from this alias on this cluster.
+        if await client.indices.exists(index=config.meta_index):
+            return None
+    except OpenSearchException:
+        return None  # the cluster is not answering: the ingest itself says so
+    finally:
+        await client.close()
+    hosts = ", ".join(config.hosts)
+    return f"no index {config.alias!r} at {hosts}: creating a new one. {_SERVE_WITH_IT}"
 
 
 async def ingest(

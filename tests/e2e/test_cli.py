@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import requests
@@ -233,3 +234,30 @@ def test_with_no_configuration_the_data_dir_is_the_one_default(tmp_path: Path) -
         assert done.returncode == 0, done.stderr[-2000:]
         assert _report(done)["unchanged" if n else "added"] == 1
     assert (tmp_path / "xdg" / "querygate" / "index.sqlite3").is_file()
+
+
+def test_an_ingest_into_an_opensearch_alias_no_gateway_made_says_so(
+    tmp_path: Path, opensearch_url: str
+) -> None:
+    """The OpenSearch twin of the embedded notice: an alias whose meta index no gateway's start
+    created is most often not the one a gateway serves (another alias, another cluster)."""
+    alias = f"qgtest-cli-{uuid.uuid4().hex[:8]}"
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        f"data_dir: {tmp_path / 'data'}\n"
+        "retrieval:\n"
+        "  backend: opensearch\n"
+        f"  opensearch: {{hosts: ['{opensearch_url}'], alias: {alias}, "
+        "search_timeout_s: 15, write_timeout_s: 60}\n"
+    )
+    doc = tmp_path / "warranty.md"
+    doc.write_text("# Warranty\n\nAcme's warranty lasts two years.\n")
+    try:
+        first = run_cli(config, "ingest", "--tenant", "t", str(doc))
+        assert first.returncode == 0, first.stderr[-2000:]
+        assert f"no index {alias!r} at {opensearch_url}: creating a new one" in first.stderr
+        second = run_cli(config, "ingest", "--tenant", "t", str(doc))
+        assert second.returncode == 0, second.stderr[-2000:]
+        assert "creating a new one" not in second.stderr
+    finally:
+        requests.delete(f"{opensearch_url}/{alias}*", timeout=60)
