@@ -68,7 +68,8 @@ def search_proxy(opensearch_url: str) -> Iterator[TcpProxy]:
 def chaotic(
     upstream_proxy: TcpProxy, search_proxy: TcpProxy, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[GatewayProcess]:
-    retrieval = opensearch_retrieval(search_proxy, "qg-chaos")
+    # A search slower than 1 s fails: the slow proxy's 3 s delay reaches requests as 503s.
+    retrieval = opensearch_retrieval(search_proxy, "qg-chaos", search_timeout_s=1.0)
     tier = {"timeout_s": 2.0, "cooldown_after": 3, "cooldown_s": COOLDOWN_S}
     overrides = {
         "server": {"request_timeout_s": DEADLINE_S},
