@@ -2,10 +2,10 @@
 
 The rules are code: change the SLO targets, windows, outcome lists or alerts here, run
 `python scripts/make_alerts.py`, commit both (and docs/runbook.md when a target moves).
-tests/e2e/test_dashboard_and_alerts.py fails when the YAML is not this script's output, and runs
-promtool's unit tests of the alerts (tests/alerts/querygate_test.yaml). The output stays a plain
-Prometheus rule file (`groups:`); the chart wraps its groups in a PrometheusRule and rewrites the
-relative `runbook_url`s against `metrics.prometheusRule.runbookBaseUrl`.
+tests/integration/test_dashboard_and_alerts.py fails when the YAML is not this script's output,
+and runs promtool's unit tests of the alerts (tests/alerts/querygate_test.yaml). The output stays
+a plain Prometheus rule file (`groups:`); the chart wraps its groups in a PrometheusRule and
+rewrites the relative `runbook_url`s against `metrics.prometheusRule.runbookBaseUrl`.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Write the Grafana dashboard the chart ships: helm/querygate/files/dashboards/querygate.json.
 
 The dashboard is code: edit the panels here, run `python scripts/make_dashboard.py`, commit both.
-tests/e2e/test_dashboard_and_alerts.py fails when the JSON is not this script's output, and when
-any expression names a metric a live gateway does not export. Importable on its own (Grafana →
-Dashboards → Import) or through the chart's sidecar ConfigMap; `$datasource` picks the Prometheus
-data source and `$job` the scrape job(s).
+tests/integration/test_dashboard_and_alerts.py fails when the JSON is not this script's output,
+and when any expression names a metric a live gateway does not export. Importable on its own
+(Grafana → Dashboards → Import) or through the chart's sidecar ConfigMap; `$datasource` picks the
+Prometheus data source and `$job` the scrape job(s).
 """
 
 from __future__ import annotations

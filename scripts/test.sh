@@ -37,6 +37,10 @@ export QUERYGATE_REQUIRE_BWRAP=1
 .venv/bin/ruff format --check .
 .venv/bin/mypy
 
+# One pytest process, not pytest-xdist: tests assert behaviour under load they make themselves
+# (admission floods, worker capacity, chaos), which a second worker's load on a 2-core runner
+# would skew; every worker would start its own session gateways, fake upstream and embedder;
+# and ports are picked free then bound (a race between workers).
 run_pytest() {
   set +e
   .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

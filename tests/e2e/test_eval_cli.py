@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.fixtures.gateway import DATA, run_cli
+from tests.fixtures.gateway import ingest_corpora, run_cli
 
 # (question, label, what the heuristic classifier + policy routes it to)
 ROUTE_LINES = (
@@ -59,9 +59,7 @@ def config(tmp_path_factory: pytest.TempPathFactory) -> Path:
     }
     path = root / "config.yaml"
     path.write_text(yaml.safe_dump(config))
-    for tenant in ("acme", "globex"):
-        done = run_cli(path, "ingest", "--tenant", tenant, str(DATA / tenant))
-        assert done.returncode == 0, done.stderr[-3000:]
+    ingest_corpora(path)
     return path
 
 

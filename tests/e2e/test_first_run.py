@@ -12,8 +12,8 @@ from typing import Any
 
 import requests
 
-from tests.e2e.test_openapi import request_fits
 from tests.fixtures.gateway import REPO_ROOT, free_port
+from tests.integration.test_openapi import request_fits
 
 SAMPLE_DOCUMENTS = 10_033
 # The port must open long before the sample could be ingested (minutes); the time to import

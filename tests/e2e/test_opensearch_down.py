@@ -27,13 +27,12 @@ def test_node_down_fails_fast_and_recovers(
     assert lookup(gw).status_code == 200
     opensearch_proxy.stop()
     try:
-        started = time.monotonic()
         down = lookup(gw)
-        elapsed = time.monotonic() - started
         assert down.status_code == 503, down.text
         assert int(down.headers["Retry-After"]) > 0
-        # Bounded by the configured 1 s search timeout (plus the generation read), not a hang.
-        assert elapsed < 10
+        # Fast: the node's refusal is the answer (unavailable), not the request's deadline
+        # waited out (deadline_exceeded); the client's timeout only tells a hang.
+        assert down.json()["error"]["type"] == "unavailable", down.text
         ready = readyz_until(gw, lambda r: r.status_code == 503)
         assert ready.json()["checks"]["retrieval"].startswith("unavailable")
         direct = requests.post(

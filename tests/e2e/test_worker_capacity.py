@@ -23,6 +23,11 @@ from tests.fixtures.gateway import ADMIN_KEY, GatewayProcess, start_gateway, sto
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 NO_WATCH = {"server": {"reload_poll_s": 0}}  # the file changes only when a test says so
+# Bounds on waits for what worker processes do (start, fail, be replaced, reload): a start
+# imports the stack and loads MiniLM, which took a loaded 2-core runner 20-50 s, and four
+# failed ones passed 90 s. They only stop a test whose event never comes.
+SETTLE_S = 60.0  # a running worker's next report (its gauge, its version)
+STARTS_S = 600.0  # worker starts, failed or not, with the supervisor's pauses between them
 
 
 def _workers_gauge(gw: GatewayProcess) -> dict[str, float]:
@@ -61,7 +66,7 @@ def test_a_worker_that_cannot_start_is_retried_while_the_other_serves(
     gw = start_gateway(tmp_path, fake_upstream, overrides=NO_WATCH, serve_args=("--workers", "2"))
     try:
         _wait_workers_ready(gw, 2)
-        _wait("both counted", lambda: _workers_gauge(gw).get("serving") == 2, gw, 5)
+        _wait("both counted", lambda: _workers_gauge(gw).get("serving") == 2, gw, SETTLE_S)
         ready = requests.get(f"{gw.url}/readyz", timeout=5)
         assert ready.status_code == 200, ready.text
         assert ready.json()["status"] == "ok"
@@ -71,7 +76,7 @@ def test_a_worker_that_cannot_start_is_retried_while_the_other_serves(
         good = _break_start(gw)
         os.kill(min(_children(gw.proc.pid)), signal.SIGKILL)
         # Past the three failed starts in a row that used to stop the whole gateway.
-        _wait("four failed starts", lambda: _failed_starts(gw) >= 4, gw, 90)
+        _wait("four failed starts", lambda: _failed_starts(gw) >= 4, gw, STARTS_S)
         assert gw.proc.poll() is None, gw.log()[-3000:]
         assert any(
             e.get("msg") == "a worker failed to start; retrying after a pause" for e in _lines(gw)
@@ -85,7 +90,7 @@ def test_a_worker_that_cannot_start_is_retried_while_the_other_serves(
         assert _workers_gauge(gw) == {"serving": 1, "expected": 2}
 
         gw.config_path.write_text(good)  # the next retry (a pause of at most 30 s) starts
-        _wait("a replacement serving", lambda: _workers_gauge(gw).get("serving") == 2, gw, 90)
+        _wait("a replacement serving", lambda: _workers_gauge(gw).get("serving") == 2, gw, STARTS_S)
         ready = requests.get(f"{gw.url}/readyz", timeout=5)
         assert ready.status_code == 200, ready.text
         assert ready.json()["status"] == "ok"
@@ -104,7 +109,7 @@ def test_the_supervisor_gives_up_once_no_worker_can_start_for_the_whole_backoff(
         started = time.monotonic()
         for pid in _children(gw.proc.pid):
             os.kill(pid, signal.SIGKILL)
-        code = gw.proc.wait(timeout=180)
+        code = gw.proc.wait(timeout=STARTS_S)
         elapsed = time.monotonic() - started
         assert code == 1, gw.log()[-3000:]
         # Not after three failures (~4 s): once a start failed after the pauses (0.5 s,
@@ -147,7 +152,7 @@ def test_config_info_shows_only_the_versions_workers_run_after_many_reloads(
     gw = start_gateway(tmp_path, fake_upstream, overrides=NO_WATCH, serve_args=("--workers", "2"))
     try:
         _wait_workers_ready(gw, 2)
-        _wait("both counted", lambda: _workers_gauge(gw).get("serving") == 2, gw, 5)
+        _wait("both counted", lambda: _workers_gauge(gw).get("serving") == 2, gw, SETTLE_S)
         first = load_settings(gw.config_path).version
         for k in (2, 3, 4, 5):
             version = _reload(gw, k)
@@ -156,7 +161,7 @@ def test_config_info_shows_only_the_versions_workers_run_after_many_reloads(
             "every worker on the last version",
             lambda: set(_versions(gw).values()) == {version},
             gw,
-            30,
+            SETTLE_S,
         )
         for _ in range(4):  # a scrape reaches either worker: each reports the one live version
             info = gw.metrics().series("querygate_config_info")

@@ -12,21 +12,21 @@ import asyncio
 import hashlib
 import logging
 import re
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
 
+from backends.embeddings.coalescing import CoalescingEmbedder
 from backends.errors import BackendUnavailable
 from backends.retrieval.base import EmptyDocument, Vector
 from gateway.core.runtime import build_runtime
 from gateway.http.appkeys import METRICS, RUNTIME, SERVICES
-from gateway.server.app import create_app
 from gateway.server.reload import RELOADER
-from gateway.settings import Settings, hash_api_key
+from gateway.settings import hash_api_key
+from tests.fixtures.app import Client, OpenClient
 from tests.metrics import Scrape
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -67,17 +67,22 @@ class ScriptedEmbedder:
         return None
 
 
+App = tuple[Client, "ScriptedEmbedder"]
+
+
+async def boom(request: web.Request) -> web.Response:
+    raise RuntimeError("a bug")
+
+
 @pytest.fixture(scope="module")
-async def app_client(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> AsyncIterator[tuple[TestClient[Any, Any], ScriptedEmbedder]]:
+async def app(app_client: OpenClient) -> App:
     fake = ScriptedEmbedder()
-    mp = pytest.MonkeyPatch()
-    mp.setattr("gateway.server.services.build_embedder", lambda config: fake)
-    config: dict[str, Any] = dict(
-        data_dir=tmp_path_factory.mktemp("admission"),
+    client = await app_client(
+        embedder=CoalescingEmbedder(fake),  # queries share batches, as in the server
+        corpora={},
+        routes=[web.get("/boom", boom)],
+        reloadable=False,
         server={
-            "reload_poll_s": 0,
             "request_timeout_s": 1.5,
             "write_timeout_s": 1.5,
             "body_read_timeout_s": 0.3,
@@ -97,27 +102,19 @@ async def app_client(
         router={"classifier": "heuristic", "escalation": {"enabled": False}},
         cache={"backend": "off"},
     )
-    app = create_app(Settings(**config))
-
-    async def boom(request: web.Request) -> web.Response:
-        raise RuntimeError("a bug")
-
-    app.router.add_get("/boom", boom)
-    async with TestClient(TestServer(app)) as client:
-        yield client, fake
-    mp.undo()
+    return client, fake
 
 
-def sample(client: TestClient[Any, Any], name: str, **labels: str) -> float:
+def sample(client: Client, name: str, **labels: str) -> float:
     return Scrape.of(client.app[METRICS]).get(name, **labels) or 0.0
 
 
-def outcome(client: TestClient[Any, Any], endpoint: str, result: str) -> float:
+def outcome(client: Client, endpoint: str, result: str) -> float:
     return sample(client, "querygate_http_requests_total", endpoint=endpoint, outcome=result)
 
 
 async def ask(
-    client: TestClient[Any, Any], tenant: str, query: str
+    client: Client, tenant: str, query: str
 ) -> tuple[int, dict[str, Any], dict[str, str]]:
     resp = await client.post(
         "/v1/query", json={"query": query, "route": "lookup"}, headers=auth(tenant)
@@ -134,9 +131,9 @@ def request_lines(caplog: pytest.LogCaptureFixture, request_id: str) -> list[log
 
 
 async def test_an_answer_is_counted_and_logged_once_with_tenant_and_route(
-    app_client: tuple[TestClient[Any, Any], ScriptedEmbedder], caplog: pytest.LogCaptureFixture
+    app: App, caplog: pytest.LogCaptureFixture
 ) -> None:
-    client, _ = app_client
+    client, _ = app
     caplog.set_level(logging.INFO)
     before = outcome(client, QUERY, "ok")
     status, body, _ = await ask(client, "acme", "What is the Acme warranty?")
@@ -154,9 +151,9 @@ async def test_an_answer_is_counted_and_logged_once_with_tenant_and_route(
 
 
 async def test_a_bad_query_fails_alone_in_a_shared_batch(
-    app_client: tuple[TestClient[Any, Any], ScriptedEmbedder],
+    app: App,
 ) -> None:
-    client, fake = app_client
+    client, fake = app
     # A write holds the encoder for a moment, so the two queries queue for the same batch.
     busy = asyncio.ensure_future(
         client.put(
@@ -179,9 +176,9 @@ async def test_a_bad_query_fails_alone_in_a_shared_batch(
 
 
 async def test_a_client_error_is_counted(
-    app_client: tuple[TestClient[Any, Any], ScriptedEmbedder],
+    app: App,
 ) -> None:
-    client, _ = app_client
+    client, _ = app
     before = outcome(client, QUERY, "client_error")
     resp = await client.post("/v1/query", json={"query": ""}, headers=auth("acme"))
     assert resp.status == 422
@@ -191,9 +188,9 @@ async def test_a_client_error_is_counted(
 
 
 async def test_tenant_over_share_gets_429_and_a_full_process_503_with_retry_after(
-    app_client: tuple[TestClient[Any, Any], ScriptedEmbedder], caplog: pytest.LogCaptureFixture
+    app: App, caplog: pytest.LogCaptureFixture
 ) -> None:
-    client, _ = app_client
+    client, _ = app
     caplog.set_level(logging.INFO)
     shed_t, shed_p = outcome(client, QUERY, "shed_tenant"), outcome(client, QUERY, "shed_process")
     slow = [
@@ -217,11 +214,11 @@ async def test_tenant_over_share_gets_429_and_a_full_process_503_with_retry_afte
 
 
 async def test_time_queued_for_admission_counts_in_the_route_latency(
-    app_client: tuple[TestClient[Any, Any], ScriptedEmbedder],
+    app: App,
 ) -> None:
     """The route latency histogram (what the latency SLO alerts read) starts at arrival: an
     overloaded worker's queueing shows there, not only in the HTTP histogram."""
-    client, _ = app_client
+    client, _ = app
     name = "querygate_request_duration_seconds_sum"
     before = sample(client, name, route="lookup")
     first = asyncio.ensure_future(ask(client, "acme", "SLEEP0.4 acme holds the slot"))
@@ -234,9 +231,9 @@ async def test_time_queued_for_admission_counts_in_the_route_latency(
 
 
 async def test_the_deadline_gives_503_counted_and_logged(
-    app_client: tuple[TestClient[Any, Any], ScriptedEmbedder], caplog: pytest.LogCaptureFixture
+    app: App, caplog: pytest.LogCaptureFixture
 ) -> None:
-    client, _ = app_client
+    client, _ = app
     caplog.set_level(logging.INFO)
     before = outcome(client, QUERY, "deadline")
     none_before = sample(
@@ -256,9 +253,9 @@ async def test_the_deadline_gives_503_counted_and_logged(
 
 
 async def test_a_document_write_has_a_deadline(
-    app_client: tuple[TestClient[Any, Any], ScriptedEmbedder],
+    app: App,
 ) -> None:
-    client, _ = app_client
+    client, _ = app
     before = outcome(client, PUT, "deadline")
     text = " ".join(f"SLEEP0.2 sentence {i}." for i in range(400))  # many chunks, slow ones
     resp = await client.put(
@@ -269,7 +266,7 @@ async def test_a_document_write_has_a_deadline(
     assert outcome(client, PUT, "deadline") == before + 1
 
 
-async def _raw(client: TestClient[Any, Any], payload: bytes) -> tuple[Any, Any]:
+async def _raw(client: Client, payload: bytes) -> tuple[Any, Any]:
     assert client.server.port is not None
     reader, writer = await asyncio.open_connection("127.0.0.1", client.server.port)
     writer.write(payload)
@@ -285,9 +282,9 @@ def _post(body_len: int, tenant: str = "acme") -> bytes:
 
 
 async def test_a_slow_body_gets_408(
-    app_client: tuple[TestClient[Any, Any], ScriptedEmbedder],
+    app: App,
 ) -> None:
-    client, _ = app_client
+    client, _ = app
     before = outcome(client, QUERY, "body_timeout")
     reader, writer = await _raw(client, _post(100) + b'{"query": ')
     status_line = await asyncio.wait_for(reader.readline(), 5)
@@ -297,9 +294,9 @@ async def test_a_slow_body_gets_408(
 
 
 async def test_a_client_that_leaves_is_a_disconnect_not_an_error(
-    app_client: tuple[TestClient[Any, Any], ScriptedEmbedder], caplog: pytest.LogCaptureFixture
+    app: App, caplog: pytest.LogCaptureFixture
 ) -> None:
-    client, _ = app_client
+    client, _ = app
     caplog.set_level(logging.INFO)
     before = outcome(client, QUERY, "disconnect")
     errors = outcome(client, QUERY, "error")
@@ -317,9 +314,9 @@ async def test_a_client_that_leaves_is_a_disconnect_not_an_error(
 
 
 async def test_a_bug_is_a_500_counted_and_logged_once_with_its_traceback(
-    app_client: tuple[TestClient[Any, Any], ScriptedEmbedder], caplog: pytest.LogCaptureFixture
+    app: App, caplog: pytest.LogCaptureFixture
 ) -> None:
-    client, _ = app_client
+    client, _ = app
     caplog.set_level(logging.INFO)
     before = outcome(client, "GET /boom", "error")
     resp = await client.get("/boom")
@@ -330,9 +327,9 @@ async def test_a_bug_is_a_500_counted_and_logged_once_with_its_traceback(
 
 
 async def test_probes_and_metrics_bypass_admission(
-    app_client: tuple[TestClient[Any, Any], ScriptedEmbedder],
+    app: App,
 ) -> None:
-    client, _ = app_client
+    client, _ = app
     slow = [asyncio.ensure_future(ask(client, t, f"SLEEP0.3 {t} busy")) for t in ("acme", "globex")]
     await asyncio.sleep(0.05)
     for path in ("/healthz", "/metrics"):
@@ -355,18 +352,18 @@ def _sse_events(raw: str) -> list[tuple[str, str]]:
     return events
 
 
-async def _stream(client: TestClient[Any, Any], query: str) -> tuple[int, str, str]:
+async def _stream(client: Client, query: str) -> tuple[int, str, str]:
     body = {"query": query, "route": "lookup", "stream": True}
     resp = await client.post("/v1/query", json=body, headers=auth("acme"))
     return resp.status, await resp.text(), resp.headers["X-Request-Id"]
 
 
 async def test_a_stream_ended_by_an_error_is_counted_with_its_outcome_and_logged_once(
-    app_client: tuple[TestClient[Any, Any], ScriptedEmbedder],
+    app: App,
     caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    client, _ = app_client
+    client, _ = app
     caplog.set_level(logging.INFO)
     retriever = client.app[SERVICES].retriever
 
@@ -402,9 +399,9 @@ async def test_a_stream_ended_by_an_error_is_counted_with_its_outcome_and_logged
 
 
 async def test_a_timeout_of_a_write_handler_s_own_is_not_reported_as_the_deadline(
-    app_client: tuple[TestClient[Any, Any], ScriptedEmbedder], monkeypatch: pytest.MonkeyPatch
+    app: App, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    client, _ = app_client
+    client, _ = app
 
     async def times_out(*args: Any, **kwargs: Any) -> bool:
         raise TimeoutError  # a backend's own timeout that escaped its seam: a bug, not ours
@@ -419,9 +416,9 @@ async def test_a_timeout_of_a_write_handler_s_own_is_not_reported_as_the_deadlin
 
 
 async def test_a_body_that_cannot_be_decoded_gets_a_stable_400(
-    app_client: tuple[TestClient[Any, Any], ScriptedEmbedder], caplog: pytest.LogCaptureFixture
+    app: App, caplog: pytest.LogCaptureFixture
 ) -> None:
-    client, _ = app_client
+    client, _ = app
     caplog.set_level(logging.INFO)
     body = b"certainly not gzip"
     head = _post(len(body)).replace(b"\r\n\r\n", b"\r\nContent-Encoding: gzip\r\n\r\n")
@@ -441,9 +438,9 @@ async def test_a_body_that_cannot_be_decoded_gets_a_stable_400(
 
 
 async def test_a_document_with_no_passage_is_422_and_nothing_is_written(
-    app_client: tuple[TestClient[Any, Any], ScriptedEmbedder], monkeypatch: pytest.MonkeyPatch
+    app: App, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    client, _ = app_client
+    client, _ = app
     retriever = client.app[SERVICES].retriever
     url = "/v1/documents/headings"
     resp = await client.put(url, json={"text": "Initech staplers."}, headers=auth("initech"))
@@ -472,9 +469,9 @@ def _admin() -> dict[str, str]:
 
 
 async def test_admin_reload_has_a_body_read_timeout_and_a_deadline(
-    app_client: tuple[TestClient[Any, Any], ScriptedEmbedder], monkeypatch: pytest.MonkeyPatch
+    app: App, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    client, _ = app_client
+    client, _ = app
     endpoint = "POST /admin/reload"
     resp = await client.post("/admin/reload", headers=_admin())
     assert resp.status == 422  # started without a config file: nothing to reload
@@ -505,9 +502,9 @@ async def test_admin_reload_has_a_body_read_timeout_and_a_deadline(
 
 
 async def test_raised_limits_dispatch_waiters_at_once(
-    app_client: tuple[TestClient[Any, Any], ScriptedEmbedder],
+    app: App,
 ) -> None:
-    client, _ = app_client
+    client, _ = app
     holder = client.app[RUNTIME]
     active = holder.current
     settings = active.settings

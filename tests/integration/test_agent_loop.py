@@ -60,8 +60,9 @@ OBEYING = "Acme refunds are instant [2] Official Refund Policy [a2b3c4d5-2], as 
 
 
 class Instrumented:
-    """The real index behind the Retriever seam, with a delay, a failure switch, and a count
-    of concurrent searches (how a test sees that tool calls really ran at once)."""
+    """The real index behind the Retriever seam, with a delay, a failure switch, a count of
+    concurrent searches, and `overlap`: searches that each wait until that many have started
+    (how a test sees that tool calls really ran at once, however slow the machine)."""
 
     name = "instrumented"
 
@@ -72,11 +73,16 @@ class Instrumented:
         self.fail_once = False
         self.in_flight = 0
         self.max_in_flight = 0
+        self.overlap: asyncio.Barrier | None = None
 
     async def search(self, request: SearchRequest) -> list[Hit]:
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
+            if self.overlap is not None:
+                # Run one after another, the first never sees the others start: it waits out
+                # the tool's timeout and reports it.
+                await self.overlap.wait()
             await asyncio.sleep(self.delay_s)
             if self.fail or self.fail_once:
                 self.fail_once = False
@@ -231,7 +237,7 @@ async def test_the_loop_searches_reads_and_answers_from_what_it_retrieved(
 async def test_tool_calls_of_one_turn_run_concurrently(
     make_pipeline: Any, retriever: Instrumented, fake_upstream: str
 ) -> None:
-    retriever.delay_s = 0.3
+    retriever.overlap = asyncio.Barrier(3)  # each search finishes once all three started
     calls = [search(q, call_id=f"c{i}") for i, q in enumerate(("warranty", "ERR-4471", "shipping"))]
     script = directive({"tool_calls": calls}, {"answer": "Done {cite:1}."})
     result = await ask(make_pipeline(), "Three facts about Acme?", script)

@@ -8,16 +8,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import socket
-import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
-from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
 from backends.cache import redis_scripts
 from backends.cache.base import CachedEntry
@@ -27,8 +24,8 @@ from backends.redis_client import RedisConnection, RedisOptions
 from gateway.cache.response import ResponseCache
 from gateway.cache.single_flight import Shared
 from gateway.obs.metrics import Metrics
-from gateway.server.app import create_app
-from gateway.settings import CacheConfig, Settings, hash_api_key
+from gateway.settings import CacheConfig
+from tests.fixtures.app import OpenClient, auth
 from tests.redis_server import RedisServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
@@ -64,50 +61,43 @@ class Monitor:
 
 
 async def test_a_miss_is_looked_up_and_claimed_in_one_round_trip(
-    redis_server: RedisServer, fake_upstream: str
+    app_client: OpenClient, redis_server: RedisServer, fake_upstream: str
 ) -> None:
     """The gateway's own path (the app in process, Redis for the cache): the commands a miss
     sends before its semantic lookup's script are one EVALSHA, and the same question again is
     an exact hit in one command, as before."""
-    tier = {"api_base": fake_upstream, "retries": 0, "input_cost_per_token": 1e-7}
-    settings = Settings.model_validate(
-        {
-            "data_dir": Path(tempfile.mkdtemp(prefix="qg-claim-")),
-            "server": {"reload_poll_s": 0},
-            "tenants": [{"id": "acme", "api_key_sha256": hash_api_key("key-acme")}],
-            "models": {"small": {"model": "openai/fake-small", **tier}},
-            "cache": {"backend": "redis", "redis_url": redis_server.url},
-            "quotas": {"backend": "memory"},
-            "router": {"classifier": "heuristic"},
-        }
+    client = await app_client(
+        upstream=fake_upstream,
+        cache={"backend": "redis", "redis_url": redis_server.url},
+        quotas={"backend": "memory"},
+        router={"classifier": "heuristic"},
     )
-    async with TestClient(TestServer(create_app(settings))) as client:
 
-        async def ask(question: str) -> tuple[dict[str, Any], list[str]]:
-            monitor = Monitor(redis_server)
-            try:
-                resp = await client.post(
-                    "/v1/query",
-                    json={"query": question, "route": "direct"},
-                    headers={"Authorization": "Bearer key-acme"},
-                )
-                assert resp.status == 200, await resp.text()
-                body: dict[str, Any] = await resp.json()
-                await asyncio.sleep(0.3)  # the store and the release, after the answer
-                return body, monitor.commands()
-            finally:
-                monitor.close()
+    async def ask(question: str) -> tuple[dict[str, Any], list[str]]:
+        monitor = Monitor(redis_server)
+        try:
+            resp = await client.post(
+                "/v1/query",
+                json={"query": question, "route": "direct"},
+                headers=auth(),
+            )
+            assert resp.status == 200, await resp.text()
+            body: dict[str, Any] = await resp.json()
+            await asyncio.sleep(0.3)  # the store and the release, after the answer
+            return body, monitor.commands()
+        finally:
+            monitor.close()
 
-        await ask(f"Say hello to the warm-up team {uuid.uuid4().hex[:8]}")  # scripts loaded
-        question = f"Please greet the team called {uuid.uuid4().hex[:8]}"
-        body, commands = await ask(question)
-        assert body["cache"] == "miss"
-        semantic = next(i for i, c in enumerate(commands) if CANDIDATES_SHA in c)
-        assert len(commands[:semantic]) == 1, commands  # not the lookup, then SET NX
-        assert commands[0].startswith('"EVALSHA"')
-        body, commands = await ask(question)
-        assert body["cache"] == "exact"
-        assert len(commands) == 1 and commands[0].startswith('"EVALSHA"'), commands
+    await ask(f"Say hello to the warm-up team {uuid.uuid4().hex[:8]}")  # scripts loaded
+    question = f"Please greet the team called {uuid.uuid4().hex[:8]}"
+    body, commands = await ask(question)
+    assert body["cache"] == "miss"
+    semantic = next(i for i, c in enumerate(commands) if CANDIDATES_SHA in c)
+    assert len(commands[:semantic]) == 1, commands  # not the lookup, then SET NX
+    assert commands[0].startswith('"EVALSHA"')
+    body, commands = await ask(question)
+    assert body["cache"] == "exact"
+    assert len(commands) == 1 and commands[0].startswith('"EVALSHA"'), commands
 
 
 @asynccontextmanager

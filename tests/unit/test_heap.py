@@ -5,14 +5,18 @@ from __future__ import annotations
 import gc
 import weakref
 from collections.abc import Iterator
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from backends.embeddings.base import Embedder
 from gateway.server import heap
 from gateway.server.app import create_app
 from gateway.settings import Settings
+from tests.fakes.llm import FakeLLM
+from tests.fixtures.app import fake_services
 
 
 class Node:
@@ -41,14 +45,18 @@ def test_freeze_collects_the_garbage_then_freezes_what_lives(unfrozen: None) -> 
 
 @pytest.mark.asyncio(loop_scope="session")
 async def test_the_server_s_app_freezes_its_heap_before_it_is_ready(
-    unfrozen: None, tmp_path: Path
+    unfrozen: None, tmp_path: Path, served_embedder: Embedder
 ) -> None:
     settings = Settings.model_validate(
         {"data_dir": tmp_path, "cache": {"backend": "off"}, "server": {"reload_poll_s": 0}}
     )
-    async with TestClient(TestServer(create_app(settings))) as client:
-        assert gc.get_freeze_count() == 0  # an app built for a test leaves the collector alone
-        assert (await client.get("/healthz")).status == 200
-    async with TestClient(TestServer(create_app(settings, freeze_heap=True))) as client:
-        assert gc.get_freeze_count() > 1000  # frozen while its backends started
-        assert (await client.get("/healthz")).status == 200
+    for freeze_heap in (False, True):
+        async with AsyncExitStack() as stack:
+            services = await fake_services(stack, settings, FakeLLM(tiers=()), served_embedder)
+            app = create_app(settings, services=services, freeze_heap=freeze_heap)
+            client = await stack.enter_async_context(TestClient(TestServer(app)))
+            if freeze_heap:
+                assert gc.get_freeze_count() > 1000  # frozen while its backends started
+            else:  # an app built for a test leaves the collector alone
+                assert gc.get_freeze_count() == 0
+            assert (await client.get("/healthz")).status == 200

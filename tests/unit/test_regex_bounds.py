@@ -18,6 +18,7 @@ import pytest
 import backends.retrieval.embedded.search
 import backends.retrieval.opensearch.config
 import backends.retrieval.opensearch.queries
+import gateway.cache.guards
 import gateway.http.handlers.documents
 import gateway.http.middleware.request_id
 import gateway.ingest.chunker
@@ -52,6 +53,7 @@ MODULES: tuple[ModuleType, ...] = (
     backends.retrieval.embedded.search,
     backends.retrieval.opensearch.config,
     backends.retrieval.opensearch.queries,
+    gateway.cache.guards,
     gateway.ingest.chunker,
     gateway.http.handlers.documents,
     gateway.http.middleware.request_id,

@@ -1,7 +1,8 @@
 """Every OpenAI parameter of `POST /v1/chat/completions` is honoured or refused by name.
 
-The fake upstream records the parameters of the last chat request carrying each directive key
-(`params_by_key` in its /admin/stats): what it shows is what reached the model.
+In process (`app_client`) over litellm's real client to the fake upstream, which records the
+parameters of the last chat request carrying each directive key (`params_by_key` in its
+/admin/stats): what it shows is what reached the model.
 """
 
 from __future__ import annotations
@@ -10,12 +11,15 @@ import json
 import random
 import string
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
-import requests
 
-from tests.fixtures.gateway import GatewayProcess
+from tests.fixtures.app import Client, LogLines, OpenClient, auth
+from tests.fixtures.upstream import calls_for, upstream_stats
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 WEATHER_TOOL: dict[str, Any] = {
     "type": "function",
@@ -31,6 +35,32 @@ WEATHER_TOOL: dict[str, Any] = {
 }
 
 
+@pytest.fixture(scope="module")
+async def gateway(app_client: OpenClient, fake_upstream: str) -> Client:
+    """The suite's configuration with both tiers on the fake upstream."""
+    return await app_client(upstream=fake_upstream)
+
+
+@pytest.fixture(scope="module")
+async def extractive(app_client: OpenClient) -> Client:
+    """The suite's configuration with no model: answers are extractive."""
+    return await app_client()
+
+
+class Reply:
+    """One response, read whole."""
+
+    def __init__(self, status: int, text: str, headers: Mapping[str, str]) -> None:
+        self.status_code, self.text, self.headers = status, text, headers
+
+    @property
+    def ok(self) -> bool:
+        return self.status_code < 400
+
+    def json(self) -> Any:
+        return json.loads(self.text)
+
+
 def key() -> str:
     # letters only: a key that looks like an identifier (digits) would send a question to lookup
     return "params" + "".join(random.choice(string.ascii_lowercase) for _ in range(12))
@@ -41,36 +71,22 @@ def ask(text: str, directive: dict[str, Any]) -> list[dict[str, str]]:
     return [{"role": "user", "content": f"{text} [[fake:{json.dumps(directive)}]]"}]
 
 
-def chat(gw: GatewayProcess, **body: Any) -> requests.Response:
-    return requests.post(
-        f"{gw.url}/v1/chat/completions", headers=gw.headers(), json=body, timeout=30
-    )
+async def chat(gw: Client, **body: Any) -> Reply:
+    async with gw.post("/v1/chat/completions", headers=auth(), json=body) as resp:
+        return Reply(resp.status, await resp.text(), resp.headers.copy())
 
 
-def stats(upstream: str) -> dict[str, Any]:
-    resp = requests.get(f"{upstream.removesuffix('/v1')}/admin/stats", timeout=5)
-    assert resp.status_code == 200
-    body: dict[str, Any] = resp.json()
-    return body
-
-
-def received(upstream: str, k: str) -> dict[str, Any]:
+async def received(upstream: str, k: str) -> dict[str, Any]:
     """The parameters the upstream got with the last chat request carrying key `k`."""
-    params: dict[str, Any] = stats(upstream)["params_by_key"][k]
+    params: dict[str, Any] = (await upstream_stats(upstream))["params_by_key"][k]
     return params
 
 
-def calls(upstream: str, k: str) -> int:
-    return int(stats(upstream)["by_key"].get(k, 0))
-
-
-def route_of(gw: GatewayProcess, text: str) -> str:
-    resp = requests.post(
-        f"{gw.url}/v1/route", headers=gw.headers(), json={"query": text}, timeout=30
-    )
-    assert resp.status_code == 200
-    route: str = resp.json()["route"]
-    return route
+async def route_of(gw: Client, text: str) -> str:
+    async with gw.post("/v1/route", headers=auth(), json={"query": text}) as resp:
+        assert resp.status == 200
+        route: str = (await resp.json())["route"]
+        return route
 
 
 SAMPLING: dict[str, Any] = {
@@ -83,67 +99,71 @@ SAMPLING: dict[str, Any] = {
 }
 
 
-def test_sampling_parameters_reach_the_direct_routes_model_call(
-    gateway: GatewayProcess, fake_upstream: str
+async def test_sampling_parameters_reach_the_direct_routes_model_call(
+    gateway: Client, fake_upstream: str
 ) -> None:
     k = key()
-    resp = chat(gateway, model="direct", messages=ask("Hello", {"key": k}), **SAMPLING)
+    resp = await chat(gateway, model="direct", messages=ask("Hello", {"key": k}), **SAMPLING)
     assert resp.status_code == 200, resp.text
-    got = received(fake_upstream, k)
+    got = await received(fake_upstream, k)
     assert {name: got.get(name) for name in SAMPLING} == SAMPLING
 
 
-def test_sampling_parameters_reach_the_lookup_routes_answer_call(
-    gateway: GatewayProcess, fake_upstream: str
+async def test_sampling_parameters_reach_the_lookup_routes_answer_call(
+    gateway: Client, fake_upstream: str
 ) -> None:
     k = key()
     text = "How do I fix ERR-4471?"
-    resp = chat(gateway, model="lookup", messages=ask(text, {"key": k}), **SAMPLING)
+    resp = await chat(gateway, model="lookup", messages=ask(text, {"key": k}), **SAMPLING)
     assert resp.status_code == 200, resp.text
     assert resp.json()["querygate"]["citations"], resp.json()  # it answered from sources
-    got = received(fake_upstream, k)
+    got = await received(fake_upstream, k)
     assert {name: got.get(name) for name in SAMPLING} == SAMPLING
 
 
-def test_max_completion_tokens_caps_the_answer_and_says_length(
-    gateway: GatewayProcess, fake_upstream: str
+async def test_max_completion_tokens_caps_the_answer_and_says_length(
+    gateway: Client, fake_upstream: str
 ) -> None:
     k = key()
     messages = ask("Hello", {"key": k, "answer": "one two three four five six seven"})
-    resp = chat(gateway, model="direct", messages=messages, max_completion_tokens=3)
+    resp = await chat(gateway, model="direct", messages=messages, max_completion_tokens=3)
     assert resp.status_code == 200, resp.text
-    assert received(fake_upstream, k)["max_tokens"] == 3
+    assert (await received(fake_upstream, k))["max_tokens"] == 3
     choice = resp.json()["choices"][0]
     assert choice["finish_reason"] == "length"
     assert choice["message"]["content"] == "one two three"
 
 
-def test_max_tokens_below_the_tiers_limit_wins_and_above_it_does_not(
-    gateway: GatewayProcess, fake_upstream: str
+async def test_max_tokens_below_the_tiers_limit_wins_and_above_it_does_not(
+    gateway: Client, fake_upstream: str
 ) -> None:
     low, high = key(), key()
-    assert chat(gateway, model="direct", messages=ask("Hi", {"key": low}), max_tokens=40).ok
-    assert chat(gateway, model="direct", messages=ask("Hi", {"key": high}), max_tokens=10**6).ok
-    assert received(fake_upstream, low)["max_tokens"] == 40
-    assert received(fake_upstream, high)["max_tokens"] == 512  # the tier's own (TierConfig)
+    assert (await chat(gateway, model="direct", messages=ask("Hi", {"key": low}), max_tokens=40)).ok
+    huge = 10**6
+    assert (
+        await chat(gateway, model="direct", messages=ask("Hi", {"key": high}), max_tokens=huge)
+    ).ok
+    assert (await received(fake_upstream, low))["max_tokens"] == 40
+    assert (await received(fake_upstream, high))["max_tokens"] == 512  # the tier's own (TierConfig)
 
 
-def test_n_above_one_is_refused_naming_n_and_n_one_is_fine(
-    gateway: GatewayProcess, fake_upstream: str
+async def test_n_above_one_is_refused_naming_n_and_n_one_is_fine(
+    gateway: Client, fake_upstream: str
 ) -> None:
     k = key()
-    resp = chat(gateway, model="direct", messages=ask("Hello", {"key": k}), n=2)
+    resp = await chat(gateway, model="direct", messages=ask("Hello", {"key": k}), n=2)
     assert resp.status_code == 400
     assert resp.json()["error"]["message"].startswith("n: ")
-    assert calls(fake_upstream, k) == 0
-    assert chat(gateway, model="direct", messages=ask("Hello", {"key": k}), n=1).status_code == 200
+    assert await calls_for(fake_upstream, k) == 0
+    one = await chat(gateway, model="direct", messages=ask("Hello", {"key": k}), n=1)
+    assert one.status_code == 200
 
 
-def test_unsupported_and_unknown_parameters_are_each_named_and_nothing_runs(
-    gateway: GatewayProcess, fake_upstream: str
+async def test_unsupported_and_unknown_parameters_are_each_named_and_nothing_runs(
+    gateway: Client, fake_upstream: str
 ) -> None:
     k = key()
-    resp = chat(
+    resp = await chat(
         gateway,
         model="auto",
         messages=ask("Hello", {"key": k}),
@@ -156,13 +176,13 @@ def test_unsupported_and_unknown_parameters_are_each_named_and_nothing_runs(
     message = resp.json()["error"]["message"]
     for name in ("logprobs", "logit_bias", "functions", "made_up_param"):
         assert f"{name}: " in message, message
-    assert calls(fake_upstream, k) == 0
+    assert await calls_for(fake_upstream, k) == 0
 
 
-def test_parameters_at_the_value_that_asks_for_nothing_are_accepted(
-    gateway: GatewayProcess,
+async def test_parameters_at_the_value_that_asks_for_nothing_are_accepted(
+    gateway: Client,
 ) -> None:
-    resp = chat(
+    resp = await chat(
         gateway,
         model="direct",
         messages=ask("Hello", {"key": key()}),
@@ -175,12 +195,12 @@ def test_parameters_at_the_value_that_asks_for_nothing_are_accepted(
     assert resp.status_code == 200, resp.text
 
 
-def test_client_tools_on_direct_come_back_as_openai_tool_calls(
-    gateway: GatewayProcess, fake_upstream: str
+async def test_client_tools_on_direct_come_back_as_openai_tool_calls(
+    gateway: Client, fake_upstream: str
 ) -> None:
     k = key()
     script = {"key": k, "tool_calls": [{"name": "get_weather", "arguments": {"city": "Oslo"}}]}
-    resp = chat(
+    resp = await chat(
         gateway,
         model="direct",
         messages=ask("What is the weather in Oslo?", script),
@@ -195,29 +215,24 @@ def test_client_tools_on_direct_come_back_as_openai_tool_calls(
     assert call["type"] == "function" and call["id"]
     assert call["function"]["name"] == "get_weather"
     assert json.loads(call["function"]["arguments"]) == {"city": "Oslo"}
-    got = received(fake_upstream, k)
+    got = await received(fake_upstream, k)
     assert got["tools"] == [WEATHER_TOOL]
     assert (got["tool_choice"], got["parallel_tool_calls"]) == ("auto", False)
 
 
-def test_streamed_tool_calls_come_back_in_chunks_with_finish_reason_tool_calls(
-    gateway: GatewayProcess,
+async def test_streamed_tool_calls_come_back_in_chunks_with_finish_reason_tool_calls(
+    gateway: Client,
 ) -> None:
     script = {"key": key(), "tool_calls": [{"name": "get_weather", "arguments": {"city": "Rome"}}]}
-    resp = requests.post(
-        f"{gateway.url}/v1/chat/completions",
-        headers=gateway.headers(),
-        json={
-            "model": "direct",
-            "messages": ask("Weather in Rome?", script),
-            "tools": [WEATHER_TOOL],
-            "stream": True,
-        },
+    resp = await chat(
+        gateway,
+        model="direct",
+        messages=ask("Weather in Rome?", script),
+        tools=[WEATHER_TOOL],
         stream=True,
-        timeout=30,
     )
     assert resp.status_code == 200
-    lines = [line.decode() for line in resp.iter_lines()]
+    lines = resp.text.splitlines()
     events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
     deltas = [c["choices"][0]["delta"] for c in events if c.get("choices")]
     calls_seen = [t for d in deltas for t in d.get("tool_calls", [])]
@@ -227,11 +242,11 @@ def test_streamed_tool_calls_come_back_in_chunks_with_finish_reason_tool_calls(
     assert finishes[-1] == "tool_calls"
 
 
-def test_tools_on_a_route_that_answers_from_documents_are_refused_before_any_call(
-    gateway: GatewayProcess, fake_upstream: str
+async def test_tools_on_a_route_that_answers_from_documents_are_refused_before_any_call(
+    gateway: Client, fake_upstream: str
 ) -> None:
     k = key()
-    resp = chat(
+    resp = await chat(
         gateway,
         model="lookup",
         messages=ask("How do I fix ERR-4471?", {"key": k}),
@@ -239,11 +254,11 @@ def test_tools_on_a_route_that_answers_from_documents_are_refused_before_any_cal
     )
     assert resp.status_code == 400
     assert resp.json()["error"]["message"].startswith("tools: the question was routed to lookup")
-    assert calls(fake_upstream, k) == 0
+    assert await calls_for(fake_upstream, k) == 0
 
 
-def test_tools_with_auto_pass_through_when_it_routes_direct_and_are_refused_otherwise(
-    gateway: GatewayProcess, fake_upstream: str
+async def test_tools_with_auto_pass_through_when_it_routes_direct_and_are_refused_otherwise(
+    gateway: Client, fake_upstream: str
 ) -> None:
     k = key()
     # Text to transform carries the fake's directive: small talk the policy answers directly.
@@ -251,9 +266,9 @@ def test_tools_with_auto_pass_through_when_it_routes_direct_and_are_refused_othe
         "content"
     ]
     lookup_text = "How do I fix ERR-4471?"
-    assert route_of(gateway, direct_text) == "direct"  # what the two cases rest on
-    assert route_of(gateway, lookup_text) == "lookup"
-    resp = chat(
+    assert await route_of(gateway, direct_text) == "direct"  # what the two cases rest on
+    assert await route_of(gateway, lookup_text) == "lookup"
+    resp = await chat(
         gateway,
         model="auto",
         messages=[{"role": "user", "content": direct_text}],
@@ -261,8 +276,8 @@ def test_tools_with_auto_pass_through_when_it_routes_direct_and_are_refused_othe
     )
     assert resp.status_code == 200, resp.text
     assert resp.json()["querygate"]["route"] == "direct"
-    assert received(fake_upstream, k)["tools"] == [WEATHER_TOOL]
-    refused = chat(
+    assert (await received(fake_upstream, k))["tools"] == [WEATHER_TOOL]
+    refused = await chat(
         gateway,
         model="auto",
         messages=[{"role": "user", "content": lookup_text}],
@@ -272,18 +287,18 @@ def test_tools_with_auto_pass_through_when_it_routes_direct_and_are_refused_othe
     assert "tools: the question was routed to lookup" in refused.json()["error"]["message"]
 
 
-def test_response_format_passes_through_on_direct_and_is_refused_on_lookup(
-    gateway: GatewayProcess, fake_upstream: str
+async def test_response_format_passes_through_on_direct_and_is_refused_on_lookup(
+    gateway: Client, fake_upstream: str
 ) -> None:
     k = key()
     schema = {"name": "city", "schema": {"type": "object"}, "strict": True}
     response_format = {"type": "json_schema", "json_schema": schema}
     messages = ask("Name a city", {"key": k, "answer": '{"city": "Oslo"}'})
-    resp = chat(gateway, model="direct", messages=messages, response_format=response_format)
+    resp = await chat(gateway, model="direct", messages=messages, response_format=response_format)
     assert resp.status_code == 200, resp.text
     assert json.loads(resp.json()["choices"][0]["message"]["content"]) == {"city": "Oslo"}
-    assert received(fake_upstream, k)["response_format"] == response_format
-    refused = chat(
+    assert (await received(fake_upstream, k))["response_format"] == response_format
+    refused = await chat(
         gateway,
         model="lookup",
         messages=ask("How do I fix ERR-4471?", {"key": key()}),
@@ -293,8 +308,8 @@ def test_response_format_passes_through_on_direct_and_is_refused_on_lookup(
     assert refused.json()["error"]["message"].startswith("response_format: ")
 
 
-def test_a_response_format_of_text_is_what_every_answer_is_anyway(gateway: GatewayProcess) -> None:
-    resp = chat(
+async def test_a_response_format_of_text_is_what_every_answer_is_anyway(gateway: Client) -> None:
+    resp = await chat(
         gateway,
         model="lookup",
         messages=ask("How do I fix ERR-4471?", {"key": key()}),
@@ -303,19 +318,19 @@ def test_a_response_format_of_text_is_what_every_answer_is_anyway(gateway: Gatew
     assert resp.status_code == 200, resp.text
 
 
-def test_tool_results_sent_back_continue_the_conversation_on_direct(
-    gateway: GatewayProcess,
+async def test_tool_results_sent_back_continue_the_conversation_on_direct(
+    gateway: Client,
 ) -> None:
     # turn 2 (one assistant message after the question) answers: the fake sees the trailing
     # tool call and result after the question, in order, or it would call the tool again
     call = {"name": "get_weather", "arguments": {"city": "Oslo"}, "id": "call_oslo"}
     script = {"key": key(), "turns": [{"tool_calls": [call]}, {"answer": "Sunny in Oslo."}]}
     question = ask("Weather in Oslo?", script)
-    first = chat(gateway, model="direct", messages=question, tools=[WEATHER_TOOL])
+    first = await chat(gateway, model="direct", messages=question, tools=[WEATHER_TOOL])
     assert first.status_code == 200, first.text
     assistant = first.json()["choices"][0]["message"]
     result = {"role": "tool", "tool_call_id": "call_oslo", "content": "sunny, 21 C"}
-    second = chat(
+    second = await chat(
         gateway, model="direct", messages=[*question, assistant, result], tools=[WEATHER_TOOL]
     )
     assert second.status_code == 200, second.text
@@ -323,8 +338,8 @@ def test_tool_results_sent_back_continue_the_conversation_on_direct(
     assert (choice["finish_reason"], choice["message"]["content"]) == ("stop", "Sunny in Oslo.")
 
 
-def test_tool_results_on_a_route_that_answers_from_documents_are_refused(
-    gateway: GatewayProcess, fake_upstream: str
+async def test_tool_results_on_a_route_that_answers_from_documents_are_refused(
+    gateway: Client, fake_upstream: str
 ) -> None:
     k = key()
     call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
@@ -333,42 +348,44 @@ def test_tool_results_on_a_route_that_answers_from_documents_are_refused(
         {"role": "assistant", "content": None, "tool_calls": [call]},
         {"role": "tool", "tool_call_id": "c1", "content": "done"},
     ]
-    resp = chat(gateway, model="lookup", messages=messages)
+    resp = await chat(gateway, model="lookup", messages=messages)
     assert resp.status_code == 400
     assert resp.json()["error"]["message"].startswith("messages: the question was routed to lookup")
-    assert calls(fake_upstream, k) == 0
+    assert await calls_for(fake_upstream, k) == 0
 
 
-def test_a_conversation_ending_in_anything_but_a_question_or_tool_results_is_422(
-    gateway: GatewayProcess,
+async def test_a_conversation_ending_in_anything_but_a_question_or_tool_results_is_422(
+    gateway: Client,
 ) -> None:
     messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
-    resp = chat(gateway, model="direct", messages=messages)
+    resp = await chat(gateway, model="direct", messages=messages)
     assert resp.status_code == 422
     assert resp.json()["error"]["message"].startswith("messages: ")
 
 
-def test_a_request_with_parameters_is_answered_afresh_not_from_the_cache(
-    gateway: GatewayProcess, fake_upstream: str
+async def test_a_request_with_parameters_is_answered_afresh_not_from_the_cache(
+    gateway: Client, fake_upstream: str
 ) -> None:
     k = key()
     for _ in range(2):
-        resp = chat(gateway, model="direct", messages=ask("Hello", {"key": k}), temperature=0.5)
+        resp = await chat(
+            gateway, model="direct", messages=ask("Hello", {"key": k}), temperature=0.5
+        )
         assert resp.status_code == 200, resp.text
         assert resp.json()["querygate"]["cache"] == "miss"
-    assert calls(fake_upstream, k) == 2
+    assert await calls_for(fake_upstream, k) == 2
 
 
-def test_user_goes_to_the_request_log_line(gateway: GatewayProcess) -> None:
+async def test_user_goes_to_the_request_log_line(gateway: Client, gateway_log: LogLines) -> None:
     user = f"end-user-{uuid.uuid4().hex[:8]}"
-    resp = chat(gateway, model="direct", messages=ask("Hello", {"key": key()}), user=user)
+    resp = await chat(gateway, model="direct", messages=ask("Hello", {"key": key()}), user=user)
     assert resp.status_code == 200, resp.text
-    lines = gateway.request_lines(resp.headers["X-Request-Id"])
+    lines = await gateway_log.request_lines(resp.headers["X-Request-Id"])
     assert [line.get("user") for line in lines if line.get("msg") == "request"] == [user]
 
 
-def test_tools_on_a_deployment_without_a_model_are_refused(extractive: GatewayProcess) -> None:
-    resp = chat(extractive, model="direct", messages=ask("Hello", {}), tools=[WEATHER_TOOL])
+async def test_tools_on_a_deployment_without_a_model_are_refused(extractive: Client) -> None:
+    resp = await chat(extractive, model="direct", messages=ask("Hello", {}), tools=[WEATHER_TOOL])
     assert resp.status_code == 400
     assert resp.json()["error"]["message"].startswith("tools: no model is configured")
 
@@ -383,11 +400,11 @@ def test_tools_on_a_deployment_without_a_model_are_refused(extractive: GatewayPr
     ],
     ids=["cut", "nested-too-deeply", "5000-digits"],
 )
-def test_a_models_malformed_tool_arguments_reach_the_client_verbatim(
-    gateway: GatewayProcess, arguments: str
+async def test_a_models_malformed_tool_arguments_reach_the_client_verbatim(
+    gateway: Client, arguments: str
 ) -> None:
     script = {"key": key(), "tool_calls": [{"name": "get_weather", "arguments": arguments}]}
-    resp = chat(
+    resp = await chat(
         gateway,
         model="direct",
         messages=ask("Weather in Oslo?", script),
@@ -399,14 +416,14 @@ def test_a_models_malformed_tool_arguments_reach_the_client_verbatim(
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_a_model_refusing_the_clients_parameters_as_invalid_is_a_400_not_a_503(
-    gateway: GatewayProcess, fake_upstream: str, stream: bool
+async def test_a_model_refusing_the_clients_parameters_as_invalid_is_a_400_not_a_503(
+    gateway: Client, fake_upstream: str, gateway_log: LogLines, stream: bool
 ) -> None:
     """An upstream's 400 to a request the client shaped (a seed out of its range, a tool schema
     it rejects) was a 503 upstream_error with Retry-After: the client retried a request that
     can never pass, and its refusals counted against the gateway's error-rate alert."""
     k = key()
-    resp = chat(
+    resp = await chat(
         gateway,
         model="direct",
         messages=ask("Hello", {"key": k, "status": 400}),
@@ -422,8 +439,8 @@ def test_a_model_refusing_the_clients_parameters_as_invalid_is_a_400_not_a_503(
         error = resp.json()["error"]
     assert error["type"] == "bad_request"
     assert error["message"].startswith("the model refused this request as invalid")
-    assert calls(fake_upstream, k) == 1  # not retried
-    lines = gateway.request_lines(resp.headers["X-Request-Id"])
+    assert await calls_for(fake_upstream, k) == 1  # not retried
+    lines = await gateway_log.request_lines(resp.headers["X-Request-Id"])
     [line] = [line for line in lines if line.get("msg") == "request"]
     assert line["outcome"] == "client_error"
     assert any("HTTP 400" in line["msg"] for line in lines)  # the model's reason, logged
@@ -434,21 +451,21 @@ def test_a_model_refusing_the_clients_parameters_as_invalid_is_a_400_not_a_503(
     [(400, {}), (401, {"temperature": 0.3}), (404, {"temperature": 0.3})],
     ids=["no-client-parameters", "401-key", "404-model"],
 )
-def test_a_refusal_the_client_did_not_cause_stays_a_503(
-    gateway: GatewayProcess, status: int, params: dict[str, Any]
+async def test_a_refusal_the_client_did_not_cause_stays_a_503(
+    gateway: Client, status: int, params: dict[str, Any]
 ) -> None:
     """Without the client's parameters the request is the gateway's own making, and 401/404
     fault the deployment's key or model name: the operator's to fix, so still 503."""
-    resp = chat(
+    resp = await chat(
         gateway, model="direct", messages=ask("Hello", {"key": key(), "status": status}), **params
     )
     assert resp.status_code == 503, resp.text
     assert resp.json()["error"]["type"] == "upstream_error"
 
 
-def test_stream_options_without_stream_is_refused_naming_it(gateway: GatewayProcess) -> None:
+async def test_stream_options_without_stream_is_refused_naming_it(gateway: Client) -> None:
     """It was taken and ignored: `include_usage` asked for a usage chunk no answer had."""
-    resp = chat(
+    resp = await chat(
         gateway,
         model="direct",
         messages=ask("Hello", {"key": key()}),

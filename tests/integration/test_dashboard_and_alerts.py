@@ -1,7 +1,8 @@
 """The shipped Grafana dashboard and alert rules: valid PromQL, naming only what the gateway
-exports (read from a live /metrics, not from a list kept here), and — with promtool — alerts
-that fire on the series they should and stay quiet on healthy ones. Both files are generated
-(scripts/make_dashboard.py, scripts/make_alerts.py) and checked to be their generator's output."""
+exports (read from a live app's /metrics, in process, not from a list kept here), and, with
+promtool, alerts that fire on the series they should and stay quiet on healthy ones. Both
+files are generated (scripts/make_dashboard.py, scripts/make_alerts.py) and checked to be their
+generator's output."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from gateway.obs.metrics import Metrics
 from scripts import make_alerts
 from scripts.make_dashboard import OUT as DASHBOARD
 from scripts.make_dashboard import render
-from tests.fixtures.gateway import REPO_ROOT, GatewayProcess
+from tests.fixtures.app import Client, OpenClient, scrape
+from tests.fixtures.gateway import REPO_ROOT
 from tests.metrics import Scrape
 
 RULES = make_alerts.OUT
@@ -34,11 +36,16 @@ _SUFFIXES = {
 }
 
 
-def exported_names(gw: GatewayProcess) -> set[str]:
+@pytest.fixture(scope="module")
+async def gateway(app_client: OpenClient) -> Client:
+    return await app_client()
+
+
+async def exported_names(gw: Client) -> set[str]:
     """Every series name the live gateway's /metrics declares (a family with no sample yet
     still names its series through its type)."""
     names: set[str] = set()
-    for family in gw.metrics().families:
+    for family in (await scrape(gw)).families:
         names.add(family.name)
         names.update(family.name + suffix for suffix in _SUFFIXES.get(family.type, ()))
         names.update(sample.name for sample in family.samples)
@@ -140,16 +147,18 @@ def test_each_latency_target_is_a_bucket_bound_of_the_answer_histogram() -> None
         assert repr(bound) in bounds[route], (route, bound)
 
 
-def test_every_dashboard_expression_reads_only_exported_metrics(gateway: GatewayProcess) -> None:
-    exported = exported_names(gateway)
+@pytest.mark.asyncio(loop_scope="session")
+async def test_every_dashboard_expression_reads_only_exported_metrics(gateway: Client) -> None:
+    exported = await exported_names(gateway)
     exprs = dashboard_expressions()
     assert len(exprs) > 30
     unknown = {(name, expr) for expr in exprs for name in selectors(expr) if name not in exported}
     assert not unknown
 
 
-def test_every_rule_expression_reads_exported_or_recorded_series(gateway: GatewayProcess) -> None:
-    exported = exported_names(gateway)
+@pytest.mark.asyncio(loop_scope="session")
+async def test_every_rule_expression_reads_exported_or_recorded_series(gateway: Client) -> None:
+    exported = await exported_names(gateway)
     recorded = {rule["record"] for rule in rules() if "record" in rule}
     alerts = [rule for rule in rules() if "alert" in rule]
     assert len(alerts) >= 10
