@@ -13,8 +13,8 @@ import pytest
 
 from gateway.http.appkeys import SERVICES
 from gateway.ingest.progress import IngestProgress
-from tests.e2e.test_openapi import request_fits
 from tests.fixtures.app import Client, OpenClient, auth
+from tests.integration.test_openapi import request_fits
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
