@@ -64,41 +64,43 @@ def route_tiers(
     return routes
 
 
-class FromSources:
-    """A route that answers from sources, refusing before any work the parameters only the
-    direct route honours (client tools, a response format): its answer is cited prose."""
+class Refusing:
+    """A route that refuses, before any work, the parameters its answer cannot honour:
+    `refused(ctx)` names them ("" for none), `why` ends the 400's message.
 
-    def __init__(self, route: Route, inner: Executor) -> None:
-        self._route = route
+    - `from_sources`: a route that answers from sources refuses what only the direct route
+      honours (client tools, a response format): its answer is cited prose.
+    - `without_model`: a route with no model (its answer quoted from the passages, or a fixed
+      note) refuses what such an answer cannot honour: it ends where the quote ends, not at a
+      client's stop sequence, and repeats what the documents repeat. What it can honour is not
+      refused: `max_tokens` (the answer is cut), and `temperature`, `top_p` and `seed`, met as
+      they stand since nothing is sampled (the answer is what temperature 0 asks, the same for
+      the same request)."""
+
+    def __init__(self, inner: Executor, refused: Callable[[RouteContext], str], why: str) -> None:
         self._inner = inner
+        self._refused = refused
+        self._why = why
+
+    @classmethod
+    def from_sources(cls, route: Route, inner: Executor) -> Refusing:
+        why = (
+            f"the question was routed to {route.value}, which answers from the documents and "
+            "cannot honour it; send model 'direct' for a plain model call"
+        )
+        return cls(inner, model_only_params, why)
+
+    @classmethod
+    def without_model(cls, route: Route, inner: Executor) -> Refusing:
+        why = (
+            f"no model is configured for the {route.value} route, so its answer is not "
+            "generated and cannot honour it"
+        )
+        return cls(inner, unsampled_params, why)
 
     async def __call__(self, ctx: RouteContext) -> Answer | Generation | Escalation:
-        if wanted := model_only_params(ctx):
-            raise OptionNotHonoured(
-                f"{wanted}: the question was routed to {self._route.value}, which answers from "
-                "the documents and cannot honour it; send model 'direct' for a plain model call"
-            )
-        return await self._inner(ctx)
-
-
-class WithoutModel:
-    """A route with no model (its answer quoted from the passages, or a fixed note), refusing
-    before any work the generation parameters such an answer cannot honour: it ends where the
-    quote ends, not at a client's stop sequence, and repeats what the documents repeat. What
-    it can honour is not refused: `max_tokens` (the answer is cut), and `temperature`, `top_p`
-    and `seed`, met as they stand since nothing is sampled (the answer is what temperature 0
-    asks, the same for the same request)."""
-
-    def __init__(self, route: Route, inner: Executor) -> None:
-        self._route = route
-        self._inner = inner
-
-    async def __call__(self, ctx: RouteContext) -> Answer | Generation | Escalation:
-        if wanted := unsampled_params(ctx):
-            raise OptionNotHonoured(
-                f"{wanted}: no model is configured for the {self._route.value} route, so its "
-                "answer is not generated and cannot honour it"
-            )
+        if wanted := self._refused(ctx):
+            raise OptionNotHonoured(f"{wanted}: {self._why}")
         return await self._inner(ctx)
 
 
@@ -134,8 +136,8 @@ def build_registry(
         registry[Route.FULL_CONTEXT] = FullContextExecutor(tier, tiers.get(Route.MULTIHOP))
     for route in (Route.DIRECT, Route.LOOKUP):
         if tiers[route] is None:
-            registry[route] = WithoutModel(route, registry[route])
+            registry[route] = Refusing.without_model(route, registry[route])
     return {
-        route: executor if route is Route.DIRECT else FromSources(route, executor)
+        route: executor if route is Route.DIRECT else Refusing.from_sources(route, executor)
         for route, executor in registry.items()
     }

@@ -10,13 +10,13 @@ passages, quoted): `max_tokens` cuts it, `temperature`, `top_p` and `seed` are m
 (nothing is sampled: the answer is what temperature 0 asks, the same for the same request), and
 `stop`, `frequency_penalty` and `presence_penalty` (non-zero) are refused by name, since a
 quote cannot end at a client's marker or avoid repeating itself
-(`routers.executors.WithoutModel`).
+(`routers.executors.Refusing.without_model`).
 
 Direct route only: `tools`, `tool_choice`, `parallel_tool_calls` and a `response_format` of
 `json_object` or `json_schema`. Every other route writes prose citing the tenant's documents,
 which neither a tool call nor a JSON document can be; there (and on `auto` when the question is
 not routed direct, and on a direct route without a model) the request gets 400 naming them
-before any work is done (`routers.executors.FromSources`).
+before any work is done (`routers.executors.Refusing.from_sources`).
 
 The handler takes `stream`, `stream_options.include_usage` (with `stream` only), and `user` /
 `safety_identifier` (written to the request's log line, never a metric label). The tool calls
