@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -244,26 +244,41 @@ def has_metadata(graph: Path, expected: Mapping[str, str]) -> bool:
     return meta == dict(expected)
 
 
-def is_current(graph: Path, model_path: Path) -> bool:
-    """Whether `graph` was built by this builder from these weights."""
-    return has_metadata(graph, expected_metadata(model_path))
+def graph_command(
+    argv: list[str] | None,
+    *,
+    description: str,
+    default_out: Path,
+    expected: Mapping[str, str],
+    write: Callable[[Path], object],
+    what: str,
+) -> int:
+    """The setup command of a graph: write it to `--out` unless one with `expected` is there."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--out", type=Path, default=None, help="default: in the environment")
+    parser.add_argument("--force", action="store_true", help="rebuild even when up to date")
+    args = parser.parse_args(argv)
+    out = args.out or default_out
+    if not args.force and has_metadata(out, expected):
+        print(f"{what} up to date: {out}", file=sys.stderr)
+        return 0
+    write(out)
+    print(f"{what} written: {out}", file=sys.stderr)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     from backends.embeddings.minilm import default_model_path
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, default=None, help="default: in the environment")
-    parser.add_argument("--force", action="store_true", help="rebuild even when up to date")
-    args = parser.parse_args(argv)
-    out = args.out or default_graph_path()
     model_path = default_model_path()
-    if not args.force and is_current(out, model_path):
-        print(f"onnx graph up to date: {out}", file=sys.stderr)
-        return 0
-    write_graph(model_path, out)
-    print(f"onnx graph written: {out}", file=sys.stderr)
-    return 0
+    return graph_command(
+        argv,
+        description=__doc__.split("\n")[0],
+        default_out=default_graph_path(),
+        expected=expected_metadata(model_path),
+        write=lambda out: write_graph(model_path, out),
+        what="onnx graph",
+    )
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ other weights or another delta is not used (`LocalCrossEncoder` builds it in mem
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import sys
@@ -26,7 +25,7 @@ from backends.embeddings.onnx_graph import (
     RelevanceHead,
     build_model,
     expected_metadata,
-    has_metadata,
+    graph_command,
     save_model,
 )
 
@@ -75,18 +74,15 @@ def expected(model_path: Path, delta: Delta) -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     from backends.embeddings.minilm import default_model_path
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, default=None, help="default: in the environment")
-    parser.add_argument("--force", action="store_true", help="rebuild even when up to date")
-    args = parser.parse_args(argv)
-    out = args.out or default_graph_path()
     model_path, delta = default_model_path(), load_delta()
-    if not args.force and has_metadata(out, expected(model_path, delta)):
-        print(f"rerank graph up to date: {out}", file=sys.stderr)
-        return 0
-    save_model(build(model_path, delta), out)
-    print(f"rerank graph written: {out}", file=sys.stderr)
-    return 0
+    return graph_command(
+        argv,
+        description=__doc__.split("\n")[0],
+        default_out=default_graph_path(),
+        expected=expected(model_path, delta),
+        write=lambda out: save_model(build(model_path, delta), out),
+        what="rerank graph",
+    )
 
 
 if __name__ == "__main__":
