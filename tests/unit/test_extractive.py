@@ -7,15 +7,11 @@ The passages are Wikipedia lead sections of the offline sample (tests/data/wiki,
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from backends.embeddings.base import Embedder, token_window
-from backends.errors import BackendUnavailable
-from backends.rerank.base import RerankerKind, RerankRequest
 from backends.retrieval.base import Hit
 from gateway.ingest.chunker import chunk_document
 from routers.extractive import (
@@ -26,6 +22,7 @@ from routers.extractive import (
     Extractor,
 )
 from routers.sentences import split_sentences
+from tests.fakes.rerank import FakeReranker
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 LEADS = (DATA / "wiki" / "leads.jsonl").read_text("utf-8")
@@ -41,27 +38,13 @@ def hits(*doc_ids: str) -> list[Hit]:
     ]
 
 
-@dataclass
-class ScriptedReranker:
-    """An in-memory reranker: scores a passage by the first preferred phrase it contains."""
+def preferring(*phrases: str, fail: bool = False) -> FakeReranker:
+    """A local reranker scoring a passage by the first of `phrases` it contains."""
 
-    prefer: Sequence[str]
-    fail: bool = False
-    kind: RerankerKind = "local"
-    model_id: str = "scripted"
-    requests: list[RerankRequest] = field(default_factory=list)
+    def score(_query: str, passage: str) -> float:
+        return float(next((len(phrases) - i for i, p in enumerate(phrases) if p in passage), 0))
 
-    async def scores(self, request: RerankRequest) -> list[float]:
-        self.requests.append(request)
-        if self.fail:
-            raise BackendUnavailable("rerank", "the reranker is down")
-        return [
-            float(next((len(self.prefer) - i for i, p in enumerate(self.prefer) if p in t), 0))
-            for t in request.passages
-        ]
-
-    async def aclose(self) -> None:
-        return None
+    return FakeReranker(score=score, fail=fail, kind="local", model_id="scripted")
 
 
 async def ask(
@@ -69,7 +52,7 @@ async def ask(
     query: str,
     found: list[Hit],
     *,
-    reranker: ScriptedReranker | None = None,
+    reranker: FakeReranker | None = None,
     max_tokens: int | None = None,
 ) -> object:
     vector = (await embedder.embed([query]))[0]
@@ -163,7 +146,7 @@ async def test_a_cut_drops_the_lowest_ranked_sentences_first(served_embedder: Em
 async def test_the_reranker_orders_the_sentences_above_the_floor(
     served_embedder: Embedder,
 ) -> None:
-    reranker = ScriptedReranker(prefer=["Nobel Prizes"])
+    reranker = preferring("Nobel Prizes")
     found = hits("Dynamite", "Alfred Nobel", "Carrot")
     plain = await ask(served_embedder, "Who invented dynamite?", found)
     answer = await ask(served_embedder, "Who invented dynamite?", found, reranker=reranker)
@@ -182,7 +165,7 @@ async def test_a_failing_reranker_leaves_the_embedders_order_and_says_so(
 ) -> None:
     found = hits("Dynamite", "Alfred Nobel")
     plain = await ask(served_embedder, "Who invented dynamite?", found)
-    reranker = ScriptedReranker(prefer=["Nobel Prizes"], fail=True)
+    reranker = preferring("Nobel Prizes", fail=True)
     failed = await ask(served_embedder, "Who invented dynamite?", found, reranker=reranker)
     assert failed.text == plain.text
     assert any("reranker failed" in note for note in failed.notes)
