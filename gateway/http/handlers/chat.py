@@ -22,9 +22,14 @@ from gateway.core.result import QueryResult
 from gateway.errors import Unprocessable
 from gateway.http.body import parse_body
 from gateway.http.chat_params import CHAT_REFUSED
-from gateway.http.handlers.generation import answer_openai, checked, extension, usage_block
+from gateway.http.handlers.generation import (
+    OpenAIStreamFormat,
+    answer_openai,
+    checked,
+    extension,
+    usage_block,
+)
 from gateway.http.schemas import ChatBody, ChatMessage
-from gateway.http.streaming import sse
 from gateway.text import is_blank
 
 _ROLES: dict[str, Literal["system", "user", "assistant", "tool"]] = {
@@ -106,48 +111,29 @@ def message_body(result: QueryResult) -> dict[str, Any]:
     return {"role": "assistant", "content": answer.text or None, "tool_calls": calls}
 
 
-class ChatStreamFormat:
+class ChatStreamFormat(OpenAIStreamFormat):
     """OpenAI `chat.completion.chunk` events, closed by `data: [DONE]`."""
 
-    def __init__(self, request_id: str, model: str, include_usage: bool) -> None:
-        self._id = f"chatcmpl-{request_id}"
-        self._model = model
-        self._created = int(time.time())
-        self._include_usage = include_usage
-
-    def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-        return {
-            "id": self._id,
-            "object": "chat.completion.chunk",
-            "created": self._created,
-            "model": self._model,
-            "choices": choices,
-            **extra,
-        }
+    object_name = "chat.completion.chunk"
+    id_prefix = "chatcmpl"
 
     def opening(self) -> bytes:
         delta = {"role": "assistant", "content": ""}
-        return sse(self._chunk([{"index": 0, "delta": delta, "finish_reason": None}]))
+        return self._chunk([{"index": 0, "delta": delta, "finish_reason": None}])
 
     def delta(self, text: str) -> bytes:
-        choice = {"index": 0, "delta": {"content": text}, "finish_reason": None}
-        return sse(self._chunk([choice]))
+        return self._chunk([{"index": 0, "delta": {"content": text}, "finish_reason": None}])
 
     def done(self, result: QueryResult) -> bytes:
         out = b""
         if calls := tool_calls_body(result.answer.tool_calls):
             # whole calls in one delta (OpenAI streams them in pieces; clients join either)
             pieces = [{"index": i, **call} for i, call in enumerate(calls)]
-            choice = {"index": 0, "delta": {"tool_calls": pieces}, "finish_reason": None}
-            out += sse(self._chunk([choice]))
+            out += self._chunk(
+                [{"index": 0, "delta": {"tool_calls": pieces}, "finish_reason": None}]
+            )
         finish = {"index": 0, "delta": {}, "finish_reason": result.answer.finish_reason}
-        out += sse(self._chunk([finish], querygate=extension(result)))
-        if self._include_usage:
-            out += sse(self._chunk([], usage=usage_block(result)))
-        return out + sse("[DONE]")
-
-    def error(self, kind: str, message: str) -> bytes:
-        return sse({"error": {"type": kind, "message": message}}) + sse("[DONE]")
+        return out + self._close(finish, result)
 
 
 def _completion(request_id: str, model: str, result: QueryResult) -> dict[str, Any]:

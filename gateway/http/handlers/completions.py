@@ -16,35 +16,25 @@ from aiohttp import web
 from gateway.core.result import QueryResult
 from gateway.http.body import parse_body
 from gateway.http.chat_params import COMPLETION_REFUSED
-from gateway.http.handlers.generation import answer_openai, checked, extension, usage_block
+from gateway.http.handlers.generation import (
+    OpenAIStreamFormat,
+    answer_openai,
+    checked,
+    extension,
+    usage_block,
+)
 from gateway.http.schemas import CompletionBody
-from gateway.http.streaming import sse
 
 
 def _choice(text: str, finish_reason: str | None) -> dict[str, Any]:
     return {"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}
 
 
-class CompletionStreamFormat:
+class CompletionStreamFormat(OpenAIStreamFormat):
     """`text_completion` chunks, closed by `data: [DONE]`."""
 
-    def __init__(self, request_id: str, model: str, include_usage: bool) -> None:
-        self._id = f"cmpl-{request_id}"
-        self._model = model
-        self._created = int(time.time())
-        self._include_usage = include_usage
-
-    def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
-        return sse(
-            {
-                "id": self._id,
-                "object": "text_completion",
-                "created": self._created,
-                "model": self._model,
-                "choices": choices,
-                **extra,
-            }
-        )
+    object_name = "text_completion"
+    id_prefix = "cmpl"
 
     def opening(self) -> bytes:
         return b""
@@ -53,14 +43,7 @@ class CompletionStreamFormat:
         return self._chunk([_choice(text, None)])
 
     def done(self, result: QueryResult) -> bytes:
-        finish = _choice("", result.answer.finish_reason)
-        out = self._chunk([finish], querygate=extension(result))
-        if self._include_usage:
-            out += self._chunk([], usage=usage_block(result))
-        return out + sse("[DONE]")
-
-    def error(self, kind: str, message: str) -> bytes:
-        return sse({"error": {"type": kind, "message": message}}) + sse("[DONE]")
+        return self._close(_choice("", result.answer.finish_reason), result)
 
 
 def _completion(request_id: str, model: str, result: QueryResult) -> dict[str, Any]:

@@ -8,6 +8,7 @@ refused by name (`gateway.http.chat_params`); route, citations and cost come bac
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
@@ -22,7 +23,7 @@ from gateway.http.chat_params import Refused, generation_options, refuse_unsuppo
 from gateway.http.handlers.models import check_model
 from gateway.http.handlers.query import answer, cache_control, check_limits
 from gateway.http.schemas import GenerationBody
-from gateway.http.streaming import StreamFormat, stream_answer
+from gateway.http.streaming import StreamFormat, sse, stream_answer
 from gateway.http.wire import partial_headers
 from routers.generation import usage_total
 
@@ -58,6 +59,41 @@ def usage_block(result: QueryResult) -> dict[str, int]:
         "completion_tokens": total.completion_tokens,
         "total_tokens": total.prompt_tokens + total.completion_tokens,
     }
+
+
+class OpenAIStreamFormat:
+    """The chunk envelope both OpenAI streams share, and their close: the finishing choice with
+    the `querygate` field, the usage chunk when asked for, `data: [DONE]`."""
+
+    object_name = ""
+    id_prefix = ""
+
+    def __init__(self, request_id: str, model: str, include_usage: bool) -> None:
+        self._id = f"{self.id_prefix}-{request_id}"
+        self._model = model
+        self._created = int(time.time())
+        self._include_usage = include_usage
+
+    def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        return sse(
+            {
+                "id": self._id,
+                "object": self.object_name,
+                "created": self._created,
+                "model": self._model,
+                "choices": choices,
+                **extra,
+            }
+        )
+
+    def _close(self, finish: dict[str, Any], result: QueryResult) -> bytes:
+        out = self._chunk([finish], querygate=extension(result))
+        if self._include_usage:
+            out += self._chunk([], usage=usage_block(result))
+        return out + sse("[DONE]")
+
+    def error(self, kind: str, message: str) -> bytes:
+        return sse({"error": {"type": kind, "message": message}}) + sse("[DONE]")
 
 
 def checked(body: GenerationBody, refused: Refused) -> None:
