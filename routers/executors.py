@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from backends.llm.base import Tier
-from backends.rerank.base import Reranker
 from routers.agent import AgentDeps, MultihopExecutor
 from routers.agent_caps import AgentConfig
 from routers.direct import DirectExecutor, model_only_params
@@ -115,12 +114,11 @@ def unsampled_params(ctx: RouteContext) -> str:
     return ", ".join(name for name, asked in wanted.items() if asked)
 
 
-def build_registry(
-    deps: AgentDeps, config: RegistryConfig, reranker: Reranker | None = None
-) -> dict[Route, Executor]:
-    """`reranker`: orders the sentences of an extractive answer (None: the embedder does)."""
+def build_registry(deps: AgentDeps, config: RegistryConfig) -> dict[Route, Executor]:
+    """The executor of every route the configuration can run; `deps.rerank` is the second
+    stage of every search and orders an extractive answer's sentences."""
     tiers = route_tiers(config, deps.llm.has_tier)
-    extractor = Extractor(deps.embedder, reranker)
+    extractor = Extractor(deps.embedder, deps.rerank)
     lookup = LookupExecutor(
         deps.retriever, config.lookup, tiers[Route.LOOKUP], extractor, deps.rerank
     )

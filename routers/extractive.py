@@ -14,7 +14,9 @@ How a sentence is chosen:
    so a passage none of whose sentences clears it is not cited; with none clearing it, the
    answer says the documents did not give one;
 4. the rest are ordered by the reranker when one is configured (its scores are comparable
-   within one call only, so the floor stays the embedder's), else by their cosine, and the
+   within one call only, so the floor stays the embedder's; the call is the rerank stage's,
+   within its timeout and the request's deadline, recorded as site `extractive`, and a failed
+   one leaves the cosine order), else by their cosine, and the
    best are taken while they fit: at most `MAX_SENTENCES` sentences and `MAX_CHARS` characters,
    and the client's `max_tokens` (counted by the embedder's tokenizer, else estimated at
    `CHARS_PER_TOKEN`).
@@ -33,11 +35,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from backends.embeddings.base import Embedder, token_window
-from backends.errors import BackendUnavailable
-from backends.rerank.base import Reranker, RerankRequest
 from backends.retrieval.base import Hit, Vector
 from routers.features import identifiers_in
 from routers.generation import inert_citations
+from routers.rerank import RERANK_OFF, RerankCall, RerankRecorder, RerankStage
 from routers.sentences import split_sentences
 from routers.types import Answer, Citation, Route
 
@@ -91,9 +92,9 @@ class Scored:
 class Extractor:
     """Builds a lookup's extractive answer from its hits (see the module's docstring)."""
 
-    def __init__(self, embedder: Embedder, reranker: Reranker | None = None) -> None:
+    def __init__(self, embedder: Embedder, rerank: RerankStage = RERANK_OFF) -> None:
         self._embedder = embedder
-        self._reranker = reranker
+        self._rerank = rerank
         window = token_window(embedder)
         self.count: Callable[[str], int] = window.count if window else estimate_tokens
 
@@ -104,9 +105,10 @@ class Extractor:
         vector: Vector,
         hits: Sequence[Hit],
         max_tokens: int | None,
-        on_cost: Callable[[float], None] | None = None,
+        recorder: RerankRecorder | None = None,
+        deadline: float | None = None,
     ) -> Answer:
-        scored = await self.score(tenant, query, vector, hits, on_cost)
+        scored = await self.score(tenant, query, vector, hits, recorder, deadline)
         return answer_from(scored, hits, self.count, max_tokens)
 
     async def score(
@@ -115,10 +117,11 @@ class Extractor:
         query: str,
         vector: Vector,
         hits: Sequence[Hit],
-        on_cost: Callable[[float], None] | None = None,
+        recorder: RerankRecorder | None = None,
+        deadline: float | None = None,
     ) -> Scored:
-        """Every candidate sentence of the top passages, best first; a paid reranker's price
-        goes to `on_cost` (the request's, charged to its tenant)."""
+        """Every candidate sentence of the top passages, best first; the reranker's decision
+        (and a paid one's price) goes to `recorder`, the request's."""
         found = candidates(hits)
         if not found:
             return Scored(())
@@ -136,21 +139,15 @@ class Extractor:
             for c, s, text in zip(found, similarities, texts, strict=True)
         ]
         by_similarity = tuple(sorted(scored, key=lambda c: -c.similarity))
-        if self._reranker is None:
-            return Scored(by_similarity)
         # Only what may be quoted is worth a cross-encoder's pass.
         eligible = [c for c in by_similarity if c.clears(RELEVANCE_FLOOR)]
-        try:
-            scores = await self._reranker.scores(
-                RerankRequest(tenant, query, [c.text for c in eligible], on_cost=on_cost)
-            )
-        except BackendUnavailable as exc:
-            log.warning("extractive rerank failed", extra={"error": str(exc)})
-            note = "the reranker failed: sentences ordered by the embedder"
-            return Scored(by_similarity, notes=(note,))
+        call = RerankCall(tenant, query, (), 0, "extractive", recorder, deadline)
+        scores = await self._rerank.sentence_scores(call, [c.text for c in eligible])
+        if scores is None:
+            return Scored(by_similarity)
         order = sorted(range(len(eligible)), key=lambda i: -scores[i])
         rest = [c for c in by_similarity if not c.clears(RELEVANCE_FLOOR)]
-        note = f"sentences ordered by the {self._reranker.kind} reranker {self._reranker.model_id}"
+        note = f"sentences ordered by the {self._rerank.reranker_name}"
         return Scored((*(eligible[i] for i in order), *rest), notes=(note,))
 
 

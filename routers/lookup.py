@@ -59,9 +59,14 @@ class LookupExecutor:
         if not isinstance(evidence, list):
             return evidence
         if self._tier is None:
-            spend = ctx.reranks.spend if ctx.reranks is not None else None
             return await self._extractor.answer(
-                ctx.tenant, ctx.query, ctx.vector, evidence, ctx.options.max_tokens, spend
+                ctx.tenant,
+                ctx.query,
+                ctx.vector,
+                evidence,
+                ctx.options.max_tokens,
+                ctx.reranks,
+                ctx.deadline,
             )
         tag = new_source_tag()
         prompt = LOOKUP_SYSTEM.format(tag=tag, sources=format_sources(tag, evidence))

@@ -49,7 +49,7 @@ RerankDecision = Literal[
     "reranked", "skipped_off", "skipped_few", "skipped_confident", "skipped_keywords", "failed"
 ]
 # Which search it was: the lookup's, or one of the agent's `search` tool.
-RerankSite = Literal["lookup", "agent"]
+RerankSite = Literal["lookup", "agent", "extractive"]
 
 
 class RerankConfig(BaseModel):
@@ -176,6 +176,12 @@ class RerankStage:
     def enabled(self) -> bool:
         return self._reranker is not None
 
+    @property
+    def reranker_name(self) -> str:
+        """`<kind> reranker <model>`, for an answer's notes ("" when off)."""
+        r = self._reranker
+        return f"{r.kind} reranker {r.model_id}" if r is not None else ""
+
     def fetch_k(self, k: int) -> int:
         """How many hits a search should return for `k` to be kept after this stage."""
         return max(k, self._config.candidates) if self._reranker is not None else k
@@ -209,14 +215,11 @@ class RerankStage:
             self._record(call, self._trace(call, decision or "skipped_off", margin))
             return list(call.hits[: call.k])
         head = list(call.hits[: self._config.candidates])
+        titled = reranker.kind != "local"
+        passages = [rerank_passage(h, self._config.passage_chars, titled) for h in head]
         started = time.perf_counter()
-        try:
-            scores = await self._scores(reranker, call, head)
-        except (BackendError, TimeoutError) as exc:
-            detail = str(exc) or "no answer within its timeout"
-            log.warning("rerank failed, the fused order stands", extra={"error": detail})
-            trace = self._trace(call, "failed", margin, len(head), started, detail=detail)
-            self._record(call, trace)
+        scores = await self._scores_or_none(reranker, call, passages, margin, started)
+        if scores is None:
             return list(call.hits[: call.k])
         final = blended(scores, [h.score for h in head], self._config.blend)
         order = sorted(range(len(head)), key=lambda i: (-final[i], i))
@@ -228,19 +231,51 @@ class RerankStage:
         self._record(call, trace)
         return kept
 
-    async def _scores(self, reranker: Reranker, call: RerankCall, head: list[Hit]) -> list[float]:
+    async def sentence_scores(
+        self, call: RerankCall, sentences: Sequence[str]
+    ) -> list[float] | None:
+        """The reranker's scores for an extractive answer's `sentences`, as bounded and recorded
+        as a search's rerank; None: no reranker, or it failed (the embedder's order stands)."""
+        reranker = self._reranker
+        if reranker is None or not sentences:
+            return None
+        started = time.perf_counter()
+        scores = await self._scores_or_none(reranker, call, list(sentences), None, started)
+        if scores is not None:
+            self._record(call, self._trace(call, "reranked", None, len(sentences), started))
+        return scores
+
+    async def _scores_or_none(
+        self,
+        reranker: Reranker,
+        call: RerankCall,
+        passages: list[str],
+        margin: float | None,
+        started: float,
+    ) -> list[float] | None:
+        """The scores, or None with the failure recorded."""
+        try:
+            return await self._scores(reranker, call, passages)
+        except (BackendError, TimeoutError) as exc:
+            detail = str(exc) or "no answer within its timeout"
+            log.warning("rerank failed", extra={"error": detail, "site": call.site})
+            trace = self._trace(call, "failed", margin, len(passages), started, detail=detail)
+            self._record(call, trace)
+            return None
+
+    async def _scores(
+        self, reranker: Reranker, call: RerankCall, passages: list[str]
+    ) -> list[float]:
         deadline = time.monotonic() + self._config.timeout_s
         if call.deadline is not None:
             deadline = min(deadline, call.deadline)
-        titled = reranker.kind != "local"
-        passages = [rerank_passage(h, self._config.passage_chars, titled) for h in head]
         spend = call.recorder.spend if call.recorder is not None else None
         request = RerankRequest(call.tenant, call.query, passages, deadline, on_cost=spend)
         # The reranker ends by the deadline itself; this bounds one that does not.
         async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
             scores = await reranker.scores(request)
-        if len(scores) != len(head):
-            detail = f"{reranker.model_id}: {len(scores)} scores for {len(head)} passages"
+        if len(scores) != len(passages):
+            detail = f"{reranker.model_id}: {len(scores)} scores for {len(passages)} passages"
             raise UpstreamError("rerank", detail)
         return scores
 
@@ -281,7 +316,11 @@ RERANK_OFF = RerankStage(RerankConfig(), None)
 def failure_notes(traces: Sequence[RerankTrace]) -> tuple[str, ...]:
     """What a request's answer says of the reranks that failed (the fused order was kept)."""
     return tuple(
-        f"rerank failed ({t.site}: {t.detail}); the fused order was kept"
+        f"rerank failed ({t.site}: {t.detail}); the {_KEPT[t.site]} order was kept"
         for t in traces
         if t.decision == "failed"
     )
+
+
+# Whose order stands when a site's rerank fails.
+_KEPT: dict[RerankSite, str] = {"lookup": "fused", "agent": "fused", "extractive": "embedder's"}

@@ -57,7 +57,6 @@ class Pipeline:
                 rerank=RerankStage(settings.retrieval.rerank, services.reranker),
             ),
             registry_config(settings),
-            services.reranker,
         )
         self._route = RouteStages(services, settings, classifier, llm, registry, self._cache)
         self._stages: tuple[Stage, ...] = (

@@ -2,7 +2,8 @@
 
 A scoring function decides each passage's score (by default the share of the query's words the
 passage holds, the fake upstream's rule), every request is recorded for the test to read, and a
-test can make it fail as a down reranker does, or charge a price per call.
+test can make it fail as a down reranker does, or charge a price per call. `Recorder` keeps what
+the rerank stage records of a request.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 
 from backends.errors import BackendUnavailable
 from backends.rerank.base import RerankerKind, RerankRequest
+from routers.rerank import RerankTrace
 
 _WORD = re.compile(r"\w+")
 
@@ -43,3 +45,17 @@ class FakeReranker:
 
     async def aclose(self) -> None:
         return None
+
+
+class Recorder:
+    """A request's `RerankRecorder` in memory: the decisions and the prices, as recorded."""
+
+    def __init__(self) -> None:
+        self.traces: list[RerankTrace] = []
+        self.spent: list[float] = []
+
+    def record(self, trace: RerankTrace) -> None:
+        self.traces.append(trace)
+
+    def spend(self, usd: float) -> None:
+        self.spent.append(usd)

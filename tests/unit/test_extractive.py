@@ -6,12 +6,15 @@ The passages are Wikipedia lead sections of the offline sample (tests/data/wiki,
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from pathlib import Path
 
 import pytest
 
 from backends.embeddings.base import Embedder, token_window
+from backends.rerank.base import RerankRequest
 from backends.retrieval.base import Hit
 from gateway.ingest.chunker import chunk_document
 from routers.extractive import (
@@ -21,8 +24,9 @@ from routers.extractive import (
     RELEVANCE_FLOOR,
     Extractor,
 )
+from routers.rerank import RERANK_OFF, RerankConfig, RerankStage, failure_notes
 from routers.sentences import split_sentences
-from tests.fakes.rerank import FakeReranker
+from tests.fakes.rerank import FakeReranker, Recorder
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 LEADS = (DATA / "wiki" / "leads.jsonl").read_text("utf-8")
@@ -54,9 +58,12 @@ async def ask(
     *,
     reranker: FakeReranker | None = None,
     max_tokens: int | None = None,
+    recorder: Recorder | None = None,
 ) -> object:
     vector = (await embedder.embed([query]))[0]
-    return await Extractor(embedder, reranker).answer("t", query, vector, found, max_tokens)
+    stage = RerankStage(RerankConfig(reranker="local"), reranker) if reranker else RERANK_OFF
+    extractor = Extractor(embedder, stage)
+    return await extractor.answer("t", query, vector, found, max_tokens, recorder)
 
 
 async def test_the_best_sentence_is_quoted_verbatim_and_cited(served_embedder: Embedder) -> None:
@@ -149,12 +156,17 @@ async def test_the_reranker_orders_the_sentences_above_the_floor(
     reranker = preferring("Nobel Prizes")
     found = hits("Dynamite", "Alfred Nobel", "Carrot")
     plain = await ask(served_embedder, "Who invented dynamite?", found)
-    answer = await ask(served_embedder, "Who invented dynamite?", found, reranker=reranker)
+    recorder = Recorder()
+    answer = await ask(
+        served_embedder, "Who invented dynamite?", found, reranker=reranker, recorder=recorder
+    )
     # By cosine the Dynamite page's sentence leads; the reranker put the Nobel Prizes one first.
     assert plain.citations[0].doc_id == "Dynamite"
     assert answer.citations[0].doc_id == "Alfred Nobel"
     assert answer.text.startswith("Nobel is known for inventing dynamite")
     assert "sentences ordered by the local reranker scripted" in answer.notes
+    (trace,) = recorder.traces
+    assert (trace.site, trace.decision, trace.reranker) == ("extractive", "reranked", "local")
     (request,) = reranker.requests
     assert request.tenant == "t" and request.query == "Who invented dynamite?"
     assert request.passages and not any("carrot" in p.casefold() for p in request.passages)
@@ -166,9 +178,44 @@ async def test_a_failing_reranker_leaves_the_embedders_order_and_says_so(
     found = hits("Dynamite", "Alfred Nobel")
     plain = await ask(served_embedder, "Who invented dynamite?", found)
     reranker = preferring("Nobel Prizes", fail=True)
-    failed = await ask(served_embedder, "Who invented dynamite?", found, reranker=reranker)
+    recorder = Recorder()
+    failed = await ask(
+        served_embedder, "Who invented dynamite?", found, reranker=reranker, recorder=recorder
+    )
     assert failed.text == plain.text
-    assert any("reranker failed" in note for note in failed.notes)
+    (trace,) = recorder.traces
+    assert (trace.site, trace.decision) == ("extractive", "failed")
+    assert trace.candidates == len(reranker.requests[0].passages) > 0
+    (note,) = failure_notes(recorder.traces)
+    assert "the fake reranker is down" in note and "the embedder's order was kept" in note
+
+
+async def test_the_sentence_rerank_is_bounded_by_the_requests_deadline(
+    served_embedder: Embedder,
+) -> None:
+    """A reranker that never answers costs the answer nothing past the deadline it was given:
+    the stage's own bound ends the call, and the cosine order stands."""
+
+    class Stalled(FakeReranker):
+        async def scores(self, request: RerankRequest) -> list[float]:
+            self.requests.append(request)
+            await asyncio.Event().wait()
+            raise AssertionError("unreachable")
+
+    found = hits("Dynamite", "Alfred Nobel")
+    plain = await ask(served_embedder, "Who invented dynamite?", found)
+    query = "Who invented dynamite?"
+    vector = (await served_embedder.embed([query]))[0]
+    stalled = Stalled(kind="local")
+    extractor = Extractor(served_embedder, RerankStage(RerankConfig(reranker="local"), stalled))
+    recorder = Recorder()
+    deadline = time.monotonic()  # already due: the call is cut at once
+    answer = await extractor.answer("t", query, vector, found, None, recorder, deadline)
+    assert answer.text == plain.text
+    (request,) = stalled.requests
+    assert request.deadline == deadline
+    (trace,) = recorder.traces
+    assert trace.decision == "failed" and trace.detail == "no answer within its timeout"
 
 
 async def test_a_documents_own_bracket_numbers_cannot_pose_as_citations(

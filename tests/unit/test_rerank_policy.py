@@ -26,22 +26,10 @@ from routers.rerank import (
     failure_notes,
     rerank_passage,
 )
-from tests.fakes.rerank import FakeReranker
+from tests.fakes.rerank import FakeReranker, Recorder
 
 BEST = best_possible_score(1.0, 1.0)
 REMOTE = {"model": "cohere/fake-rerank", "api_base": "http://127.0.0.1:9/v1/rerank"}
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.traces: list[RerankTrace] = []
-        self.spent: list[float] = []
-
-    def record(self, trace: RerankTrace) -> None:
-        self.traces.append(trace)
-
-    def spend(self, usd: float) -> None:
-        self.spent.append(usd)
 
 
 def hit(n: int, text: str, score: float, bm25: int | None = None, dense: int | None = None) -> Hit:
