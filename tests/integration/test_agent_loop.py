@@ -434,10 +434,10 @@ async def test_the_deadline_stops_a_slow_turn_and_still_answers_in_time(
 ) -> None:
     script = directive(
         {"tool_calls": [search("warranty")]},
-        {"tool_calls": [search("shipping")], "delay_ms": 5000},
+        {"tool_calls": [search("shipping")], "delay_ms": 20000},
         final={"answer": "Two years {cite:1}."},
     )
-    pipeline = make_pipeline(agent={"deadline_s": 3.0, "final_share": 0.5})
+    pipeline = make_pipeline(agent={"deadline_s": 6.0, "final_share": 0.5})
     result = await ask(pipeline, "Acme warranty?", script)
     assert await calls_for(fake_upstream, script["key"]) == 3  # the slow turn was cut
     # What the loop decided, not how long a busy core took: the deadline stopped it, the slow
@@ -452,11 +452,12 @@ async def test_a_turn_the_deadline_cut_is_counted_in_the_answer_and_the_caps(
 ) -> None:
     script = directive(
         {"tool_calls": [search("warranty")]},
-        {"tool_calls": [search("shipping")], "delay_ms": 5000},
+        {"tool_calls": [search("shipping")], "delay_ms": 20000},
         final={"answer": "Two years {cite:1}."},
     )
     script["usage"] = {"prompt_tokens": 2000, "completion_tokens": 10}
-    pipeline = make_pipeline(agent={"deadline_s": 2.0, "final_share": 0.5})
+    # The loop's 3 s leave a loaded machine room for the first turn before the stalled one.
+    pipeline = make_pipeline(agent={"deadline_s": 6.0, "final_share": 0.5})
     result = await ask(pipeline, "Acme warranty?", script)
     assert await calls_for(fake_upstream, script["key"]) == 3
     answer = result.answer
@@ -474,10 +475,10 @@ async def test_a_final_answer_the_deadline_cut_is_counted_in_the_plain_answer(
     make_pipeline: Any, fake_upstream: str, stream: bool
 ) -> None:
     script = directive(
-        {"tool_calls": [search("warranty")]}, final={"answer": "Late {cite:1}.", "delay_ms": 5000}
+        {"tool_calls": [search("warranty")]}, final={"answer": "Late {cite:1}.", "delay_ms": 20000}
     )
     script["usage"] = {"prompt_tokens": 2000, "completion_tokens": 10}
-    pipeline = make_pipeline(agent={"deadline_s": 1.5, "max_steps": 1})
+    pipeline = make_pipeline(agent={"deadline_s": 4.0, "max_steps": 1})
     req = request("Acme warranty?", script)
     if stream:
         _, result = await streamed(pipeline, req)
@@ -617,10 +618,10 @@ async def test_a_final_answer_that_cannot_finish_in_time_gives_the_plain_answer(
 ) -> None:
     script = directive(
         {"tool_calls": [search("warranty")]},
-        {"tool_calls": [search("shipping")], "delay_ms": 5000},
-        final={"answer": "Too late {cite:1}.", "delay_ms": 5000},
+        {"tool_calls": [search("shipping")], "delay_ms": 20000},
+        final={"answer": "Too late {cite:1}.", "delay_ms": 20000},
     )
-    pipeline = make_pipeline(agent={"deadline_s": 3.0, "final_share": 0.5})
+    pipeline = make_pipeline(agent={"deadline_s": 6.0, "final_share": 0.5})
     result = await ask(pipeline, "Acme warranty?", script)
     assert await calls_for(fake_upstream, script["key"]) == 3
     # The deadline cut the slow turn, then the final answer's own slow call (its text would
@@ -926,11 +927,11 @@ async def test_when_the_lookup_tier_fails_too_the_passages_are_quoted(
 async def test_a_degraded_call_that_cannot_finish_by_the_deadline_is_cut_and_counted(
     make_pipeline: Any, fake_upstream: str
 ) -> None:
-    script = failing_mid_loop(delay_ms=5000)
-    result = await ask(make_pipeline(agent={"deadline_s": 1.5}), "Acme warranty?", script)
+    script = failing_mid_loop(delay_ms=20000)
+    result = await ask(make_pipeline(agent={"deadline_s": 4.0}), "Acme warranty?", script)
     answer = result.answer
     assert answer.degraded == "extractive"
-    # the deadline's verdict on the 5 s call, as the loop reports it (not a wall-clock bound)
+    # the deadline's verdict on the 20 s call, as the loop reports it (not a wall-clock bound)
     assert "the small tier did not answer in time" in result.route_reason
     # the cut call's prompt is charged, as the gateway's metering and budgets charge it
     assert answer.usage_by_tier["small"].prompt_tokens > 0 and answer.usage_estimated
