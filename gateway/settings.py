@@ -113,6 +113,10 @@ class ServerConfig(BaseModel):
     # slowly, or half of them, would hold a connection and its file descriptor for 75 s (the
     # keep-alive timeout, which still applies to an idle connection between requests).
     header_read_timeout_s: float = Field(default=10.0, gt=0)
+    # An idle keep-alive connection (no byte of a next request) is closed after this: behind a
+    # load balancer, longer than its idle timeout, so it never sends on a connection being
+    # closed (aiohttp's `web.run_app` default).
+    keepalive_timeout_s: float = Field(default=75.0, gt=0, le=3600)
     admission: AdmissionConfig = AdmissionConfig()
     # SIGTERM: stop accepting and give in-flight requests this long. At least request_timeout_s,
     # so a rollout does not cut answers that are within their own time.

@@ -1,13 +1,16 @@
 """The HTTP/1.1 connection: aiohttp's, with a deadline on request headers and JSON protocol errors.
 
-aiohttp gives a connection its keep-alive timeout (75 s) to send a request and no deadline on the
+aiohttp gives a connection its keep-alive timeout to send a request and no deadline on the
 request's headers once bytes arrive, so a client sending half a header (or one byte a second)
 would hold a connection, its task and a file descriptor for over a minute; a few thousand of
 those from one client starve everyone. Here each request's headers must be complete within
 `server.header_read_timeout_s` of its first byte (the connection's first request: of connecting),
 else the connection is closed (with a 408 if any of them came). Bodies keep
 `server.body_read_timeout_s` (read in `gateway.http.middleware.limits`), answers and streams no
-limit from here, and an idle keep-alive connection (no byte of a next request) its 75 s.
+limit from here, and an idle keep-alive connection (no byte of a next request)
+`server.keepalive_timeout_s` (75 s, `web.run_app`'s; a `web.Server` left to its own default
+keeps one 3630 s, so idle connections, one fd each, would pile up for an hour). Both settings
+are read for each new connection, so a reload applies to the connections after it.
 
 The parser's own refusals (a malformed request line or header, a line over 8190 bytes, a bad
 chunk) never reach the middleware; they get the `{"error": {"type", "message"}}` body every
@@ -25,6 +28,7 @@ import logging
 import re
 import socket
 from collections.abc import Callable
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
@@ -42,9 +46,6 @@ log = logging.getLogger(__name__)
 
 _QUOTED = re.compile(r":\s*(?:b['\"]|bytearray\()")
 _KINDS = {408: "request_timeout", 413: "payload_too_large"}
-# How long an idle keep-alive connection is kept: `web.run_app`'s. A `web.Server` left to its
-# own default keeps one 3630 s, so idle connections (one fd each) would pile up for an hour.
-KEEPALIVE_TIMEOUT_S = 75.0
 
 
 class GatewayRequestHandler(RequestHandler):
@@ -170,35 +171,39 @@ def _raw_error(status: int, kind: str, message: str) -> bytes:
     return head.encode("ascii") + body
 
 
+@dataclass(frozen=True, slots=True)
+class ConnectionTimeouts:
+    """The current settings a new connection takes (a reload's, from then on)."""
+
+    header_read_s: Callable[[], float]
+    keepalive_s: Callable[[], float]
+
+
 class _Server(web.Server):
-    def __init__(
-        self, built: web.Server, header_read_timeout_s: Callable[[], float], **kwargs: Any
-    ) -> None:
+    def __init__(self, built: web.Server, timeouts: ConnectionTimeouts, **kwargs: Any) -> None:
         # The app's handler and request factory, with the runner's own arguments.
         super().__init__(built.request_handler, request_factory=built.request_factory, **kwargs)
-        self._header_read_timeout_s = header_read_timeout_s
+        self._timeouts = timeouts
 
     def __call__(self) -> RequestHandler:
         return GatewayRequestHandler(
             self,
             loop=self._loop,
-            header_read_timeout_s=self._header_read_timeout_s(),  # a reload's, from now on
-            **self._kwargs,
+            header_read_timeout_s=self._timeouts.header_read_s(),
+            **{**self._kwargs, "keepalive_timeout": self._timeouts.keepalive_s()},
         )
 
 
 class _Runner(web.AppRunner):
-    __slots__ = ("_header_read_timeout_s",)
+    __slots__ = ("_timeouts",)
 
-    def __init__(
-        self, app: web.Application, header_read_timeout_s: Callable[[], float], **kwargs: Any
-    ):
+    def __init__(self, app: web.Application, timeouts: ConnectionTimeouts, **kwargs: Any):
         super().__init__(app, **kwargs)
-        self._header_read_timeout_s = header_read_timeout_s
+        self._timeouts = timeouts
 
     async def _make_server(self) -> web.Server:
         built = await super()._make_server()  # starts the app
-        return _Server(built, self._header_read_timeout_s, **self._kwargs)
+        return _Server(built, self._timeouts, **self._kwargs)
 
 
 def run_app(
@@ -207,22 +212,16 @@ def run_app(
     host: str | None = None,
     port: int | None = None,
     sock: socket.socket | None = None,
-    header_read_timeout_s: Callable[[], float],
+    timeouts: ConnectionTimeouts,
     print: Callable[[str], None],
     **kwargs: Any,
 ) -> None:
     """`aiohttp.web.run_app` (one TCP site or socket; SIGINT/SIGTERM end it gracefully) with
-    `GatewayRequestHandler`; `header_read_timeout_s` gives the current setting (read for each
-    new connection); `kwargs` are its runner's (shutdown_timeout, access_log, ...)."""
+    `GatewayRequestHandler`; `timeouts` give the current settings (read for each new
+    connection); `kwargs` are its runner's (shutdown_timeout, access_log, ...)."""
 
     async def serve() -> None:
-        runner = _Runner(
-            app,
-            header_read_timeout_s,
-            handle_signals=True,
-            keepalive_timeout=KEEPALIVE_TIMEOUT_S,
-            **kwargs,
-        )
+        runner = _Runner(app, timeouts, handle_signals=True, **kwargs)
         await runner.setup()
         try:
             site = web.SockSite(runner, sock) if sock else web.TCPSite(runner, host, port)

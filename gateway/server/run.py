@@ -17,7 +17,7 @@ from aiohttp import web
 from pydantic import SecretStr
 
 from gateway.http.appkeys import RUNTIME
-from gateway.http.protocol import run_app
+from gateway.http.protocol import ConnectionTimeouts, run_app
 from gateway.ingest.background import BackgroundIngest
 from gateway.obs import pool
 from gateway.obs.logs import LogFormat, configure_logging
@@ -145,8 +145,9 @@ def _run_app(
             app,
             **where,
             # the active configuration's: a reload applies to the connections after it
-            header_read_timeout_s=lambda: (
-                app[RUNTIME].current.settings.server.header_read_timeout_s
+            timeouts=ConnectionTimeouts(
+                header_read_s=lambda: app[RUNTIME].current.settings.server.header_read_timeout_s,
+                keepalive_s=lambda: app[RUNTIME].current.settings.server.keepalive_timeout_s,
             ),
             shutdown_timeout=server.shutdown_grace_s,
             # A client that hangs up stops its request's work (an agent loop, model calls): nobody
