@@ -13,6 +13,7 @@ agent, the router's rules) keeps its model beside that code and is only named he
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import re
@@ -30,6 +31,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from backends.credentials import mask, slow_digest
 from backends.embeddings.config import EmbeddingsConfig
 from backends.llm.base import Tier, TierConfig
 from backends.retrieval.base import DEFAULT_FUSION, FusionMethod
@@ -412,9 +414,16 @@ class Settings(BaseSettings):
 
     @property
     def version(self) -> str:
-        """A short digest of the effective configuration: it names the config in every answer."""
-        dumped = self.model_dump_json(exclude={"demo_api_key"})
-        return hashlib.sha256(dumped.encode()).hexdigest()[:12]
+        """A short digest of the effective configuration: it names the config in every answer.
+
+        Every credential (backends.credentials) enters it as its slow digest: the version
+        changes with a password, yet is no fast oracle for guessing one. The demo key is left
+        out: `serve` mints it beside the file, and `querygate config check` names the version
+        `serve` runs for the same file (a reload still sees it change: it compares keys)."""
+        masked = mask(self, exclude=frozenset({"demo_api_key"}))
+        text = json.dumps(masked.data, sort_keys=True)
+        digests = ",".join(slow_digest(secret) for secret in masked.secrets)
+        return hashlib.sha256(f"{text}|{digests}".encode()).hexdigest()[:12]
 
 
 def load_settings(path: Path | None) -> Settings:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from backends.embeddings.base import Embedder
 from backends.errors import BackendError
 from backends.llm.base import LLM, Completion, LLMCall, Message, Tier, ToolCall, Usage
-from backends.retrieval.base import Retriever
+from backends.retrieval.base import FusionMethod, Retriever
 from routers.agent_caps import CHARS_PER_TOKEN, AgentConfig, Budget
 from routers.agent_tools import (
     TOOL_SPECS,
@@ -69,6 +69,8 @@ class AgentDeps:
     estimate: Callable[[Tier, Sequence[Message]], Usage] | None = None
     # The second stage of every retrieval (the lookup's and the `search` tool's), one policy.
     rerank: RerankStage = RERANK_OFF
+    # The `search` tool's fusion, as the lookup's (`LookupParams.fusion`).
+    fusion: FusionMethod | None = None
 
 
 class MultihopExecutor:
@@ -86,6 +88,7 @@ class MultihopExecutor:
             read_max_chunks=config.read_max_chunks,
             timeout_s=config.tool_timeout_s,
             min_similarity=config.min_similarity,
+            fusion=deps.fusion,
         )
 
     async def __call__(self, ctx: RouteContext) -> Answer | Generation:

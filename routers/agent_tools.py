@@ -27,6 +27,7 @@ from backends.llm.base import ToolCall
 from backends.retrieval.base import (
     MAX_DOC_ID_CHARS,
     MAX_DOCUMENT_CHUNKS,
+    FusionMethod,
     Hit,
     Retriever,
     SearchRequest,
@@ -102,6 +103,7 @@ class ToolLimits:
     # when it holds most of the search's content words (the lexical arm's kind of relevance).
     min_similarity: float
     min_word_overlap: float = 0.5
+    fusion: FusionMethod | None = None  # None: the retriever's own
 
 
 class InvalidArguments(ValueError):
@@ -267,6 +269,7 @@ class AgentTools:
             vector=vector,
             k=rerank.stage.fetch_k(k),
             candidates=self._limits.candidates,
+            fusion=self._limits.fusion,
         )
         fused = await self._retriever.search(request)
         call = RerankCall(self._tenant, query, fused, k, "agent", rerank.recorder, rerank.deadline)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from backends.llm.base import Message, Tier
-from backends.retrieval.base import Hit, Retriever, SearchRequest
+from backends.retrieval.base import FusionMethod, Hit, Retriever, SearchRequest
 from routers.extractive import Extractor
 from routers.generation import citation_from_hit
 from routers.grading import EvidenceGrade, assess, best_possible_score
@@ -34,6 +34,9 @@ class LookupParams:
     candidates: int
     # None: escalation is off and every lookup is answered from what it found.
     grading: EscalationConfig | None
+    # How the search fuses its arms: the active configuration's `retrieval.fusion`, so a
+    # reload changes it (None: the retriever's own, from start).
+    fusion: FusionMethod | None = None
 
 
 class LookupExecutor:
@@ -100,6 +103,7 @@ async def gather_evidence(
             candidates=params.candidates,
             lexical_weight=decision.lexical_weight,
             dense_weight=decision.dense_weight,
+            fusion=params.fusion,
         )
     )
     call = RerankCall(ctx.tenant, ctx.query, fused, params.k, "lookup", ctx.reranks, ctx.deadline)

@@ -55,6 +55,7 @@ class Pipeline:
                 settings.retrieval.candidates,
                 estimate=self._finisher.cut_usage,
                 rerank=RerankStage(settings.retrieval.rerank, services.reranker),
+                fusion=settings.retrieval.fusion,
             ),
             registry_config(settings),
         )

@@ -47,6 +47,7 @@ def registry_config(settings: Settings) -> RegistryConfig:
             k=r.k,
             candidates=r.candidates,
             grading=escalation if escalation.enabled else None,
+            fusion=r.fusion,
         ),
         agent=settings.agent,
         full_context=settings.router.full_context.enabled,

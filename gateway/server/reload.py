@@ -4,8 +4,9 @@ Three triggers share one ConfigReloader: a poll of the file (a change is applied
 in a row read the same file), SIGHUP, and `POST /admin/reload`. Its lock serialises them, so two
 reloads never interleave. Handlers read `app[RUNTIME].current` once per request, so a request
 finishes on the Runtime it started with while new requests get the new one. A configuration
-that fails validation, or that changes what only a restart can apply, is refused and the old
-one keeps running.
+that fails validation, or that changes a key only a restart can apply (gateway.server.live_keys
+classifies every key), is refused and the old one keeps running. An applied reload names the
+keys it changed; a refused one the keys that need a restart (names, never values).
 """
 
 from __future__ import annotations
@@ -27,39 +28,10 @@ from aiohttp import web
 from gateway.core.runtime import build_runtime
 from gateway.core.services import Services
 from gateway.http.appkeys import RUNTIME, SERVICES, RuntimeHolder
+from gateway.server.live_keys import changed_keys, restart_only
 from gateway.settings import ConfigError, Settings, load_settings
 
 log = logging.getLogger(__name__)
-
-# What the process binds once, at start: sockets, connections, on-disk paths, loaded models,
-# and values handed to objects built before the first request. A reload cannot apply them, and
-# accepting them silently would announce a config version that is not the one running.
-RESTART_ONLY = (
-    "server.host",
-    "server.port",
-    "server.max_body_bytes",  # the application's client_max_size
-    "server.shutdown_grace_s",  # handed to run_app
-    "server.reload_poll_s",  # the file watch's interval
-    "data_dir",
-    "embeddings",
-    "retrieval.backend",
-    "retrieval.opensearch",
-    # The reranker built at start (which one, its endpoint, key, breakers); the policy of
-    # `retrieval.rerank` (when, margins, candidates, lengths, timeout) reloads live.
-    "retrieval.rerank.reranker",
-    "retrieval.rerank.remote",
-    "retrieval.rerank.opensearch",
-    "cache.backend",
-    "cache.max_entries",  # the size of the store already built
-    # The Redis connection, opened once at start (cache and quotas share it).
-    "cache.redis_url",
-    "cache.redis_socket_timeout_s",
-    "cache.redis_connect_timeout_s",
-    "cache.redis_max_connections",
-    "cache.redis_request_budget_s",
-    "quotas",  # where the counters live, and the store's retry interval
-    "models",
-)
 
 Prepare = Callable[[Settings], Settings]
 ReloadResult = Literal["ok", "unchanged", "error"]
@@ -71,13 +43,19 @@ def as_is(settings: Settings) -> Settings:
 
 
 class RestartRequired(ConfigError):
-    """The new configuration is valid but changes sections only a restart can apply."""
+    """The new configuration is valid but changes keys only a restart can apply."""
+
+    def __init__(self, message: str, keys: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.keys = keys
 
 
 @dataclass(frozen=True, slots=True)
 class ReloadError:
     type: ErrorType
     message: str
+    # restart_required: the keys only a restart applies (names only: never a value).
+    keys: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +63,7 @@ class ReloadOutcome:
     result: ReloadResult
     version: str  # the version active once the attempt is over
     error: ReloadError | None = None
+    changed: tuple[str, ...] = ()  # ok: the keys the new configuration changed, all applied
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,18 +81,6 @@ def fingerprint(path: Path) -> Fingerprint | None:
     except OSError:
         return None
     return Fingerprint(stat.st_mtime_ns, stat.st_size, digest)
-
-
-def restart_only_changes(active: Settings, new: Settings) -> list[str]:
-    """The RESTART_ONLY entries whose value differs between the two configurations."""
-    return [name for name in RESTART_ONLY if _value_at(active, name) != _value_at(new, name)]
-
-
-def _value_at(settings: Settings, dotted: str) -> object:
-    value: object = settings
-    for part in dotted.split("."):
-        value = getattr(value, part)
-    return value
 
 
 class ConfigReloader:
@@ -175,9 +142,11 @@ class ConfigReloader:
             # Before `prepare`, which would mint the demo key of a configuration left with none.
             _check_tenancy(active, loaded)
             new = await asyncio.to_thread(self._prepare, loaded)
-            if new.version == active.version:
+            # By key, secrets included, not by version: the version leaves the demo key out.
+            changed = changed_keys(active, new)
+            if not changed:
                 return self._finish(trigger, ReloadOutcome("unchanged", active.version))
-            _check_live(active, new)
+            _check_live(changed)
             runtime = build_runtime(new, self._services)
         except ConfigError as exc:
             return self._finish(trigger, self._refused(_refusal(exc)))
@@ -193,27 +162,37 @@ class ConfigReloader:
         info.labels(active.version).set(0)
         info.remove(active.version)
         info.labels(new.version).set(1)
-        return self._finish(trigger, ReloadOutcome("ok", new.version), from_version=active.version)
+        outcome = ReloadOutcome("ok", new.version, changed=tuple(changed))
+        return self._finish(trigger, outcome, from_version=active.version)
 
     def _refused(self, error: ReloadError) -> ReloadOutcome:
         return ReloadOutcome("error", self._holder.current.settings.version, error)
 
     def _finish(self, trigger: str, outcome: ReloadOutcome, **context: str) -> ReloadOutcome:
         self._services.metrics.config_reloads.labels(outcome.result).inc()
-        fields = {"trigger": trigger, "result": outcome.result, "config_version": outcome.version}
+        fields: dict[str, object] = {
+            "trigger": trigger,
+            "result": outcome.result,
+            "config_version": outcome.version,
+        }
         fields.update(context)
         if outcome.error is None:
+            if outcome.changed:
+                fields["changed_keys"] = list(outcome.changed)
             log.info("config reload", extra=fields)
         else:
             # The message names every bad field; the JSON formatter keeps it on one line.
             fields.update(error_type=outcome.error.type, error=outcome.error.message)
+            if outcome.error.keys:
+                fields["restart_required_keys"] = list(outcome.error.keys)
             log.error("config reload refused; the active configuration keeps running", extra=fields)
         return outcome
 
 
-def _check_live(active: Settings, new: Settings) -> None:
-    if changed := restart_only_changes(active, new):
-        raise RestartRequired(f"restart required to change {', '.join(changed)}")
+def _check_live(changed: list[str]) -> None:
+    """Refuses a change of any key a reload cannot apply (gateway.server.live_keys)."""
+    if refused := restart_only(changed):
+        raise RestartRequired(f"restart required to change {', '.join(refused)}", tuple(refused))
 
 
 def _check_tenancy(active: Settings, new: Settings) -> None:
@@ -229,8 +208,9 @@ def _check_tenancy(active: Settings, new: Settings) -> None:
 
 
 def _refusal(exc: ConfigError) -> ReloadError:
-    kind: ErrorType = "restart_required" if isinstance(exc, RestartRequired) else "invalid_config"
-    return ReloadError(kind, str(exc))
+    if isinstance(exc, RestartRequired):
+        return ReloadError("restart_required", str(exc), exc.keys)
+    return ReloadError("invalid_config", str(exc))
 
 
 RELOADER = web.AppKey("reloader", ConfigReloader)

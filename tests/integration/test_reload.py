@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
+from backends.retrieval.base import DEFAULT_FUSION, Hit, SearchRequest
+from gateway.http.appkeys import SERVICES
 from gateway.settings import load_settings
 from tests.fakes.llm import Call, FakeLLM, echo
 from tests.fixtures.app import Client, OpenClient, auth, config_path, scrape
@@ -116,7 +118,7 @@ async def test_admin_reload_applies_the_file_and_names_the_version(unwatched: Cl
     new = file_version(unwatched)
     status, body = await reload(unwatched, ADMIN)
     assert status == 200, body
-    assert body == {"result": "ok", "version": new}
+    assert body == {"result": "ok", "version": new, "changed": ["retrieval.k"]}
     assert (await query(unwatched))[1]["config_version"] == new
 
 
@@ -199,3 +201,26 @@ async def test_requests_in_flight_through_several_reloads_all_succeed(
     seen = {body["config_version"] for _, body in answers}
     assert seen <= versions
     assert len(seen) > 1, "the load never straddled a reload"
+
+
+async def test_a_fusion_change_applies_to_the_next_search(unwatched: Client) -> None:
+    retriever = unwatched.app[SERVICES].retriever
+    asked: list[SearchRequest] = []
+    search = retriever.search
+
+    async def recorded(request: SearchRequest) -> list[Hit]:
+        asked.append(request)
+        return await search(request)
+
+    # Watched, not replaced: the real index answers every search.
+    retriever.search = recorded  # type: ignore[method-assign]
+    assert (await query(unwatched))[0] == 200
+    assert [r.fusion for r in asked] == [DEFAULT_FUSION]
+    rewrite(unwatched, retrieval={"fusion": "rrf"})
+    status, body = await reload(unwatched, ADMIN)
+    assert status == 200, body
+    assert body["changed"] == ["retrieval.fusion"]
+    status, answer = await query(unwatched)
+    assert status == 200, answer
+    assert answer["config_version"] == body["version"]
+    assert [r.fusion for r in asked] == [DEFAULT_FUSION, "rrf"]

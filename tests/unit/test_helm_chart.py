@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.server.reload import RESTART_ONLY, fingerprint
+from gateway.server.live_keys import RESTART_ONLY
+from gateway.server.reload import fingerprint
 from gateway.settings import Settings, hash_api_key, load_settings
 from tests.helm_chart import CHART, REPO, Doc, HelmFailed, notes, render, run_helm
 
@@ -520,7 +521,7 @@ def test_in_live_mode_a_reloadable_change_leaves_the_pods_alone(name: str) -> No
     )
 
 
-# One change per gateway.server.reload.RESTART_ONLY entry. host and data_dir are the chart's own
+# One change per gateway.server.live_keys.RESTART_ONLY entry. host and data_dir are the chart's own
 # (fixed);
 # the port changes through containerPort.
 RESTART_CHANGES: dict[str, Doc] = {

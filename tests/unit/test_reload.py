@@ -1,4 +1,5 @@
-"""Which configuration changes a reload may apply, and which need a restart."""
+"""Which configuration changes a reload may apply, and which need a restart (every key's class:
+tests/unit/test_live_keys.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from gateway.server.reload import RESTART_ONLY, fingerprint, restart_only_changes
+from gateway.server.live_keys import RESTART_ONLY, changed_keys, restart_only
+from gateway.server.reload import fingerprint
 from gateway.settings import Settings, hash_api_key
 
 # A remote reranker's settings are there, the reranker off: each rerank case changes one thing.
@@ -51,6 +53,7 @@ RESTART_CASES: dict[str, dict[str, Any]] = {
 LIVE_CASES: dict[str, dict[str, Any]] = {
     "retrieval.k": {"retrieval": {"k": 3}},
     "fusion weights": {"retrieval": {"lexical_weight": 0.5, "dense_weight": 2.0}},
+    "fusion": {"retrieval": {"fusion": "rrf"}},
     "cache ttl": {"cache": {"ttl_s": 60}},
     "the rerank policy": {
         "retrieval": {
@@ -88,27 +91,46 @@ def settings_with(fragment: dict[str, Any]) -> Settings:
     return Settings(**data)
 
 
+def refused(active: Settings, new: Settings) -> list[str]:
+    return restart_only(changed_keys(active, new))
+
+
 def test_every_restart_only_entry_has_a_case() -> None:
     assert set(RESTART_CASES) == set(RESTART_ONLY)
 
 
 @pytest.mark.parametrize("name", sorted(RESTART_CASES))
 def test_a_restart_only_change_is_named(name: str) -> None:
-    assert restart_only_changes(settings_with({}), settings_with(RESTART_CASES[name])) == [name]
+    keys = refused(settings_with({}), settings_with(RESTART_CASES[name]))
+    assert keys, name
+    assert all(key == name or key.startswith(f"{name}.") for key in keys), keys
 
 
 @pytest.mark.parametrize("name", sorted(LIVE_CASES))
 def test_a_live_change_needs_no_restart(name: str) -> None:
-    assert restart_only_changes(settings_with({}), settings_with(LIVE_CASES[name])) == []
+    active, new = settings_with({}), settings_with(LIVE_CASES[name])
+    assert changed_keys(active, new)
+    assert refused(active, new) == []
 
 
 def test_only_the_restart_only_part_of_a_mixed_change_is_named() -> None:
     new = settings_with({"server": {"port": 9001, "request_timeout_s": 5}, "retrieval": {"k": 3}})
-    assert restart_only_changes(settings_with({}), new) == ["server.port"]
+    assert changed_keys(settings_with({}), new) == [
+        "server.port",
+        "server.request_timeout_s",
+        "retrieval.k",
+    ]
+    assert refused(settings_with({}), new) == ["server.port"]
+
+
+def test_a_section_set_on_one_side_only_is_named_whole() -> None:
+    new = settings_with({"models": {"small": {"model": "openai/gpt-4o-mini"}}})
+    assert changed_keys(settings_with({}), new) == ["models.small"]
+    assert changed_keys(new, settings_with({})) == ["models.small"]
 
 
 def test_identical_configurations_differ_nowhere() -> None:
-    assert restart_only_changes(settings_with({}), settings_with({})) == []
+    assert changed_keys(settings_with({}), settings_with({})) == []
 
 
 def test_fingerprint_sees_a_same_size_rewrite(tmp_path: Path) -> None:

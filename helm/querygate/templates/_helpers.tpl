@@ -107,7 +107,7 @@ replaced.
 {{- end }}
 
 {{/*
-The sections of the configuration that a running gateway cannot reload (gateway/server/reload.py,
+The sections of the configuration that a running gateway cannot reload (gateway/server/live_keys.py,
 RESTART_ONLY; a test keeps the two lists equal). Their checksum is on the pod template in both
 modes, so changing one rolls the pods instead of being refused by every running gateway.
 */}}
