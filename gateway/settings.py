@@ -31,6 +31,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from backends.config_yaml import load_yaml
 from backends.credentials import mask, slow_digest
 from backends.embeddings.config import EmbeddingsConfig
 from backends.llm.base import Tier, TierConfig
@@ -431,7 +432,8 @@ def load_settings(path: Path | None) -> Settings:
     data: dict[str, Any] = {}
     if path is not None:
         try:
-            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+            # Bounded: a reload parses on a thread that shares the interpreter with serving.
+            loaded = load_yaml(path.read_text(encoding="utf-8"))
         except UnicodeDecodeError as exc:  # e.g. saved as UTF-16: a refusal, not a crash
             raise ConfigError(f"cannot read {path}: not UTF-8 text ({exc})") from exc
         except (OSError, yaml.YAMLError) as exc:

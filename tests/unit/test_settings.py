@@ -2,7 +2,9 @@ from pathlib import Path
 
 import pytest
 
+from backends.config_yaml import MAX_CONFIG_BYTES
 from gateway.settings import ConfigError, hash_api_key, load_settings
+from tests.fixtures.yaml_bomb import alias_bomb
 
 KEY_HASH = hash_api_key("secret-a")
 
@@ -109,3 +111,42 @@ def test_the_default_drain_outlasts_the_longest_request_the_defaults_allow() -> 
     # `cancelled` answer against the availability objective).
     server = load_settings(None).server
     assert server.shutdown_grace_s >= server.request_timeout_s
+
+
+def test_an_alias_bomb_is_refused_before_it_is_built(tmp_path: Path) -> None:
+    # 10**9 nodes as built; refused from its composed graph of ~100 nodes.
+    path = write(tmp_path, f"retrieval:\n  k: 3\n{alias_bomb()}")
+    assert path.stat().st_size < 1024
+    with pytest.raises(ConfigError, match=r"aliases would repeat 1,\d{3},\d{3},\d{3} nodes"):
+        load_settings(path)
+
+
+def test_a_recursive_alias_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, "bomb: &loop [*loop]\n")
+    with pytest.raises(ConfigError, match="recursive alias"):
+        load_settings(path)
+
+
+def test_nesting_too_deep_to_compose_is_refused_not_a_crash(tmp_path: Path) -> None:
+    path = write(tmp_path, "server: " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        load_settings(path)
+
+
+def test_a_few_aliases_reusing_a_section_still_load(tmp_path: Path) -> None:
+    tier = "{model: openai/fallback, timeout_s: 5}"
+    path = write(
+        tmp_path,
+        f"models:\n  small:\n    model: openai/a\n    fallbacks: [&fb {tier}]\n"
+        "  large:\n    model: openai/b\n    fallbacks: [*fb]\n",
+    )
+    settings = load_settings(path)
+    assert settings.models.large is not None and settings.models.small is not None
+    assert settings.models.large.fallbacks == settings.models.small.fallbacks
+    assert settings.models.large.fallbacks[0].timeout_s == 5
+
+
+def test_a_file_over_the_size_bound_is_refused_unparsed(tmp_path: Path) -> None:
+    path = write(tmp_path, "# " + "x" * MAX_CONFIG_BYTES + "\n")
+    with pytest.raises(ConfigError, match="over 8 MiB"):
+        load_settings(path)
