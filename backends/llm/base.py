@@ -11,11 +11,17 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from backends.sections import SECTION
 
 Tier = Literal["small", "large"]
+
+
+def _one_level_schema(schema: dict[str, Any]) -> None:
+    """The published schema of `fallbacks`: its items are tiers without fallbacks."""
+    one_level = {"properties": {"fallbacks": {"maxItems": 0}}}
+    schema["items"] = {"allOf": [schema["items"], one_level]}
 
 
 class TierConfig(BaseModel):
@@ -46,7 +52,20 @@ class TierConfig(BaseModel):
         gt=0,
         description="how long a failing model is skipped before one request may probe it",
     )
-    fallbacks: tuple[TierConfig, ...] = ()
+    # Tried in order once this model fails. One level only: a fallback listing fallbacks of its
+    # own is refused (which of them would come when, after it or after the whole list, is not
+    # for the gateway to guess; the tier's list says the order in full).
+    fallbacks: tuple[TierConfig, ...] = Field(default=(), json_schema_extra=_one_level_schema)
+
+    @field_validator("fallbacks")
+    @classmethod
+    def _one_level(cls, value: tuple[TierConfig, ...]) -> tuple[TierConfig, ...]:
+        if nested := [f"{n}.fallbacks" for n, fallback in enumerate(value) if fallback.fallbacks]:
+            raise ValueError(
+                f"{', '.join(nested)}: a fallback's own fallbacks would never be tried; list "
+                "every model of the tier in its fallbacks, in the order to try them"
+            )
+        return value
 
 
 @dataclass(frozen=True, slots=True)

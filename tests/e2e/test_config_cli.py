@@ -84,3 +84,12 @@ def test_check_of_a_missing_file_exits_2(tmp_path: Path) -> None:
     done = querygate("config", "check", str(tmp_path / "absent.yaml"))
     assert done.returncode == 2
     assert "absent.yaml" in done.stderr
+
+
+def test_the_schema_refuses_a_fallbacks_own_fallbacks() -> None:
+    validator = jsonschema.Draft202012Validator(schema())
+    fallback = {"model": "openai/b", "fallbacks": [{"model": "openai/c"}]}
+    nested = {"models": {"small": {"model": "openai/a", "fallbacks": [fallback]}}}
+    assert list(validator.iter_errors(nested))
+    flat = {"models": {"small": {"model": "openai/a", "fallbacks": [{"model": "openai/b"}]}}}
+    assert not list(validator.iter_errors(flat))

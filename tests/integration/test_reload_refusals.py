@@ -136,3 +136,16 @@ async def test_a_rule_naming_a_tenant_that_does_not_exist_is_refused(
     checked = run_cli(config_path(gw), "config", "check", str(config_path(gw)))
     assert checked.returncode == 2, checked.stdout
     assert "router.rules.0.when.tenants" in checked.stderr + checked.stdout
+
+
+async def test_a_fallback_with_fallbacks_of_its_own_is_refused(gw: Client, original: bytes) -> None:
+    # Never tried if accepted: the tier's chain is its model, then its own fallbacks.
+    before = await active_version(gw)
+    config = yaml.safe_load(original)
+    small = config["models"]["small"]
+    nested = {**small, "fallbacks": [{"model": "openai/never", "api_base": small["api_base"]}]}
+    with_config(gw, {"models": {**config["models"], "small": {**small, "fallbacks": [nested]}}})
+    await assert_refused(gw, before, "invalid_config", "models.small.fallbacks", "0.fallbacks")
+    checked = run_cli(config_path(gw), "config", "check", str(config_path(gw)))
+    assert checked.returncode == 2, checked.stdout
+    assert "models.small.fallbacks" in checked.stderr and "0.fallbacks" in checked.stderr

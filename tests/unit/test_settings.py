@@ -150,3 +150,24 @@ def test_a_file_over_the_size_bound_is_refused_unparsed(tmp_path: Path) -> None:
     path = write(tmp_path, "# " + "x" * MAX_CONFIG_BYTES + "\n")
     with pytest.raises(ConfigError, match="over 8 MiB"):
         load_settings(path)
+
+
+def test_a_fallbacks_own_fallbacks_are_refused_naming_the_key(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "models:\n  small:\n    model: openai/a\n    fallbacks:\n"
+        "      - {model: openai/b}\n"
+        "      - {model: openai/c, fallbacks: [{model: openai/d}]}\n",
+    )
+    with pytest.raises(ConfigError, match=r"models\.small\.fallbacks: .*1\.fallbacks: a fallback"):
+        load_settings(path)
+
+
+def test_a_flat_fallback_list_loads(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "models:\n  small:\n    model: openai/a\n    fallbacks: [{model: openai/b}, "
+        "{model: openai/c, fallbacks: []}]\n",
+    )
+    small = load_settings(path).models.small
+    assert small is not None and [f.model for f in small.fallbacks] == ["openai/b", "openai/c"]
