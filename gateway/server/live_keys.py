@@ -30,6 +30,7 @@ LIVE: tuple[str, ...] = (
     "server.max_document_chunks",
     "server.body_read_timeout_s",
     "server.header_read_timeout_s",  # read per connection from the active Runtime
+    "server.keepalive_timeout_s",  # likewise
     "server.sse_keepalive_s",
     # The admission pools are reconfigured by the holder that swaps the Runtime.
     "server.admission.queries.max_inflight",
