@@ -171,3 +171,18 @@ def test_a_flat_fallback_list_loads(tmp_path: Path) -> None:
     )
     small = load_settings(path).models.small
     assert small is not None and [f.model for f in small.fallbacks] == ["openai/b", "openai/c"]
+
+
+def test_a_refusal_names_the_keys_and_echoes_no_value(tmp_path: Path) -> None:
+    # What `config check`, the start and a reload's log print: a key given a credential in the
+    # wrong place is named, its value never shown.
+    path = write(
+        tmp_path,
+        "models:\n  small:\n    model: openai/x\n    api_key: sk-live-4417\n"
+        "cache:\n  ttl_s: redis://u:pw-4418@cache\n",
+    )
+    with pytest.raises(ConfigError) as refused:
+        load_settings(path)
+    message = str(refused.value)
+    assert "models.small.api_key" in message and "cache.ttl_s" in message
+    assert "sk-live-4417" not in message and "pw-4418" not in message
