@@ -109,8 +109,9 @@ def _mask_value(field: str, value: object, dumped: Any, secrets: list[str]) -> A
 
 @functools.lru_cache(maxsize=256)
 def slow_digest(secret: str) -> str:
-    """A memory-hard digest of `secret` (scrypt, 16 MiB, ~0.1 s; once per value and process):
-    a version that changes with it, and costs a guesser that much per guess."""
+    """A memory-hard digest of `secret` (scrypt, 16 MiB, ~0.1 s; once per value and process,
+    on the thread that asks): a version that changes with it, and costs a guesser that much
+    per guess."""
     key = hashlib.scrypt(
         secret.encode(), salt=b"querygate config version", n=2**14, r=8, p=1, dklen=16
     )

@@ -141,7 +141,7 @@ class ConfigReloader:
             loaded = await asyncio.to_thread(load_settings, path)
             # Before `prepare`, which would mint the demo key of a configuration left with none.
             _check_tenancy(active, loaded)
-            new = await asyncio.to_thread(self._prepare, loaded)
+            new, version = await asyncio.to_thread(self._prepared, loaded)
             # By key, secrets included, not by version: the version leaves the demo key out.
             changed = changed_keys(active, new)
             if not changed:
@@ -161,9 +161,15 @@ class ConfigReloader:
         # 0 first: with several workers the series lives in a shared file that remove() leaves
         info.labels(active.version).set(0)
         info.remove(active.version)
-        info.labels(new.version).set(1)
-        outcome = ReloadOutcome("ok", new.version, changed=tuple(changed))
+        info.labels(version).set(1)
+        outcome = ReloadOutcome("ok", version, changed=tuple(changed))
         return self._finish(trigger, outcome, from_version=active.version)
+
+    def _prepared(self, loaded: Settings) -> tuple[Settings, str]:
+        """`prepare` applied, and its version: both off the loop, since the version digests
+        new secrets slowly (~0.1 s, then cached for the pipeline's own read)."""
+        new = self._prepare(loaded)
+        return new, new.version
 
     def _refused(self, error: ReloadError) -> ReloadOutcome:
         return ReloadOutcome("error", self._holder.current.settings.version, error)
@@ -203,7 +209,8 @@ def _check_tenancy(active: Settings, new: Settings) -> None:
     if active.tenants and not new.tenants:
         raise RestartRequired(
             "restart required to remove every tenant: with none configured the gateway "
-            "serves the single demo tenant instead (tenants is empty)"
+            "serves the single demo tenant instead (tenants is empty)",
+            ("tenants",),
         )
 
 
