@@ -47,7 +47,7 @@ async def handle_readyz(request: web.Request) -> web.Response:
         "status": status,
         "complete": request.app[SERVICES].ingests.complete,
         "checks": dict(checks),
-        "config_version": runtime.settings.version,
+        "config_version": runtime.pipeline.config_version,  # hashed once per configuration
     }
     if pool is not None:
         body["workers"] = {"serving": pool[0], "expected": pool[1]}

@@ -88,6 +88,6 @@ async def handle_route(request: web.Request) -> web.Response:
             "id": query.id,
             **decision_body(decision),
             "timings_ms": timer.report(),
-            "config_version": runtime.settings.version,
+            "config_version": runtime.pipeline.config_version,
         }
     )
