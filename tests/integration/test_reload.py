@@ -1,11 +1,13 @@
 """Live configuration on a serving app: a file edit or POST /admin/reload swaps the config; an
 invalid or restart-only config is refused and the old one keeps serving; requests in flight
 through several reloads all succeed. The app in process, watching the file it was read from
-(SIGHUP, which needs the process: tests/e2e/test_reload_sighup.py)."""
+(SIGHUP, which needs the process: tests/e2e/test_reload_sighup.py). A live key's change reaches
+the work it configures: the fusion the lookup's and the agent's searches ask the index for."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import time
@@ -203,8 +205,10 @@ async def test_requests_in_flight_through_several_reloads_all_succeed(
     assert len(seen) > 1, "the load never straddled a reload"
 
 
-async def test_a_fusion_change_applies_to_the_next_search(unwatched: Client) -> None:
-    retriever = unwatched.app[SERVICES].retriever
+def watch_searches(client: Client) -> list[SearchRequest]:
+    """The search requests the app's index gets from now on; watched, not replaced: the real
+    index answers every one."""
+    retriever = client.app[SERVICES].retriever
     asked: list[SearchRequest] = []
     search = retriever.search
 
@@ -212,8 +216,12 @@ async def test_a_fusion_change_applies_to_the_next_search(unwatched: Client) -> 
         asked.append(request)
         return await search(request)
 
-    # Watched, not replaced: the real index answers every search.
     retriever.search = recorded  # type: ignore[method-assign]
+    return asked
+
+
+async def test_a_fusion_change_applies_to_the_next_search(unwatched: Client) -> None:
+    asked = watch_searches(unwatched)
     assert (await query(unwatched))[0] == 200
     assert [r.fusion for r in asked] == [DEFAULT_FUSION]
     rewrite(unwatched, retrieval={"fusion": "rrf"})
@@ -224,3 +232,40 @@ async def test_a_fusion_change_applies_to_the_next_search(unwatched: Client) -> 
     assert status == 200, answer
     assert answer["config_version"] == body["version"]
     assert [r.fusion for r in asked] == [DEFAULT_FUSION, "rrf"]
+
+
+async def test_a_fusion_change_applies_to_the_agents_searches(
+    app_client: OpenClient, fake_upstream: str
+) -> None:
+    tier = {"api_base": fake_upstream, "retries": 0}
+    gw = await app_client(
+        upstream=fake_upstream,
+        models={
+            "small": {"model": "openai/fake-small", **tier},
+            "large": {"model": "openai/fake-large", **tier},
+        },
+        cache={"backend": "off"},
+    )
+    asked = watch_searches(gw)
+
+    async def agent_answer() -> None:
+        search = {"name": "search", "arguments": {"query": "Acme warranty"}, "id": "s"}
+        script = {
+            "key": uuid.uuid4().hex,
+            "turns": [{"tool_calls": [search]}, {"answer": "Two years {cite:1}."}],
+        }
+        body = {
+            "query": f"How long is the Acme warranty? [[fake:{json.dumps(script)}]]",
+            "route": "multihop",
+        }
+        async with gw.post("/v1/query", json=body, headers=auth()) as resp:
+            assert resp.status == 200, await resp.text()
+            assert (await resp.json())["route"] == "multihop"
+
+    await agent_answer()
+    assert [r.fusion for r in asked] == [DEFAULT_FUSION]
+    rewrite(gw, retrieval={"fusion": "zscore"})
+    status, body = await reload(gw, ADMIN)
+    assert status == 200, body
+    await agent_answer()
+    assert [r.fusion for r in asked] == [DEFAULT_FUSION, "zscore"]
