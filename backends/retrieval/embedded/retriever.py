@@ -1,8 +1,10 @@
-"""`EmbeddedRetriever`: the `Retriever` seam over one SQLite file, run on one thread of its own.
+"""`EmbeddedRetriever`: the `Retriever` seam over one SQLite file, off the event loop.
 
-Everything touching the connection or the in-memory vectors runs on that dedicated thread, so
-the event loop never blocks on disk or on a matmul, and the thread's FIFO order is the only
-synchronisation needed: a reader never sees half of a write.
+Writes run on one thread of their own with the file's one write connection (SQLite has one
+writer), in order. Reads run on a bounded pool of read threads, each with its own connection, in
+per-tenant lanes (`lanes`): a tenant's reads one at a time, and never queued in front of another
+tenant's. Every read is one snapshot (WAL), so a reader never sees half of a write, and a write
+never waits for a read.
 """
 
 from __future__ import annotations
@@ -24,10 +26,14 @@ from backends.retrieval.base import (
     refuse_empty,
 )
 from backends.retrieval.embedded import store, writes
-from backends.retrieval.embedded.search import document_chunks, fts_query, search_hits
-from backends.retrieval.embedded.state import IndexState
+from backends.retrieval.embedded.lanes import ReadLanes
+from backends.retrieval.embedded.lexical import LEXICAL_ROW_BUDGET, query_terms
+from backends.retrieval.embedded.search import document_chunks, search_hits
+from backends.retrieval.embedded.state import IndexState, Shared
 
 T = TypeVar("T")
+# Read threads: a tenant holds at most one, so this many busy tenants before a read waits.
+READERS = 4
 
 
 class EmbeddedRetriever:
@@ -42,19 +48,25 @@ class EmbeddedRetriever:
         max_query_chars: int = 1000,
         max_query_terms: int = 32,
         fusion: FusionMethod = DEFAULT_FUSION,
+        readers: int = READERS,
+        lexical_row_budget: int | None = LEXICAL_ROW_BUDGET,
     ) -> None:
         self._path = path
         self._fusion = fusion
         self._max_query_chars = max_query_chars
         self._max_query_terms = max_query_terms
+        self._row_budget = lexical_row_budget
+        self._shared = Shared()
         self._state: IndexState | None = None
         self._closed = False
-        self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="embedded-index"
+        self._writer = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="embedded-write"
         )
-        # Opened on the worker thread (sqlite3 connections belong to their thread); queued
-        # first, so every later call runs after it.
-        self._opened = self._executor.submit(self._open)
+        # Opened on the write thread (sqlite3 connections belong to their thread); queued
+        # first, so every later write runs after it, and every read connection waits for it
+        # (the schema and the migration come first).
+        self._opened = self._writer.submit(self._open)
+        self._readers = ReadLanes(readers, self._open_reader, lambda state: state.db.close())
 
     async def __aenter__(self) -> EmbeddedRetriever:
         return self
@@ -62,54 +74,76 @@ class EmbeddedRetriever:
     async def __aexit__(self, *_: object) -> None:
         await self.aclose()
 
-    async def _run(self, operation: str, fn: Callable[[IndexState], T]) -> T:
+    async def _write(self, operation: str, fn: Callable[[IndexState], T]) -> T:
         def call() -> T:
             with store.translated(operation):
                 self._opened.result()
                 assert self._state is not None  # set by _open, which succeeded
                 return fn(self._state)
 
+        self._refuse_closed(operation)
+        return await asyncio.get_running_loop().run_in_executor(self._writer, call)
+
+    async def _read(self, tenant: str | None, operation: str, fn: Callable[[IndexState], T]) -> T:
+        def call(state: IndexState) -> T:
+            with store.translated(operation), store.snapshot(state.db):
+                return fn(state)
+
+        self._refuse_closed(operation)
+        return await self._readers.run(tenant, call)
+
+    def _refuse_closed(self, operation: str) -> None:
         if self._closed:
             raise BackendUnavailable(store.BACKEND, f"{operation}: the index is closed")
-        return await asyncio.get_running_loop().run_in_executor(self._executor, call)
 
     def _open(self) -> None:
         with store.translated("open"):
-            self._state = IndexState(store.open_file(self._path))
+            self._state = IndexState(store.open_file(self._path), self._shared)
+
+    def _open_reader(self) -> IndexState:
+        self._opened.result()  # raises what opening the file raised
+        with store.translated("open"):
+            return IndexState(store.open_reader(self._path), self._shared)
 
     # -- reads ------------------------------------------------------------------------------
 
     async def search(self, request: SearchRequest) -> list[Hit]:
-        query = fts_query(request.text, self._max_query_chars, self._max_query_terms)
-        return await self._run(
-            "search", lambda state: search_hits(state, request, query, self._fusion)
+        terms = query_terms(request.text, self._max_query_chars, self._max_query_terms)
+        return await self._read(
+            request.tenant,
+            "search",
+            lambda state: search_hits(state, request, terms, self._fusion, self._row_budget),
         )
 
     async def document_chunks(self, tenant: str, doc_id: str, limit: int = 50) -> list[Hit]:
-        return await self._run(
-            "document_chunks", lambda state: document_chunks(state, tenant, doc_id, limit)
+        return await self._read(
+            tenant,
+            "document_chunks",
+            lambda state: document_chunks(state, tenant, doc_id, limit),
         )
 
     async def content_hash(self, tenant: str, doc_id: str) -> str | None:
-        return await self._run(
-            "content_hash", lambda state: store.content_hash(state.db, tenant, doc_id)
+        return await self._read(
+            tenant, "content_hash", lambda state: store.content_hash(state.db, tenant, doc_id)
         )
 
     async def content_hashes(self, tenant: str, doc_ids: Sequence[str]) -> dict[str, str]:
-        return await self._run(
-            "content_hashes", lambda state: store.content_hashes(state.db, tenant, doc_ids)
+        return await self._read(
+            tenant,
+            "content_hashes",
+            lambda state: store.content_hashes(state.db, tenant, doc_ids),
         )
 
     async def generation(self, tenant: str) -> int:
-        return await self._run(
-            "generation", lambda state: store.stored_generation(state.db, tenant)
+        return await self._read(
+            tenant, "generation", lambda state: store.stored_generation(state.db, tenant)
         )
 
     async def stats(self, tenant: str) -> tuple[int, int]:
-        return await self._run("stats", lambda state: store.counts(state.db, tenant))
+        return await self._read(tenant, "stats", lambda state: store.counts(state.db, tenant))
 
     async def ping(self) -> None:
-        await self._run("ping", lambda state: state.db.execute("SELECT 1").fetchone())
+        await self._read(None, "ping", lambda state: state.db.execute("SELECT 1").fetchone())
 
     # -- writes -----------------------------------------------------------------------------
 
@@ -125,12 +159,12 @@ class EmbeddedRetriever:
         # interrupted batch leaves whole documents only (a rolled-back one keeps its old hash, so
         # a retry writes it). SQLite is local, so the per-document cost is no round trip.
         return [
-            await self._run("upsert", partial(writes.upsert, tenant=tenant, document=document))
+            await self._write("upsert", partial(writes.upsert, tenant=tenant, document=document))
             for document in documents
         ]
 
     async def delete_document(self, tenant: str, doc_id: str) -> bool:
-        return await self._run("delete", lambda state: writes.delete(state, tenant, doc_id))
+        return await self._write("delete", lambda state: writes.delete(state, tenant, doc_id))
 
     async def aclose(self) -> None:
         def close() -> None:
@@ -141,5 +175,6 @@ class EmbeddedRetriever:
         if self._closed:
             return
         self._closed = True
-        await asyncio.get_running_loop().run_in_executor(self._executor, close)
-        self._executor.shutdown(wait=True)
+        await asyncio.to_thread(self._readers.close)
+        await asyncio.get_running_loop().run_in_executor(self._writer, close)
+        self._writer.shutdown(wait=True)

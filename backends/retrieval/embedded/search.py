@@ -9,8 +9,7 @@ whether a word occurs in others' documents from which of its own two documents r
 
 from __future__ import annotations
 
-import re
-import unicodedata
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,12 +22,11 @@ from backends.retrieval.base import (
     document_chunk_limit,
     fuse,
 )
+from backends.retrieval.embedded.lexical import affordable_terms, fts_expression
 from backends.retrieval.embedded.state import IndexState
 from backends.retrieval.embedded.store import WEIGHTS
-from backends.retrieval.stopwords import without_stopwords
 
 _BM25_WEIGHTS = ", ".join(str(w) for w in WEIGHTS.values())
-_QUERY_TOKEN = re.compile(r"[\w-]+")
 # The seam's reading order: n of `<doc_id>#<n>` as a number (ids whose n has a non-digit
 # last), then the id.
 _POSITION = "substr(chunks.chunk_id, length(chunks.doc_id) + 2)"
@@ -36,19 +34,6 @@ _READING_ORDER = (
     f"{_POSITION} = '' OR {_POSITION} GLOB '*[^0-9]*', CAST({_POSITION} AS INTEGER),"
     " chunks.chunk_id"
 )
-
-
-def fts_query(text: str, max_chars: int = 1000, max_terms: int = 32) -> str:
-    """User text as an FTS5 expression: an OR of quoted terms, or "" when nothing is left.
-
-    Each term is a run of word characters, '-' and '_', so it can never hold a quote, and
-    quoting makes FTS5 read operators (NEAR, AND, *, :, parentheses) as plain words.
-    """
-    text = unicodedata.normalize("NFKC", text)[:max_chars]
-    terms = [t.lower() for t in _QUERY_TOKEN.findall(text) if any(ch.isalnum() for ch in t)]
-    unique = list(dict.fromkeys(terms))
-    content = without_stopwords(unique)
-    return " OR ".join(f'"{t}"' for t in content[:max_terms])
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,12 +45,17 @@ class _Ranked:
 
 
 def search_hits(
-    state: IndexState, request: SearchRequest, query: str, default_fusion: FusionMethod
+    state: IndexState,
+    request: SearchRequest,
+    terms: Sequence[str],
+    default_fusion: FusionMethod,
+    row_budget: int | None,
 ) -> list[Hit]:
-    """The request's top k; `query` is its text as `fts_query` made it."""
+    """The request's top k; `terms` are its text's (`lexical.query_terms`), of which FTS5
+    scores those `row_budget` affords (`lexical.affordable_terms`)."""
     arms: dict[str, tuple[_Ranked, float]] = {}
-    if request.mode != "dense" and query:
-        arms["bm25"] = (_bm25(state, request, query), request.lexical_weight)
+    if request.mode != "dense" and terms:
+        arms["bm25"] = (_bm25(state, request, terms, row_budget), request.lexical_weight)
     if request.mode != "bm25":
         arms["dense"] = (_dense(state, request), request.dense_weight)
     method = request.fusion or default_fusion
@@ -92,12 +82,17 @@ def document_chunks(state: IndexState, tenant: str, doc_id: str, limit: int) -> 
     return [Hit(doc_id, chunk, title, section, text, 0.0) for chunk, title, section, text in rows]
 
 
-def _bm25(state: IndexState, request: SearchRequest, query: str) -> _Ranked:
+def _bm25(
+    state: IndexState, request: SearchRequest, terms: Sequence[str], row_budget: int | None
+) -> _Ranked:
     # The tenant's own table: FTS5 only ever ranks this tenant's rows, with statistics of
     # this tenant's rows only. The join re-checks the tenant column as a second, independent
     # guard. It joins after the LIMIT: joining every match before sorting doubled the time.
     table = state.fts(request.tenant)
     if table is None:
+        return _Ranked([], {})
+    query = fts_expression(affordable_terms(state, request.tenant, table, terms, row_budget))
+    if not query:
         return _Ranked([], {})
     rows = state.db.execute(
         f"SELECT top.id, top.score FROM (SELECT rowid AS id,"

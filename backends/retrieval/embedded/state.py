@@ -1,87 +1,88 @@
-"""What one process holds of the file: the connection, the FTS tables known to exist, and each
-tenant's vectors in memory. Used only on the index's one thread, whose FIFO order is the only
-synchronisation it needs."""
+"""What one process holds of the file: the FTS tables known to exist and each tenant's vectors in
+memory (`Shared`, one per process), seen through one connection at a time (`IndexState`).
+
+The writer thread and every read thread have a connection of their own and share one `Shared`.
+A tenant's vectors are only touched by that tenant's reads, which its read lane runs one at a
+time, in order (see `lanes`), each in a snapshot no older than the last: nothing else needs a
+lock. Writes never touch them: a read catches up with the change log (`changes`).
+"""
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
 
-import numpy as np
-
-from backends.retrieval.base import Document, Vector
+from backends.retrieval.embedded.changes import touched_since
 from backends.retrieval.embedded.store import fts_table, stored_generation, table_exists
-from backends.retrieval.embedded.vectors import TenantVectors, read_vectors
+from backends.retrieval.embedded.vectors import TenantVectors, read_rows, read_vectors
+
+
+class Shared:
+    """This process's cached view of the file, shared by its connections."""
+
+    def __init__(self) -> None:
+        self.vectors: dict[str, TenantVectors] = {}
+        # FTS tables known to exist; tables are never dropped, so a hit never goes stale.
+        self.fts_tables: set[str] = set()
 
 
 class IndexState:
-    """The connection and this process's cached view of the file."""
+    """One connection and the process's shared view of the file."""
 
-    def __init__(self, db: sqlite3.Connection) -> None:
+    def __init__(self, db: sqlite3.Connection, shared: Shared) -> None:
         self.db = db
-        self._vectors: dict[str, TenantVectors] = {}
-        # FTS tables known to exist; tables are never dropped, so a hit never goes stale.
-        self._fts_tables: set[str] = set()
+        self._shared = shared
+        # This connection's fts5vocab tables (TEMP: per connection, no write to the file).
+        self.vocab_tables: set[str] = set()
 
     def fts(self, tenant: str) -> str | None:
         """The tenant's FTS table, None before its first write."""
         table = fts_table(tenant)
-        if table in self._fts_tables:
+        if table in self._shared.fts_tables:
             return table
         if not table_exists(self.db, table):
             return None  # not remembered: another process may create it
-        self._fts_tables.add(table)
+        self._shared.fts_tables.add(table)
         return table
 
     def knows_fts(self, table: str) -> bool:
-        return table in self._fts_tables
+        return table in self._shared.fts_tables
 
     def created_fts(self, table: str) -> None:
         """Remember a table a committed write created."""
-        self._fts_tables.add(table)
+        self._shared.fts_tables.add(table)
 
     def tenant_vectors(self, tenant: str) -> TenantVectors | None:
-        """The tenant's current vectors; None when it has no chunks.
+        """The tenant's vectors as of this connection's snapshot; None when it has no chunks.
 
-        Read from disk on first use, and again when the stored generation moved past the one
-        in memory: another process wrote to the file (`querygate ingest` beside a running
-        `querygate serve`). This process's own writes keep them current without a reload.
+        Read whole on first use; after that, when the stored generation moved (a write by this
+        process or another: `querygate ingest` beside `serve`, or another worker), only the
+        rows the change log names are read. Called inside `store.snapshot`, so the generation
+        and the rows are of one committed state.
         """
         current = stored_generation(self.db, tenant)
-        vectors = self._vectors.get(tenant)
+        vectors = self._shared.vectors.get(tenant)
         if vectors is not None and vectors.generation == current:
             return vectors
-        # The generation is read before the rows: a write landing in between makes the rows
-        # newer than the recorded generation, so the next search reloads; never the reverse.
+        if vectors is not None and self._caught_up(tenant, vectors, current):
+            return vectors
         vectors = read_vectors(self.db, tenant, current)
         if vectors is None:
-            self._vectors.pop(tenant, None)
+            self._shared.vectors.pop(tenant, None)
             return None
-        self._vectors[tenant] = vectors
+        self._shared.vectors[tenant] = vectors
         return vectors
 
-    def apply(
-        self,
-        tenant: str,
-        generation: int,
-        removed: Sequence[int],
-        added: Sequence[int],
-        document: Document | None,
-    ) -> None:
-        """Mirror a committed write in the tenant's vectors, if they are loaded: `added` are
-        the row ids of `document`'s chunks."""
-        vectors = self._vectors.get(tenant)
-        if vectors is None:
-            return  # loaded from disk, with this write, on the tenant's next search
-        if vectors.generation != generation - 1:
-            # Another process wrote since they were loaded: this write is not the only change.
-            del self._vectors[tenant]
-            return
-        vectors.remove(removed)
-        if document is not None and added:
-            vectors.add(added, _matrix(document))
-        vectors.generation = generation
-
-
-def _matrix(document: Document) -> Vector:
-    return np.vstack([c.embedding for c in document.chunks]).astype(np.float32, copy=False)
+    def _caught_up(self, tenant: str, vectors: TenantVectors, current: int) -> bool:
+        """Apply the logged changes up to `current`; False when they cannot be (not all
+        logged, or rows of another dimension after the tenant was emptied)."""
+        if vectors.generation > current:
+            return False
+        touched = touched_since(self.db, tenant, vectors.generation, current)
+        if touched is None:
+            return False
+        ids, matrix = read_rows(self.db, tenant, sorted(touched))
+        if ids and matrix.shape[1] != vectors.dimension:
+            return False
+        vectors.replace(touched, ids, matrix)
+        vectors.generation = current
+        return True

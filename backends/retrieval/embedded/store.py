@@ -4,7 +4,8 @@ shared FTS table), transactions, and the reads that are one statement each.
 Layout: `documents` (one row per document: title, content hash), `chunks` (metadata and the
 float32 embedding blob; its rowid is the chunk's key everywhere), one FTS5 table per tenant,
 `fts_t<hash of the tenant>` (title, section and text; rowid = the chunk's key), created by the
-tenant's first write, and `tenants` (the generation counter).
+tenant's first write, `tenants` (the generation counter) and `changes` (which chunks each
+generation touched: see `changes`).
 
 A file written with one shared `chunks_fts` table is migrated when it is opened: each tenant's
 rows move to its own table in one transaction, and every tenant's generation is bumped because
@@ -51,11 +52,17 @@ CREATE TABLE IF NOT EXISTS chunks (
     embedding BLOB NOT NULL
 );
 CREATE INDEX IF NOT EXISTS chunks_by_document ON chunks (tenant, doc_id);
+CREATE TABLE IF NOT EXISTS changes (
+    tenant TEXT NOT NULL,
+    generation INTEGER NOT NULL,
+    chunk INTEGER
+);
+CREATE INDEX IF NOT EXISTS changes_by_generation ON changes (tenant, generation);
 """
 # The one FTS5 table all tenants shared before per-tenant tables; only migration reads it.
 _LEGACY_FTS = "chunks_fts"
 # SQLite caps bound parameters per statement (32,766 since 3.32); stay well under.
-_IDS_PER_STATEMENT = 500
+IDS_PER_STATEMENT = 500
 
 
 def tenant_key(tenant: str) -> str:
@@ -87,6 +94,12 @@ def open_file(path: Path) -> sqlite3.Connection:
     return db
 
 
+def open_reader(path: Path) -> sqlite3.Connection:
+    """A connection for the read threads of the file `open_file` opened: any of them may use it,
+    one at a time (the read lanes hand it over whole)."""
+    return sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+
+
 def create_fts(db: sqlite3.Connection, table: str) -> None:
     db.execute(
         f"CREATE VIRTUAL TABLE IF NOT EXISTS {table} USING fts5("
@@ -112,6 +125,17 @@ def transaction(db: sqlite3.Connection) -> Iterator[None]:
     db.execute("COMMIT")
 
 
+@contextmanager
+def snapshot(db: sqlite3.Connection) -> Iterator[None]:
+    """One read transaction: every statement inside sees the same committed state (WAL), so a
+    search's arms and the rows it returns agree with each other and with the generation."""
+    db.execute("BEGIN")
+    try:
+        yield
+    finally:
+        db.execute("COMMIT")
+
+
 def stored_generation(db: sqlite3.Connection, tenant: str) -> int:
     row = db.execute("SELECT generation FROM tenants WHERE tenant = ?", (tenant,)).fetchone()
     return 0 if row is None else int(row[0])
@@ -127,8 +151,8 @@ def content_hash(db: sqlite3.Connection, tenant: str, doc_id: str) -> str | None
 
 def content_hashes(db: sqlite3.Connection, tenant: str, doc_ids: Sequence[str]) -> dict[str, str]:
     found: dict[str, str] = {}
-    for start in range(0, len(doc_ids), _IDS_PER_STATEMENT):
-        part = list(doc_ids[start : start + _IDS_PER_STATEMENT])
+    for start in range(0, len(doc_ids), IDS_PER_STATEMENT):
+        part = list(doc_ids[start : start + IDS_PER_STATEMENT])
         marks = ",".join("?" * len(part))
         rows = db.execute(
             f"SELECT doc_id, content_hash FROM documents WHERE tenant = ? AND doc_id IN ({marks})",

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
 from backends.retrieval.base import Vector
+from backends.retrieval.embedded.store import IDS_PER_STATEMENT
 
 
 class TenantVectors:
@@ -27,6 +28,8 @@ class TenantVectors:
         self._where: dict[int, int] = {}
 
     def add(self, ids: Sequence[int], vectors: Vector) -> None:
+        if not ids:
+            return
         needed = self._size + len(ids)
         if needed > len(self._ids):
             self._grow(max(needed, 2 * len(self._ids), 64))
@@ -43,15 +46,24 @@ class TenantVectors:
         if self._size and len(self._where) < self._size // 2:
             self._compact()
 
+    def __len__(self) -> int:
+        """Live rows."""
+        return len(self._where)
+
+    def replace(self, touched: Iterable[int], ids: Sequence[int], vectors: Vector) -> None:
+        """Drop every touched row, then add `ids` (those of them that exist now)."""
+        self.remove(list(touched))
+        self.add(ids, vectors)
+
     def top(self, query: Vector, n: int) -> list[tuple[int, float]]:
         """(chunk row id, cosine) of the n nearest live rows, best first."""
-        if not self._where or n <= 0:
+        if not len(self) or n <= 0:
             return []
         # einsum's own loop, not BLAS: a matrix-vector product is memory-bound, and OpenBLAS's
         # threads only contend for the cores the event loop needs.
         scores = np.einsum("ij,j->i", self._matrix[: self._size], query)
         scores[self._ids[: self._size] < 0] = -np.inf
-        n = min(n, len(self._where))
+        n = min(n, len(self))
         best = np.argpartition(-scores, n - 1)[:n]
         best = best[np.argsort(-scores[best], kind="stable")]
         return [(int(self._ids[i]), float(scores[i])) for i in best]
@@ -74,15 +86,34 @@ class TenantVectors:
 
 def read_vectors(db: sqlite3.Connection, tenant: str, generation: int) -> TenantVectors | None:
     """The tenant's vectors as stored, recorded as of `generation`; None when it has no chunks."""
-    rows = db.execute("SELECT id, embedding FROM chunks WHERE tenant = ?", (tenant,))
+    ids, matrix = _rows(db.execute("SELECT id, embedding FROM chunks WHERE tenant = ?", (tenant,)))
+    if not ids:
+        return None
+    vectors = TenantVectors(matrix.shape[1], generation)
+    vectors.add(ids, matrix)
+    return vectors
+
+
+def read_rows(db: sqlite3.Connection, tenant: str, ids: Sequence[int]) -> tuple[list[int], Vector]:
+    """Those of `ids` that are the tenant's chunks now, with their vectors."""
+    rows: list[tuple[int, bytes]] = []
+    for start in range(0, len(ids), IDS_PER_STATEMENT):
+        part = list(ids[start : start + IDS_PER_STATEMENT])
+        marks = ",".join("?" * len(part))
+        rows += db.execute(
+            f"SELECT id, embedding FROM chunks WHERE tenant = ? AND id IN ({marks})",
+            (tenant, *part),
+        )
+    return _rows(rows)
+
+
+def _rows(rows: Iterable[tuple[int, bytes]]) -> tuple[list[int], Vector]:
+    """Row ids and their vectors as one matrix (0 x 0 when there are none)."""
     ids: list[int] = []
     blobs: list[bytes] = []
     for chunk, blob in rows:
         ids.append(chunk)
         blobs.append(blob)
     if not ids:
-        return None
-    matrix = np.frombuffer(b"".join(blobs), dtype=np.float32).reshape(len(ids), -1)
-    vectors = TenantVectors(matrix.shape[1], generation)
-    vectors.add(ids, matrix)
-    return vectors
+        return ids, np.zeros((0, 0), dtype=np.float32)
+    return ids, np.frombuffer(b"".join(blobs), dtype=np.float32).reshape(len(ids), -1)

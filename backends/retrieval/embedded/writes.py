@@ -1,7 +1,8 @@
-"""Writing and deleting documents: one transaction each, then the tenant's vectors in memory.
+"""Writing and deleting documents: one transaction each, logging the rows it touched.
 
-A reader sees a document whole, old or new, and a write that fails leaves the file and memory
-as they were (a rolled-back document keeps its old hash, so a retry writes it).
+A reader sees a document whole, old or new, and a write that fails leaves the file as it was (a
+rolled-back document keeps its old hash, so a retry writes it). Vectors in memory are not
+touched here: each process's next read of the tenant applies the logged rows (`changes`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import sqlite3
 import numpy as np
 
 from backends.retrieval.base import Document
+from backends.retrieval.embedded.changes import log_change
 from backends.retrieval.embedded.state import IndexState
 from backends.retrieval.embedded.store import create_fts, fts_table, transaction
 
@@ -45,10 +47,9 @@ def upsert(state: IndexState, tenant: str, document: Document) -> bool:
             (tenant, document.doc_id, document.title, document.content_hash),
         )
         added = _insert_chunks(db, tenant, document)
-        generation = _bump_generation(db, tenant)
-    # Only after the commit: a failed transaction leaves memory as it was, like the file.
+        log_change(db, tenant, _bump_generation(db, tenant), removed + added)
+    # Only after the commit: a failed transaction created no table.
     state.created_fts(table)
-    state.apply(tenant, generation, removed, added, document)
     return True
 
 
@@ -62,8 +63,7 @@ def delete(state: IndexState, tenant: str, doc_id: str) -> bool:
         if not gone:
             return False
         removed = _delete_chunks(db, tenant, doc_id)
-        generation = _bump_generation(db, tenant)
-    state.apply(tenant, generation, removed, [], None)
+        log_change(db, tenant, _bump_generation(db, tenant), removed)
     return True
 
 
