@@ -133,7 +133,8 @@ def snapshot(db: sqlite3.Connection) -> Iterator[None]:
     try:
         yield
     finally:
-        db.execute("COMMIT")
+        if db.in_transaction:  # an error may have ended it already
+            db.execute("COMMIT")
 
 
 def stored_generation(db: sqlite3.Connection, tenant: str) -> int:
