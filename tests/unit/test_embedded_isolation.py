@@ -247,3 +247,17 @@ async def test_the_log_keeps_a_bounded_number_of_generations(
     with closing(sqlite3.connect(path)) as db:
         kept = db.execute("SELECT DISTINCT generation FROM changes ORDER BY 1").fetchall()
     assert kept == [(4,), (5,), (6,)]
+
+
+async def test_a_tenant_emptied_and_refilled_with_another_dimension_is_searched_as_stored(
+    tmp_path: Path,
+) -> None:
+    async with EmbeddedRetriever(tmp_path / "index.sqlite3") as index:
+        await index.upsert_document("t", make_doc("a", ["a"], [1]))
+        await dense_ids(index, 1)
+        await index.delete_document("t", "a")
+        # An empty tenant holds no dimension: a query of any size finds nothing, no error.
+        eight = SearchRequest("t", "", unit_vector(2, 8), mode="dense")
+        assert await index.search(eight) == []
+        await index.upsert_document("t", make_doc("b", ["b"], [2], dimension=8))
+        assert chunk_ids(await index.search(eight)) == ["b#0"]

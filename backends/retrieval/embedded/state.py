@@ -64,6 +64,9 @@ class IndexState:
         if vectors is not None and vectors.generation == current:
             return vectors
         if vectors is not None and self._caught_up(tenant, vectors, current):
+            if not len(vectors):  # emptied: its next rows may be of another dimension
+                del self._shared.vectors[tenant]
+                return None
             return vectors
         vectors = read_vectors(self.db, tenant, current)
         if vectors is None:
