@@ -4,7 +4,7 @@ A tenant's reads run one at a time, in the order they came (its lane is a FIFO l
 tenant's slow searches queue behind each other and never in front of another tenant's: a
 tenant holds at most one of the pool's threads, and the pool's own FIFO queue holds at most one
 read per tenant, so a read waits for a thread behind at most one read of each other busy tenant.
-Each thread takes a connection of its own from an idle stack for the call (WAL: readers never
+Each call takes an idle connection (one per thread at most) for its duration (WAL: readers never
 block each other or the writer). One lane per tenant is also what lets a tenant's vectors in
 memory go unlocked (see `state`).
 """
