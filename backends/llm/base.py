@@ -40,6 +40,19 @@ class TierConfig(BaseModel):
     max_tokens: int = Field(default=512, gt=0)
     temperature: float = Field(default=0.0, ge=0, le=2)
     retries: int = Field(default=2, ge=0, le=5)
+    max_reply_bytes: int = Field(
+        default=4 * 1024 * 1024,
+        ge=64 * 1024,
+        description="the most bytes of one reply read from this model, whatever its token "
+        "limit: a reply past it is cut there (finish_reason length, `reply_cut` bytes)",
+    )
+    reply_token_margin: float = Field(
+        default=0.5,
+        ge=0,
+        le=10,
+        description="the share of a call's token limit a reply may pass it by (the gateway's "
+        "token count is an estimate) before it is cut (finish_reason length, `reply_cut` tokens)",
+    )
     cooldown_after: int = Field(
         default=3,
         ge=0,
@@ -112,6 +125,8 @@ class Completion:
     tool_calls: tuple[ToolCall, ...] = ()
     finish_reason: str = "stop"
     usage_estimated: bool = False  # the upstream reported no usage; tokens were counted here
+    # The reply passed its bound (`backends.llm.bounds`) and was cut there: "bytes" or "tokens".
+    cut: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +206,7 @@ class StreamDelta:
     ended: bool = True
     usage_estimated: bool = False
     tool_calls: tuple[ToolCall, ...] = ()
+    cut: str | None = None  # as `Completion.cut`
 
 
 class LLM(Protocol):

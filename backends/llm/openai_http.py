@@ -22,6 +22,8 @@ from typing import Any
 
 import aiohttp
 
+from backends.llm.bounds import Reading, salvaged_text
+
 # litellm's prefix for "an OpenAI-compatible server at api_base": the deployments this serves.
 PREFIX = "openai/"
 DEFAULT_API_BASE = "https://api.openai.com/v1"
@@ -89,9 +91,15 @@ class OpenAIHttp:
         return self._session
 
     async def complete(
-        self, api_base: str | None, api_key: str, body: dict[str, Any], timeout_s: float
+        self,
+        api_base: str | None,
+        api_key: str,
+        body: dict[str, Any],
+        timeout_s: float,
+        bound: Reading,
     ) -> dict[str, Any]:
-        """The decoded answer of a non-streamed chat completion."""
+        """The decoded answer of a non-streamed chat completion, read as far as `bound`'s cap:
+        a body past it is not read on, and the answer is the content it held (`bound.cut`)."""
         session = self._open()
         try:
             async with session.post(
@@ -100,15 +108,23 @@ class OpenAIHttp:
                 headers=_headers(api_key),
                 timeout=_timeout(timeout_s),
             ) as response:
-                payload = await response.read()
+                payload = await _bounded_read(response, bound)
                 if response.status != 200:
                     raise WireStatusError(response.status, _error_text(payload))
         except aiohttp.ClientError as exc:
             raise WireConnectionError(f"{type(exc).__name__}: {exc}") from exc
+        if bound.cut is not None:
+            message = {"role": "assistant", "content": salvaged_text(payload)}
+            return {"choices": [{"index": 0, "message": message, "finish_reason": "length"}]}
         return _loads(payload)
 
     async def stream(
-        self, api_base: str | None, api_key: str, body: dict[str, Any], timeout_s: float
+        self,
+        api_base: str | None,
+        api_key: str,
+        body: dict[str, Any],
+        timeout_s: float,
+        bound: Reading,
     ) -> SseStream:
         """An open streamed chat completion (status checked, no chunk read yet)."""
         session = self._open()
@@ -123,19 +139,30 @@ class OpenAIHttp:
             raise WireConnectionError(f"{type(exc).__name__}: {exc}") from exc
         if response.status != 200:
             try:
-                payload = await response.read()
+                payload = await _bounded_read(response, bound)
             except aiohttp.ClientError:
                 payload = b""
             finally:
                 response.release()
             raise WireStatusError(response.status, _error_text(payload))
-        return SseStream(response)
+        return SseStream(response, bound)
 
     async def aclose(self) -> None:
         self._closed = True
         if self._session is not None:
             session, self._session = self._session, None
             await session.close()
+
+
+async def _bounded_read(response: aiohttp.ClientResponse, bound: Reading) -> bytes:
+    """The body, or as much of it as `bound` allows (the connection is then dropped)."""
+    body = bytearray()
+    async for data in response.content.iter_any():
+        if not bound.take(len(data)):
+            response.close()
+            break
+        body += data
+    return bytes(body)
 
 
 # No chunk comes near this; a body without newlines must not grow a buffer without bound.
@@ -166,11 +193,13 @@ class SseStream:
     """A chat completion's server-sent events as batches of decoded chunks, until `data: [DONE]`
     or the end of the body. A batch is every chunk one read found buffered: what arrived
     together is handled together downstream (one delta, one write to the client), and no read
-    waits for more once one chunk is complete. `aclose` gives the connection back (or drops it
-    when unread)."""
+    waits for more once one chunk is complete; the body ends early once the bytes read pass
+    `bound`'s cap (`bound.cut` says so). `aclose` gives the connection back (or drops it when
+    unread)."""
 
-    def __init__(self, response: aiohttp.ClientResponse) -> None:
+    def __init__(self, response: aiohttp.ClientResponse, bound: Reading) -> None:
         self._response = response
+        self.bound = bound
         self._batches = self._read()
         self.ended = False  # `data: [DONE]` was read: the body did not just stop
 
@@ -182,6 +211,8 @@ class SseStream:
         try:
             while True:
                 data = await self._response.content.readany()  # all it holds, b"" at the end
+                if not self.bound.take(len(data)):
+                    return
                 batch, failure = self._decode(lines.feed(data))
                 if batch:
                     yield batch

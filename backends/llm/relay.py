@@ -25,10 +25,13 @@ from typing import Any
 
 import litellm
 from litellm import CustomStreamWrapper
+from openai import AsyncOpenAI
 
 from backends.errors import UpstreamError
 from backends.llm import openai_http
 from backends.llm.base import GenerationOptions, StreamDelta, ToolCall
+from backends.llm.bounded_httpx import reading
+from backends.llm.bounds import Reading, ReplyBound, ReplyMeter, reply_bound
 from backends.llm.deployments import Deployment
 from backends.llm.failures import CALL_ERRORS
 from backends.llm.wire import (
@@ -39,6 +42,8 @@ from backends.llm.wire import (
     litellm_args,
     odd_shape,
     parse_tool_call,
+    reply_limit,
+    text_counter,
     text_of,
     usage_tokens,
 )
@@ -52,6 +57,7 @@ class Gathered:
     reported: tuple[int, int] | None = None  # (prompt, completion) tokens, if a chunk said
     # streamed tool calls by index: id and name come first, the arguments in fragments
     calls: dict[int, dict[str, str]] = field(default_factory=dict)
+    arguments_bytes: int = 0  # of the fragments the reply's meter has not counted yet
 
     def tool_call_piece(
         self, index: int, call_id: str | None, name: str | None, arguments: str | None
@@ -60,18 +66,29 @@ class Gathered:
         call["id"] = call_id or call["id"]
         call["name"] = name or call["name"]
         call["arguments"] += arguments or ""
+        self.arguments_bytes += len(arguments or "")
 
     def tool_calls(self) -> tuple[ToolCall, ...]:
         return tuple(_streamed_tool_call(self.calls[i]) for i in sorted(self.calls))
 
 
 class OpenStream(ABC):
-    """A stream whose first chunk has arrived: past this point nothing is retried."""
+    """A stream whose first chunk has arrived: past this point nothing is retried. `bound` is
+    the reply's (`backends.llm.bounds`), `read` its bytes read off the wire."""
 
-    def __init__(self, deployment: Deployment, first: Any, rest: AsyncIterable[Any]) -> None:
+    def __init__(
+        self,
+        deployment: Deployment,
+        first: Any,
+        rest: AsyncIterable[Any],
+        bound: ReplyBound,
+        read: Reading,
+    ) -> None:
         self.deployment = deployment
         self._first = first
         self._rest = rest
+        self.bound = bound
+        self.read_bytes = read
 
     def batches(self) -> AsyncIterator[Any]:
         """The first batch of chunks, then the rest as they come."""
@@ -97,8 +114,15 @@ class OpenStream(ABC):
 class LitellmStream(OpenStream):
     """A stream through `litellm.acompletion`: one chunk object at a time."""
 
-    def __init__(self, deployment: Deployment, chunks: CustomStreamWrapper, first: Any) -> None:
-        super().__init__(deployment, first, chunks)
+    def __init__(
+        self,
+        deployment: Deployment,
+        chunks: CustomStreamWrapper,
+        first: Any,
+        bound: ReplyBound,
+        read: Reading,
+    ) -> None:
+        super().__init__(deployment, first, chunks, bound, read)
         self._wrapper = chunks
 
     @classmethod
@@ -108,13 +132,19 @@ class LitellmStream(OpenStream):
         wire: list[dict[str, Any]],
         max_tokens: int | None,
         options: GenerationOptions,
+        client: AsyncOpenAI | None,
     ) -> LitellmStream:
+        """`client`: litellm's bounded client for the deployment (None: litellm's own)."""
+        bound = reply_bound(deployment.config, reply_limit(deployment, max_tokens, options))
+        read = Reading(bound.max_bytes)
+        args = litellm_args(deployment, wire, max_tokens, options)
+        if client is not None:
+            args["client"] = client
         async with asyncio.timeout(deployment.config.timeout_s):
-            chunks = await litellm.acompletion(
-                **litellm_args(deployment, wire, max_tokens, options),
-                stream=True,
-                stream_options={"include_usage": True},
-            )
+            with reading(read):  # the transport binds it to the body as the call opens
+                chunks = await litellm.acompletion(
+                    **args, stream=True, stream_options={"include_usage": True}
+                )
             if not isinstance(chunks, CustomStreamWrapper):
                 raise UpstreamError("llm", f"{deployment.model}: unexpected {type(chunks)}")
             try:
@@ -124,7 +154,7 @@ class LitellmStream(OpenStream):
                 raise
         if first is None:
             raise UpstreamError("llm", f"{deployment.model}: empty stream")
-        return cls(deployment, chunks, first)
+        return cls(deployment, chunks, first, bound, read)
 
     def read(self, batch: Any, gathered: Gathered) -> str:
         text = ""
@@ -161,8 +191,10 @@ class LitellmStream(OpenStream):
 class LeanStream(OpenStream):
     """A stream on the lean wire: batches of decoded OpenAI chunks."""
 
-    def __init__(self, deployment: Deployment, chunks: openai_http.SseStream, first: Any) -> None:
-        super().__init__(deployment, first, chunks)
+    def __init__(
+        self, deployment: Deployment, chunks: openai_http.SseStream, first: Any, bound: ReplyBound
+    ) -> None:
+        super().__init__(deployment, first, chunks, bound, chunks.bound)
         self._sse = chunks
 
     @classmethod
@@ -177,8 +209,12 @@ class LeanStream(OpenStream):
         body = lean_body(deployment, wire, max_tokens, options)
         body["stream"], body["stream_options"] = True, {"include_usage": True}
         config = deployment.config
+        bound = reply_bound(config, body["max_tokens"])
+        read = Reading(bound.max_bytes)
         async with asyncio.timeout(config.timeout_s):
-            chunks = await http.stream(config.api_base, deployment.api_key, body, config.timeout_s)
+            chunks = await http.stream(
+                config.api_base, deployment.api_key, body, config.timeout_s, read
+            )
             try:
                 first = await anext(aiter(chunks), None)
             except BaseException:
@@ -187,7 +223,7 @@ class LeanStream(OpenStream):
         if first is None:
             await chunks.aclose()
             raise UpstreamError("llm", f"{deployment.model}: empty stream")
-        return cls(deployment, chunks, first)
+        return cls(deployment, chunks, first, bound)
 
     def read(self, batch: Any, gathered: Gathered) -> str:
         texts: list[str] = []
@@ -224,30 +260,42 @@ class LeanStream(OpenStream):
 
 
 async def relay(opened: OpenStream, wire: list[dict[str, Any]]) -> AsyncIterator[StreamDelta]:
-    """Deltas as they come, then one final delta with usage and cost."""
+    """Deltas as they come, then one final delta with usage and cost. A reply past its bound
+    is not read on: its final delta comes at once, finish_reason "length", `cut` saying which
+    bound (its usage estimated, a tool call it had begun dropped)."""
     deployment = opened.deployment
     parts: list[str] = []
     gathered = Gathered()
+    model = deployment.model
+    meter = ReplyMeter(text_counter(model), opened.bound)
     try:
         async for batch in opened.batches():
-            if text := opened.read(batch, gathered):
+            text = opened.read(batch, gathered)
+            if text or gathered.arguments_bytes:
+                text = meter.take(text, gathered.arguments_bytes)
+                gathered.arguments_bytes = 0
+            if text:
                 parts.append(text)
-                yield StreamDelta(text=text, model=deployment.model)
+                yield StreamDelta(text=text, model=model)
+            if meter.cut is not None:
+                break
     except CALL_ERRORS as exc:
         # text has already gone out: no retry or fallback can make this answer whole
-        raise UpstreamError("llm", f"{deployment.model}: stream interrupted: {exc}") from exc
+        raise UpstreamError("llm", f"{model}: stream interrupted: {exc}") from exc
+    cut = meter.cut or opened.read_bytes.cut
     reported = gathered.reported
-    estimated = reported is None or not opened.usage_is_upstreams()
+    estimated = cut is not None or reported is None or not opened.usage_is_upstreams()
     if reported is None or estimated:
-        reported = estimate_usage(deployment.model, wire, "".join(parts))
+        reported = estimate_usage(model, wire, "".join(parts))
     yield StreamDelta(
         done=True,
         usage=deployment.cost(*reported),
-        model=deployment.model,
-        finish_reason=gathered.finish_reason,
-        ended=bool(gathered.finish_reason) or opened.body_ended(),
+        model=model,
+        finish_reason="length" if cut else gathered.finish_reason,
+        ended=cut is not None or bool(gathered.finish_reason) or opened.body_ended(),
         usage_estimated=estimated,
-        tool_calls=gathered.tool_calls(),
+        tool_calls=() if cut else gathered.tool_calls(),
+        cut=cut,
     )
 
 

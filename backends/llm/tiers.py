@@ -37,6 +37,7 @@ import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import litellm
@@ -46,6 +47,8 @@ from litellm.llms.custom_httpx.async_client_cleanup import close_litellm_async_c
 from backends.errors import BackendUnavailable, UpstreamError
 from backends.llm import openai_http
 from backends.llm.base import Completion, LLMCall, StreamDelta, Tier, TierConfig
+from backends.llm.bounded_httpx import BoundedClients, reading
+from backends.llm.bounds import Reading, ReplyBound, fit_tokens, reply_bound
 from backends.llm.deployments import Deployment, Lease, build_chain
 from backends.llm.failures import CALL_ERRORS, classify, exhausted, verdict
 from backends.llm.relay import LeanStream, LitellmStream, OpenStream, relay
@@ -56,6 +59,8 @@ from backends.llm.wire import (
     from_litellm,
     lean_body,
     litellm_args,
+    reply_limit,
+    text_counter,
     to_wire,
 )
 
@@ -98,6 +103,7 @@ class LiteLLMTiers:
             for tier, config in configs.items()
         }
         self._http = openai_http.OpenAIHttp()
+        self._bounded = BoundedClients()  # litellm's client for OpenAI-compatible upstreams
         self._backoff_initial_s = backoff_initial_s
         self._backoff_max_s = backoff_max_s
 
@@ -164,6 +170,8 @@ class LiteLLMTiers:
         wire = [to_wire(m) for m in call.messages]
 
         async def attempt(deployment: Deployment) -> Completion:
+            bound = reply_bound(deployment.config, reply_limit(deployment, max_tokens, options))
+            read = Reading(bound.max_bytes)
             if deployment.lean:
                 body = lean_body(deployment, wire, max_tokens, options)
                 if tools is not None:
@@ -174,17 +182,21 @@ class LiteLLMTiers:
                         deployment.api_key,
                         body,
                         deployment.config.timeout_s,
+                        read,
                     )
-                return from_json(tier, deployment, wire, answer)
+                return _bounded(from_json(tier, deployment, wire, answer), read, bound)
             args = litellm_args(deployment, wire, max_tokens, options)
             if tools is not None:
                 args["tools"] = tools
+            if (client := self._bounded.client(deployment)) is not None:
+                args["client"] = client
             # the SDK timeout bounds each socket operation; this bounds the whole call
             async with asyncio.timeout(deployment.config.timeout_s):
-                response = await litellm.acompletion(**args)
+                with reading(read):
+                    response = await litellm.acompletion(**args)
             if not isinstance(response, ModelResponse):
                 raise UpstreamError("llm", f"{deployment.model}: unexpected {type(response)}")
-            return from_litellm(tier, deployment, wire, response)
+            return _bounded(from_litellm(tier, deployment, wire, response), read, bound)
 
         lease, completion = await self._first_that_answers(tier, call.tenant, attempt)
         lease.settle(True)
@@ -197,7 +209,8 @@ class LiteLLMTiers:
         async def attempt(deployment: Deployment) -> OpenStream:
             if deployment.lean:
                 return await LeanStream.open(self._http, deployment, wire, max_tokens, options)
-            return await LitellmStream.open(deployment, wire, max_tokens, options)
+            client = self._bounded.client(deployment)
+            return await LitellmStream.open(deployment, wire, max_tokens, options, client)
 
         lease, opened = await self._first_that_answers(call.tier, call.tenant, attempt)
         try:
@@ -216,6 +229,7 @@ class LiteLLMTiers:
 
     async def aclose(self) -> None:
         await self._http.aclose()
+        await self._bounded.aclose()
         # litellm caches its HTTP clients process-wide (the gateway holds one LiteLLMTiers). It
         # leaves closed clients in that cache and would hand them to the next instance, which
         # then fails with "client has been closed": flush it too.
@@ -291,3 +305,15 @@ class LiteLLMTiers:
             self._backoff_initial_s,
             self._backoff_max_s,
         )
+
+
+def _bounded(completion: Completion, read: Reading, bound: ReplyBound) -> Completion:
+    """`completion` as its bound lets it through: cut to the token bound when its text passes
+    it, marked when that or the byte cap cut it (a body cut by bytes holds only the text that
+    came, no tool call)."""
+    fitted = fit_tokens(text_counter(completion.model), completion.text, bound.max_tokens)
+    cut = read.cut or ("tokens" if fitted is not None else None)
+    if cut is None:
+        return completion
+    text = completion.text if fitted is None else fitted
+    return replace(completion, text=text, finish_reason="length", cut=cut, tool_calls=())

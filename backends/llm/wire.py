@@ -16,7 +16,7 @@ from backends.llm import offline  # noqa: F401  (must run before litellm is impo
 import json
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -84,14 +84,18 @@ def lean_body(
     }
 
 
+def reply_limit(deployment: Deployment, max_tokens: int | None, options: GenerationOptions) -> int:
+    """The completion token limit a call sends: the call's, the tier's, capped by the client's."""
+    return options.cap(max_tokens or deployment.config.max_tokens)
+
+
 def _generation(
     deployment: Deployment, max_tokens: int | None, options: GenerationOptions
 ) -> dict[str, Any]:
-    config = deployment.config
     return {
-        "temperature": config.temperature,
+        "temperature": deployment.config.temperature,
         **options.wire(),
-        "max_tokens": options.cap(max_tokens or config.max_tokens),
+        "max_tokens": reply_limit(deployment, max_tokens, options),
     }
 
 
@@ -176,6 +180,11 @@ def count_tokens(model: str, messages: Sequence[dict[str, Any]] = (), text: str 
         log.debug("token count failed; estimating from characters", exc_info=True)
         chars = sum(len(text_of(m)) for m in messages) + len(text)
         return math.ceil(chars / 4)
+
+
+def text_counter(model: str) -> Callable[[str], int]:
+    """`count_tokens` of a text, for `model`."""
+    return lambda text: count_tokens(model, text=text)
 
 
 def parse_tool_call(raw: Any) -> ToolCall:

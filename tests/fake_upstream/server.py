@@ -58,6 +58,10 @@ stripped from the text before the default answer echoes it. Keys, all optional:
                          the directive key by key, and turns past the list use its last entry.
 ``final``          obj   overrides the directive for a request that offers no ``tools`` (a loop's
                          forced final answer), whatever its turn.
+``flood_bytes``    int   ignore ``max_tokens`` and answer about N bytes of words (finish_reason
+                         ``stop``): one JSON body written in pieces, or streamed as content
+                         chunks of about 1 KB each. ``/admin/stats`` ``flood_sent_by_key`` counts
+                         the bytes written before the client stopped reading.
 """
 
 from __future__ import annotations
@@ -65,12 +69,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import itertools
 import json
 import math
 import re
 import struct
 import time
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,6 +102,8 @@ class Stats:
     applied_by_key: Counter[str] = field(default_factory=Counter)
     # the last chat request's parameters per key: proof of what reached the upstream
     params_by_key: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # bytes of a `flood_bytes` reply written per key, until the client stopped reading
+    flood_sent_by_key: Counter[str] = field(default_factory=Counter)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -105,6 +113,7 @@ class Stats:
             "by_status": {str(k): v for k, v in self.by_status.items()},
             "by_key": dict(self.by_key),
             "params_by_key": self.params_by_key,
+            "flood_sent_by_key": dict(self.flood_sent_by_key),
         }
 
 
@@ -358,6 +367,43 @@ async def _stream(
     return response
 
 
+FLOOD_PIECE = "flood " * 170  # about 1 KB of words
+
+
+async def _flood(
+    request: web.Request, body: dict[str, Any], directive: dict[str, Any]
+) -> web.StreamResponse:
+    """About `flood_bytes` of words whatever `max_tokens` says, written piece by piece (the fake
+    never holds the reply whole), until the client stops reading."""
+    reply = Reply(str(body.get("model", "")), "", [], "stop", {})
+    streamed = bool(body.get("stream"))
+    kind = "text/event-stream" if streamed else "application/json"
+    response = web.StreamResponse(headers={"Content-Type": kind})
+    await response.prepare(request)
+    stats, key = request.app[STATS_KEY], str(directive.get("key", ""))
+    pieces = -(-int(directive["flood_bytes"]) // len(FLOOD_PIECE))
+    if streamed:
+        opening = _chunk(reply, {"role": "assistant", "content": ""})
+        # numbered: litellm fails a stream that repeats one chunk over and over
+        chunks: Iterable[bytes] = (
+            _chunk(reply, {"content": f"{n} {FLOOD_PIECE}"}) for n in range(pieces)
+        )
+        closing = _chunk(reply, {}, "stop") + b"data: [DONE]\n\n"
+    else:
+        head = _completion_body(reply)
+        head["choices"][0]["message"]["content"] = "@@"
+        opening, closing = (part.encode() for part in json.dumps(head).split("@@"))
+        chunks = (FLOOD_PIECE.encode() * 64 for _ in range(-(-pieces // 64)))
+    try:
+        for data in itertools.chain((opening,), chunks, (closing,)):
+            await response.write(data)
+            stats.flood_sent_by_key[key] += len(data)
+        await response.write_eof()
+    except (ConnectionResetError, ConnectionError):
+        pass  # the client stopped reading: what it took is counted
+    return response
+
+
 async def _read_json(request: web.Request) -> dict[str, Any] | None:
     try:
         body = await request.json()
@@ -390,6 +436,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         request.app[STATS_KEY].by_status[failure.status] += 1
         return failure
     request.app[STATS_KEY].by_status[200] += 1
+    if "flood_bytes" in directive:
+        return await _flood(request, body, directive)
     reply = _build_reply(body, directive)
     if body.get("stream"):
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))

@@ -14,6 +14,7 @@ import aiohttp
 import pytest
 from aiohttp.base_protocol import BaseProtocol
 
+from backends.llm.bounds import Reading
 from backends.llm.openai_http import (
     MAX_LINE,
     MalformedBody,
@@ -72,9 +73,10 @@ class _Response:
         self.released = True
 
 
-def _stream() -> tuple[SseStream, aiohttp.StreamReader]:
+def _stream(max_bytes: int = 1 << 20) -> tuple[SseStream, aiohttp.StreamReader]:
     response = _Response()
-    return SseStream(cast(aiohttp.ClientResponse, response)), response.content
+    bound = Reading(max_bytes)
+    return SseStream(cast(aiohttp.ClientResponse, response), bound), response.content
 
 
 def texts(batch: list[dict[str, Any]]) -> list[str]:
@@ -149,6 +151,17 @@ async def test_a_cut_body_is_a_connection_error() -> None:
 
 async def test_aclose_releases_the_connection() -> None:
     response = _Response()
-    stream = SseStream(cast(aiohttp.ClientResponse, response))
+    stream = SseStream(cast(aiohttp.ClientResponse, response), Reading(1 << 20))
     await stream.aclose()
     assert response.released
+
+
+async def test_a_body_past_the_byte_cap_is_not_read_on() -> None:
+    one = event("a")
+    stream, body = _stream(max_bytes=len(one) * 2)
+    body.feed_data(one)
+    batches = aiter(stream)
+    assert texts(await anext(batches)) == ["a"]
+    body.feed_data(event("b") * 4)  # past the cap: this read is counted, not decoded
+    assert await anext(batches, None) is None
+    assert stream.bound.cut == "bytes" and stream.bound.read == len(one) * 5
