@@ -158,7 +158,9 @@ def finish(generation: Generation, completion: Completion) -> Answer:
     grounded = not from_sources or bool(citations)
     complete = grounded and NOT_FOUND not in text and completion.finish_reason != "length"
     complete = complete and not tool_calls
-    if completion.finish_reason == "length":
+    if completion.cut is not None:
+        notes = (*notes, f"the model's reply passed the gateway's {completion.cut} bound: cut")
+    elif completion.finish_reason == "length":
         notes = (*notes, "the answer was cut at the token limit")
     finish_reason = "length" if completion.finish_reason == "length" else "stop"
     usage = with_usage({generation.tier: completion.usage}, generation.usage_by_tier)
@@ -176,6 +178,7 @@ def finish(generation: Generation, completion: Completion) -> Answer:
         cap=generation.cap,
         tool_calls=tool_calls,
         finish_reason="tool_calls" if tool_calls else finish_reason,
+        reply_cut=completion.cut,
     )
 
 

@@ -119,6 +119,9 @@ class Answer:
     # stop, length (cut at the token limit) or tool_calls.
     tool_calls: tuple[ToolCall, ...] = ()
     finish_reason: str = "stop"
+    # The model's reply passed the gateway's bound on what it reads of one (its token limit
+    # with a margin, or a byte cap) and was cut there: "tokens" or "bytes".
+    reply_cut: str | None = None
 
 
 class OptionNotHonoured(Exception):

@@ -215,6 +215,7 @@ def _streamed_completion(
         finish_reason=final.finish_reason or "stop",
         usage_estimated=final.usage_estimated,
         tool_calls=final.tool_calls,
+        cut=final.cut,
     )
 
 

@@ -68,6 +68,7 @@ def _answer_body(result: QueryResult) -> dict[str, Any]:
         "escalated": answer.escalated,
         "extractive": answer.extractive,
         "degraded": answer.degraded,
+        "reply_cut": answer.reply_cut,
         "citations": [asdict(c) for c in answer.citations],
         "cache": result.cache,
         "usage": {

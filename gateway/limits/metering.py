@@ -101,11 +101,13 @@ class MeteredLLM(WrappedLLM):
             self._cut(call.tier, "-", usage, call.route)
             raise
         self._answered(call.tier, completion.model, completion.usage, call.route)
+        self._bounded(call.tier, completion.cut)
         return completion
 
     async def stream(self, call: LLMCall) -> AsyncIterator[StreamDelta]:
         async def done(delta: StreamDelta) -> None:
             self._answered(call.tier, delta.model, delta.usage or Usage(), call.route)
+            self._bounded(call.tier, delta.cut)
 
         def cut(text: str, model: str) -> None:
             usage = estimate_usage(self._inner, call.tier, call.messages, text, model)
@@ -123,6 +125,11 @@ class MeteredLLM(WrappedLLM):
         m.llm_tokens.labels(tier, model, "prompt").inc(usage.prompt_tokens)
         m.llm_tokens.labels(tier, model, "completion").inc(usage.completion_tokens)
         m.llm_cost.labels(tier, model, route).inc(usage.cost_usd)
+
+    def _bounded(self, tier: str, cut: str | None) -> None:
+        """A reply cut at its bound (`backends.llm.bounds`): "bytes" or "tokens"."""
+        if cut is not None:
+            self._metrics.llm_replies_cut.labels(tier, cut).inc()
 
     def _cut(self, tier: str, model: str, usage: Usage, route: str) -> None:
         """A call that ended without its usage: its estimated tokens and cost (its outcome,

@@ -82,6 +82,12 @@ class Metrics:
         self.llm_requests = Counter(
             "querygate_llm_requests", "LLM calls.", ["tier", "model", "outcome"], registry=r
         )
+        self.llm_replies_cut = Counter(
+            "querygate_llm_replies_cut",
+            "LLM replies cut at their bound (backends.llm.bounds), by the bound: bytes, tokens.",
+            ["tier", "reason"],
+            registry=r,
+        )
         self.llm_tokens = Counter(
             "querygate_llm_tokens", "LLM tokens.", ["tier", "model", "direction"], registry=r
         )

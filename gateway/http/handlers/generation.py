@@ -42,6 +42,7 @@ def extension(result: QueryResult) -> dict[str, Any]:
         "escalated": a.escalated,
         "extractive": a.extractive,
         "degraded": a.degraded,
+        "reply_cut": a.reply_cut,
         "citations": [asdict(c) for c in a.citations],
         "cache": result.cache,
         "cost_usd": round(usage_total(a).cost_usd, 8),
