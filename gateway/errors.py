@@ -23,6 +23,7 @@ name for it) where the status alone does not say it:
     │   └── BudgetExceeded       429 budget_exceeded      budget_exceeded   limits.quotas
     └── ServiceUnavailable       503 unavailable
         ├── Saturated            503 overloaded           shed_process      limits.admission
+        ├── BudgetUnknown        503 budget_unknown       unavailable       limits.quotas
         └── DeadlineExceeded     503 deadline_exceeded    deadline
     ClientGone                   499 (no body)            disconnect        a ConnectionResetError
 

@@ -27,11 +27,15 @@ its id, not added twice). One tenant's keys holding garbage is that tenant's pro
 logged, repaired, and that one decision made here. Meanwhile each process enforces the rate
 limit alone (a fleet of N admits up to N times the rate and burst) and the budget from the last
 total it read plus its own spend since (the fleet can pass the budget by up to N-1 times what
-was left). Spend recorded during the outage is added to Redis when it is back, so the day's
-total there stays right. Failing open keeps answering through a Redis outage; the overshoot is
-bounded by the outage's length and the fleet's size, which we judge better than refusing every
-tenant's paid traffic. A request's checks pass its `spend` (its Redis time budget,
-`backends.redis_client`): past it a check is decided here, and the store is not marked down.
+was left, N the processes that had read it). A process that never read the tenant's total for
+the day (it started, or the day began, during the outage) refuses the tenant's budgeted calls
+(`BudgetUnknown`, a 503 with Retry-After) until the store answers: counting from nothing would
+give a spent tenant a new day's budget. Spend recorded during the outage is added to Redis when
+it is back, so the day's total there stays right. Failing open keeps answering through a Redis
+outage; the overshoot is bounded by the outage's length and the fleet's size, which we judge
+better than refusing every tenant's paid traffic. A request's checks pass its `spend` (its Redis
+time budget, `backends.redis_client`): past it a check is decided here, and the store is not
+marked down.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ from dataclasses import dataclass
 from backends.quotas.base import QuotaStore
 from backends.quotas.memory import MemoryQuotaStore
 from backends.redis_client import RequestSpend
-from gateway.errors import TooManyRequests
+from gateway.errors import ServiceUnavailable, TooManyRequests
 from gateway.limits.outbox import SpendOutbox, Ticket
 from gateway.limits.shared_store import Key, SharedStore, utc_day
 from gateway.obs.metrics import MULTIPROC_ENV, Metrics
@@ -81,6 +85,12 @@ class RateLimited(TooManyRequests):
 class BudgetExceeded(TooManyRequests):
     type = "budget_exceeded"
     outcome = "budget_exceeded"
+
+
+class BudgetUnknown(ServiceUnavailable):
+    """The shared store is down and never gave this process the tenant's spend for the day."""
+
+    type = "budget_unknown"
 
 
 def seconds_to_midnight(now: float) -> int:
@@ -278,9 +288,10 @@ class Quotas:
                 return wait, total + self._outstanding(key)
             # Both decided here, as `_take` and `_spent` would (without asking again).
             self._metrics.quota_local_decisions.labels("rate_limit").inc()
-            self._metrics.quota_local_decisions.labels("budget").inc()
             wait = await self._local.take(tenant, rate, burst)
-            return wait, shared.last_seen(key) + self._outstanding(key)
+            if wait > 0:
+                return wait, 0.0  # refused by its rate limit, whatever it has spent
+            return wait, self._last_known(key) + self._outstanding(key)
         return await self._take(tenant, rate, burst, spend), await self._spent(tenant, day, spend)
 
     async def _spent(self, tenant: str, day: str, spend: RequestSpend | None) -> float:
@@ -294,11 +305,28 @@ class Quotas:
             lambda: store.spent(tenant, day, spend=spend), tenant, day, spend=spend
         )
         if total is None:
-            self._metrics.quota_local_decisions.labels("budget").inc()
-            total = shared.last_seen(key)
+            total = self._last_known(key)
         else:
             shared.seen(key, total)
         return total + self._outstanding(key)
+
+    def _last_known(self, key: Key) -> float:
+        """The day's total as the shared store last gave it, for a decision made without it.
+        Never given while the store is down (this process started, or the day began, during the
+        outage): refused, since counting from nothing would hand a spent tenant a new day's
+        budget. The store up but not asked (the request's own Redis time spent, the tenant's
+        keys repaired): that one decision counts from nothing, the next reads the total."""
+        assert self._shared is not None
+        total = self._shared.last_seen(key)
+        if total is None and self._shared.degraded:
+            self._metrics.quota_refusals.labels("budget_unknown").inc()
+            raise BudgetUnknown(
+                f"the quota store is unavailable and this process has not read tenant "
+                f"{key[0]}'s spend for {key[1]} UTC (daily_budget_usd); retry shortly",
+                retry_after_s=retry_after(self._shared.retry_s),
+            )
+        self._metrics.quota_local_decisions.labels("budget").inc()
+        return total or 0.0
 
     def _outstanding(self, key: Key) -> float:
         """This process's spend of the key not yet confirmed by the shared store."""

@@ -50,7 +50,7 @@ class SharedStore:
     ) -> None:
         self.store = store
         self._metrics = metrics
-        self._retry_s = retry_s
+        self.retry_s = retry_s
         self._clock = clock
         self._monotonic = monotonic
         self._retry_at = 0.0  # monotonic time before which the store is not asked
@@ -76,9 +76,10 @@ class SharedStore:
             self._last_seen = {k: v for k, v in self._last_seen.items() if k[1] >= key[1]}
         self._last_seen[key] = max(total, self._last_seen.get(key, 0.0))
 
-    def last_seen(self, key: Key) -> float:
-        """The highest total the store gave for this (tenant, day), 0 if none."""
-        return self._last_seen.get(key, 0.0)
+    def last_seen(self, key: Key) -> float | None:
+        """The highest total the store gave this process for this (tenant, day); None when it
+        never gave one (the process started, or the day began, while it was down)."""
+        return self._last_seen.get(key)
 
     async def ask(
         self,
@@ -98,7 +99,7 @@ class SharedStore:
             # Half-open: this call alone asks the store that was down; the calls that arrive
             # while it waits for its answer (a slow Redis: up to a timeout) decide here,
             # rather than each paying that timeout too.
-            self._retry_at = now + self._retry_s
+            self._retry_at = now + self.retry_s
         try:
             result = await call()
         except RequestBudgetSpent:
@@ -128,7 +129,7 @@ class SharedStore:
     async def _repair(
         self, tenant: str, day: str, exc: BackendError, spend: RequestSpend | None
     ) -> None:
-        usd = self.last_seen((tenant, day))
+        usd = self.last_seen((tenant, day)) or 0.0
         log.warning(
             "a tenant's quota keys are unusable: repaired, this decision made here",
             extra={"tenant": tenant, "store": self.name, "error": str(exc), "usd": usd},
@@ -139,7 +140,7 @@ class SharedStore:
             log.warning("quota keys not repaired", extra={"tenant": tenant, "error": str(failed)})
 
     def _down(self, exc: BackendError) -> None:
-        self._retry_at = self._monotonic() + self._retry_s
+        self._retry_at = self._monotonic() + self.retry_s
         if not self.degraded:
             self.degraded = True
             self._metrics.quota_store_degraded.set(1)

@@ -227,7 +227,8 @@ class Metrics:
         # line names its tenant.
         self.quota_refusals = Counter(
             "querygate_quota_refusals",
-            "Requests and model calls refused by a tenant's quota: rate_limit or budget.",
+            "Requests and model calls refused by a tenant's quota: rate_limit, budget, or "
+            "budget_unknown (the quota store down and the day's spend never read here).",
             ["reason"],
             registry=r,
         )

@@ -20,7 +20,7 @@ import redis.exceptions
 from backends.errors import BackendError, BackendUnavailable, UpstreamError
 from backends.quotas.redis import RedisQuotaStore, applied_key, bucket_key, spend_key
 from backends.redis_client import RedisConnection, RedisOptions, RequestSpend
-from gateway.limits.quotas import BudgetExceeded, Quotas, RateLimited
+from gateway.limits.quotas import BudgetExceeded, BudgetUnknown, Quotas, RateLimited
 from gateway.limits.shared_store import utc_day
 from gateway.obs.metrics import Metrics
 from gateway.settings import TenantConfig
@@ -531,3 +531,44 @@ async def test_a_call_that_waited_out_its_budget_for_a_connection_degrades_no_ot
         assert metrics.registry.get_sample_value("querygate_quota_store_degraded") == 0.0
     finally:
         await connection.aclose()
+
+
+async def test_a_process_started_during_an_outage_refuses_a_budget_it_never_read(
+    redis_server: RedisServer,
+) -> None:
+    """A new process (restart, scale-out, replaced worker) while Redis is down does not know
+    the day's spend: it refuses the tenant's budgeted requests until Redis answers, rather
+    than counting from nothing and giving a spent tenant a new day's budget."""
+    acme = limited(tenant_id("acme"), budget=0.0002)
+    free = limited(tenant_id("free"))  # no budget: nothing to know
+    async with store(redis_server.url) as first_store:
+        first = Quotas(first_store, Metrics(), retry_s=0.2)
+        await first.admit(acme, answering=True)
+        await first.record_spend(acme, 0.0002)  # the day is spent
+        redis_server.kill()
+        with pytest.raises(BudgetExceeded):  # the process that read it still knows
+            await first.check_budget(acme)
+        metrics = Metrics()
+        async with store(redis_server.url, timeout_s=0.5) as fresh_store:
+            fresh = Quotas(fresh_store, metrics, retry_s=0.2)
+            with pytest.raises(BudgetUnknown) as refused:
+                await fresh.admit(acme, answering=True)
+            assert refused.value.status == 503 and refused.value.retry_after_s == 1
+            with pytest.raises(BudgetUnknown):
+                await fresh.check_budget(acme)
+            await fresh.admit(free, answering=True)  # no budget: answered through the outage
+            assert fresh.degraded
+            refusals = metrics.registry.get_sample_value(
+                "querygate_quota_refusals_total", {"reason": "budget_unknown"}
+            )
+            assert refusals == 2.0
+            redis_server.start()  # empty: it forgot the day, as a restart without AOF does
+            deadline = time.monotonic() + 5
+            while fresh.degraded and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+                with contextlib.suppress(BackendError):
+                    await fresh.ping()
+            # Read once: the total is known, and decided on from then on, Redis up or down.
+            await fresh.admit(acme, answering=True)
+            redis_server.kill()
+            await fresh.check_budget(acme)
