@@ -308,6 +308,12 @@ class CacheConfig(BaseModel):
     ttl_s: int = Field(default=3600, gt=0)
     # Per tenant: writing past it evicts that tenant's oldest entries only.
     max_entries: int = Field(default=10_000, gt=0)
+    # An answer whose entry (key, question, answer) is bigger is not stored, on any backend
+    # (querygate_cache_not_stored_total{reason="too_large"}).
+    max_entry_bytes: int = Field(default=256 * 1024, ge=1024)
+    # The memory backend's whole store, every tenant's entries together; past it the tenant
+    # holding the most loses its oldest first. Read at start, as the store is built.
+    memory_max_bytes: int = Field(default=256 * 1024 * 1024, ge=1024 * 1024)
     semantic: SemanticCacheConfig = SemanticCacheConfig()
     # Concurrent identical misses: one computes, the others wait this long for its answer.
     single_flight_wait_s: float = Field(default=30.0, ge=0)

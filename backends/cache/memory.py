@@ -2,7 +2,10 @@
 
 Exact entries sit in one insertion-ordered dict per tenant, so writing past the tenant's cap
 evicts that tenant's oldest entries and no one else's; a read never reorders or extends one
-(the TTL is fixed when it is written).
+(the TTL is fixed when it is written). The whole store also holds at most `max_bytes` (an
+entry's size: its key, question, payload and vector, plus a fixed allowance for what indexes
+it): past it, the oldest entries of the tenant holding the most bytes go first, so one tenant
+filling the store evicts its own entries, and another's only once that one holds no more.
 
 `nearest` must not scan a tenant's entries. Vectors are bucketed by the random-hyperplane LSH
 of `backends.cache.lsh`: `tables` independent tables (its bands) of `bits` sign bits each, one
@@ -37,6 +40,10 @@ from backends.errors import BackendUnavailable
 from backends.redis_client import RequestSpend
 from backends.retrieval.base import Vector
 
+# What indexing one entry costs besides its own bytes (its dict slots, object headers, the
+# LSH buckets' keys): an allowance, so that tiny entries cannot make the ceiling meaningless.
+ENTRY_OVERHEAD_BYTES = 2048
+
 
 @dataclass(slots=True)
 class _Stored:
@@ -45,6 +52,13 @@ class _Stored:
     expires_at: float
     unit: Vector | None
     buckets: tuple[int, ...]
+    size: int
+
+
+def entry_size(entry: CachedEntry, unit: Vector | None) -> int:
+    """What the store counts an entry as holding."""
+    own = len(entry.key.encode()) + len(entry.question.encode()) + len(entry.payload)
+    return own + (0 if unit is None else unit.nbytes) + ENTRY_OVERHEAD_BYTES
 
 
 class MemoryCacheStore:
@@ -55,6 +69,7 @@ class MemoryCacheStore:
         max_entries: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         *,
+        max_bytes: int | None = None,
         tables: int = 16,
         bits: int = 12,
         bucket_cap: int = 32,
@@ -62,6 +77,9 @@ class MemoryCacheStore:
         # A per-tenant ceiling of the store's own (the smaller of it and a put's wins):
         # `cache.max_entries` at start, which a reload cannot change.
         self._ceiling = max_entries
+        self._max_bytes = max_bytes  # the whole store's (None: no ceiling)
+        self._bytes: dict[str, int] = {}  # per tenant
+        self.total_bytes = 0
         self._clock = clock
         self._lsh = LshScheme(tables, bits)
         self._bucket_cap = bucket_cap
@@ -132,7 +150,10 @@ class MemoryCacheStore:
         entries = self._tenants.setdefault(tenant, OrderedDict())
         unit = None if entry.vector is None else unit_vector(entry.vector)
         buckets = () if unit is None else self._signature(unit)
-        entries[entry.key] = _Stored(scope, entry, self._clock() + ttl_s, unit, buckets)
+        size = entry_size(entry, unit)
+        entries[entry.key] = _Stored(scope, entry, self._clock() + ttl_s, unit, buckets, size)
+        self._bytes[tenant] = self._bytes.get(tenant, 0) + size
+        self.total_bytes += size
         for bucket in buckets:
             keys = self._buckets.setdefault((tenant, scope, bucket), OrderedDict())
             keys[entry.key] = None
@@ -141,6 +162,9 @@ class MemoryCacheStore:
         cap = max_entries if self._ceiling is None else min(max_entries, self._ceiling)
         while len(entries) > cap:
             self._remove(tenant, next(iter(entries)))
+        while self._max_bytes is not None and self.total_bytes > self._max_bytes:
+            largest = max(self._bytes, key=self._bytes.__getitem__)
+            self._remove(largest, next(iter(self._tenants[largest])))
 
     async def delete(self, tenant: str, key: str, *, spend: RequestSpend | None = None) -> None:
         self._check_open()
@@ -190,6 +214,8 @@ class MemoryCacheStore:
     async def aclose(self) -> None:
         self._closed = True
         self._tenants.clear()
+        self._bytes.clear()
+        self.total_bytes = 0
         self._buckets.clear()
         self._claims.clear()
         self._owned.clear()
@@ -211,6 +237,8 @@ class MemoryCacheStore:
         stored = None if entries is None else entries.pop(key, None)
         if stored is None:
             return
+        self.total_bytes -= stored.size
+        self._bytes[tenant] -= stored.size
         for bucket in stored.buckets:
             keys = self._buckets.get((tenant, stored.scope, bucket))
             if keys is not None:
@@ -219,6 +247,7 @@ class MemoryCacheStore:
                     del self._buckets[(tenant, stored.scope, bucket)]
         if entries is not None and not entries:
             del self._tenants[tenant]
+            del self._bytes[tenant]
 
     def _signature(self, unit: Vector) -> tuple[int, ...]:
         """One bucket number per table, unique across the tables."""

@@ -24,6 +24,8 @@ judged once it has completed: a stream that failed or whose client left is never
 
 from __future__ import annotations
 
+from typing import Literal
+
 from routers.generation import NOT_FOUND
 from routers.lookup import NO_EVIDENCE_TEXT
 from routers.types import Answer
@@ -53,7 +55,11 @@ _REFUSAL_OPENINGS = (
 _APOLOGIES = ("i'm sorry", "i am sorry", "sorry")
 
 
-def refusal(answer: Answer) -> str | None:
+# Why an answer is not stored: a metric label (querygate_cache_not_stored_total).
+Refusal = Literal["escalated", "capped", "tool_calls", "incomplete", "abstention"]
+
+
+def refusal(answer: Answer) -> Refusal | None:
     """Why `answer` may not be stored, or None when it may."""
     if answer.escalated or answer.escalation_reason is not None:
         return "escalated"

@@ -39,6 +39,7 @@ from backends.redis_client import RequestSpend
 from backends.retrieval.base import Vector
 from gateway.cache import guards
 from gateway.cache.entry import answer_from_cache
+from gateway.cache.policy import Refusal
 from gateway.cache.single_flight import LEASE_S, HitTier, Lease, Payload, SingleFlight
 from gateway.obs.metrics import Metrics
 from gateway.settings import CacheConfig
@@ -48,6 +49,8 @@ log = logging.getLogger(__name__)
 
 # What one request's lookup counted (querygate_cache_lookups_total's `result`).
 LookupResult = Literal["exact", "semantic", "miss", "error", "bypass"]
+# Why a computed answer was not stored (querygate_cache_not_stored_total's `reason`).
+NotStored = Literal[Refusal, "too_large"]
 
 
 class StoreFailed(Exception):
@@ -210,6 +213,10 @@ class ResponseCache:
             break
         return found
 
+    def not_stored(self, reason: NotStored) -> None:
+        """A computed answer not stored, and why."""
+        self._metrics.cache_not_stored.labels(reason).inc()
+
     async def drain(self) -> None:
         """Wait for the cache writes and claim releases sent so far (tests)."""
         if self.flights is not None:
@@ -229,6 +236,11 @@ class ResponseCache:
         entry = CachedEntry(
             key, question, json.dumps(payload).encode(), vector if searchable else None
         )
+        size = len(key.encode()) + len(question.encode()) + len(entry.payload)
+        if size > self._config.max_entry_bytes:
+            log.debug("answer not cached", extra={"why": "too_large", "bytes": size})
+            self.not_stored("too_large")
+            return
         store = self._store
         if self.flights is None:  # no store: nothing to write
             return

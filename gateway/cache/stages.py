@@ -247,6 +247,7 @@ class CacheStages:
         assert state.scope is not None and state.question is not None
         if (refused := cache_policy.refusal(answer)) is not None:
             log.debug("answer not cached", extra={"request_id": asked.id, "why": refused})
+            self.response.not_stored(refused)
             return
         payload = answer_to_cache(answer, reason)
         with timer.stage("cache_store"):

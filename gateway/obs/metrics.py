@@ -70,6 +70,14 @@ class Metrics:
             ["from_route", "to_route", "reason"],
             registry=r,
         )
+        self.cache_not_stored = Counter(
+            "querygate_cache_not_stored",
+            "Computed answers the response cache did not store, by why: escalated, capped, "
+            "tool_calls, incomplete, abstention (gateway.cache.policy), too_large "
+            "(cache.max_entry_bytes).",
+            ["reason"],
+            registry=r,
+        )
         self.cache_lookups = Counter(
             "querygate_cache_lookups",
             "Response cache lookups, one per answering request: exact, semantic, miss, error "

@@ -62,6 +62,7 @@ LIVE: tuple[str, ...] = (
     "retrieval.rerank.timeout_s",
     "cache.ttl_s",
     "cache.single_flight_wait_s",
+    "cache.max_entry_bytes",  # read by the response cache, built with each Runtime
     "cache.semantic.enabled",
     "cache.semantic.thresholds",
     "cache.semantic.candidates",
@@ -111,6 +112,7 @@ RESTART_ONLY: tuple[str, ...] = (
     "retrieval.rerank.opensearch",
     "cache.backend",
     "cache.max_entries",  # the size of the store already built
+    "cache.memory_max_bytes",  # the memory store's ceiling, fixed as it is built
     # The Redis connection, opened once at start (cache and quotas share it).
     "cache.redis_url",
     "cache.redis_socket_timeout_s",

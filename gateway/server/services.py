@@ -86,7 +86,9 @@ def build_cache_store(
     """memory: per process; redis: shared by the fleet, on the process's one connection
     (opened by open_services whenever the cache uses Redis); off: None."""
     if settings.cache.backend == "memory":
-        return MemoryCacheStore(settings.cache.max_entries)
+        return MemoryCacheStore(
+            settings.cache.max_entries, max_bytes=settings.cache.memory_max_bytes
+        )
     if settings.cache.backend == "redis":
         if redis is None:
             raise ConfigError("cache.backend: redis needs the Redis connection")

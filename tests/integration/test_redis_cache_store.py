@@ -23,6 +23,10 @@ from backends.cache.redis_scripts import lease_key, tenant_keys
 from backends.errors import BackendUnavailable
 from backends.redis_client import RedisConnection, RedisOptions
 from backends.retrieval.base import Vector
+from gateway.cache.response import ResponseCache
+from gateway.obs.metrics import Metrics
+from gateway.settings import CacheConfig
+from tests.metrics import Scrape
 from tests.redis_server import RedisCluster, RedisServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
@@ -432,3 +436,17 @@ def _owner(cluster: RedisCluster, slot: int) -> int:
             if low.isdigit() and int(low) <= slot <= int(high or low):
                 return next(i for i, n in enumerate(cluster.nodes) if n.port == port)
     raise AssertionError(f"no master serves slot {slot}")
+
+
+async def test_an_answer_over_the_entry_cap_never_reaches_redis(single: Env) -> None:
+    """`cache.max_entry_bytes` holds on the shared store too: the write is never sent."""
+    metrics = Metrics()
+    cache = ResponseCache(single.store, CacheConfig(max_entry_bytes=4096), metrics, lease_s=5)
+    tenant = _tenant()
+    await cache.put(tenant, SCOPE, "small", "q", {"answer": "x" * 100}, None)
+    await cache.put(tenant, SCOPE, "large", "q", {"answer": "x" * 5000}, None)
+    await cache.drain()
+    assert await single.store.get(tenant, "small") is not None
+    assert await single.store.get(tenant, "large") is None
+    too_large = Scrape.of(metrics).value("querygate_cache_not_stored_total", reason="too_large")
+    assert too_large == 1.0

@@ -534,6 +534,7 @@ RESTART_CHANGES: dict[str, Doc] = {
     "retrieval.opensearch": with_config({"retrieval": {"opensearch": {"alias": "other"}}}),
     "cache.backend": with_config({"cache": {"backend": "off"}}),
     "cache.max_entries": with_config({"cache": {"max_entries": 10}}),
+    "cache.memory_max_bytes": with_config({"cache": {"memory_max_bytes": 2 * 1024 * 1024}}),
     "cache.redis_socket_timeout_s": with_config({"cache": {"redis_socket_timeout_s": 1}}),
     "cache.redis_connect_timeout_s": with_config({"cache": {"redis_connect_timeout_s": 1}}),
     "cache.redis_max_connections": with_config({"cache": {"redis_max_connections": 8}}),

@@ -32,6 +32,7 @@ RESTART_CASES: dict[str, dict[str, Any]] = {
     "retrieval.opensearch": {"retrieval": {"opensearch": {"hosts": ["http://search:9200"]}}},
     "cache.backend": {"cache": {"backend": "off"}},
     "cache.max_entries": {"cache": {"max_entries": 10}},
+    "cache.memory_max_bytes": {"cache": {"memory_max_bytes": 2 * 1024 * 1024}},
     "cache.redis_url": {"cache": {"redis_url": "redis://cache:6379/1"}},
     "cache.redis_socket_timeout_s": {"cache": {"redis_socket_timeout_s": 1}},
     "cache.redis_connect_timeout_s": {"cache": {"redis_connect_timeout_s": 1}},
@@ -55,6 +56,7 @@ LIVE_CASES: dict[str, dict[str, Any]] = {
     "fusion weights": {"retrieval": {"lexical_weight": 0.5, "dense_weight": 2.0}},
     "fusion": {"retrieval": {"fusion": "rrf"}},
     "cache ttl": {"cache": {"ttl_s": 60}},
+    "cache entry cap": {"cache": {"max_entry_bytes": 4096}},
     "the rerank policy": {
         "retrieval": {
             "rerank": {

@@ -123,8 +123,8 @@ modes, so changing one rolls the pods instead of being refused by every running 
   "embeddings" ($c.embeddings | default dict)
   "retrieval" (pick $retrieval "backend" "opensearch")
   "rerank" (pick $rerank "reranker" "remote" "opensearch")
-  "cache" (pick $cache "backend" "max_entries" "redis_socket_timeout_s" "redis_connect_timeout_s"
-    "redis_max_connections" "redis_request_budget_s")
+  "cache" (pick $cache "backend" "max_entries" "memory_max_bytes" "redis_socket_timeout_s"
+    "redis_connect_timeout_s" "redis_max_connections" "redis_request_budget_s")
   "models" ($c.models | default dict)
   "quotas" ($c.quotas | default dict)
 }}
