@@ -6,7 +6,16 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Literal
 
-from backends.llm.base import LLM, NO_OPTIONS, GenerationOptions, Message, Tier, ToolCall, Usage
+from backends.llm.base import (
+    LLM,
+    NO_OPTIONS,
+    Cut,
+    GenerationOptions,
+    Message,
+    Tier,
+    ToolCall,
+    Usage,
+)
 from backends.retrieval.base import Hit, Vector
 
 if TYPE_CHECKING:
@@ -121,7 +130,7 @@ class Answer:
     finish_reason: str = "stop"
     # The model's reply passed the gateway's bound on what it reads of one (its token limit
     # with a margin, or a byte cap) and was cut there: "tokens" or "bytes".
-    reply_cut: str | None = None
+    reply_cut: Cut | None = None
 
 
 class OptionNotHonoured(Exception):

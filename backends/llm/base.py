@@ -16,6 +16,8 @@ from pydantic import BaseModel, Field, field_validator
 from backends.sections import SECTION
 
 Tier = Literal["small", "large"]
+# Which bound on what is read of a reply cut it (`backends.llm.bounds`).
+Cut = Literal["bytes", "tokens"]
 
 
 def _one_level_schema(schema: dict[str, Any]) -> None:
@@ -125,8 +127,8 @@ class Completion:
     tool_calls: tuple[ToolCall, ...] = ()
     finish_reason: str = "stop"
     usage_estimated: bool = False  # the upstream reported no usage; tokens were counted here
-    # The reply passed its bound (`backends.llm.bounds`) and was cut there: "bytes" or "tokens".
-    cut: str | None = None
+    # The reply passed its bound (`backends.llm.bounds`) and was cut there.
+    cut: Cut | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,7 +208,7 @@ class StreamDelta:
     ended: bool = True
     usage_estimated: bool = False
     tool_calls: tuple[ToolCall, ...] = ()
-    cut: str | None = None  # as `Completion.cut`
+    cut: Cut | None = None  # as `Completion.cut`
 
 
 class LLM(Protocol):

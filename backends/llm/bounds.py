@@ -22,11 +22,9 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
 
-from backends.llm.base import TierConfig
+from backends.llm.base import Cut, TierConfig
 
-Cut = Literal["bytes", "tokens"]
 # Tokens of a text, as the gateway estimates them (`backends.llm.wire.count_tokens`).
 Counter = Callable[[str], int]
 

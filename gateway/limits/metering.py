@@ -26,6 +26,7 @@ from backends.errors import BackendError
 from backends.llm.base import (
     LLM,
     Completion,
+    Cut,
     LLMCall,
     Message,
     StreamDelta,
@@ -126,7 +127,7 @@ class MeteredLLM(WrappedLLM):
         m.llm_tokens.labels(tier, model, "completion").inc(usage.completion_tokens)
         m.llm_cost.labels(tier, model, route).inc(usage.cost_usd)
 
-    def _bounded(self, tier: str, cut: str | None) -> None:
+    def _bounded(self, tier: str, cut: Cut | None) -> None:
         """A reply cut at its bound (`backends.llm.bounds`): "bytes" or "tokens"."""
         if cut is not None:
             self._metrics.llm_replies_cut.labels(tier, cut).inc()
