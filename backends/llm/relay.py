@@ -7,7 +7,8 @@ one at a time; `LeanStream`: the lean wire's batches of decoded OpenAI chunks, e
 delta, one event to the client) and `relay` does the rest for both: deltas as they come, then
 one final delta with usage and cost, the finish reason and any tool calls the model made. On
 streams a usage chunk is requested; when the upstream sends none, usage is estimated and the
-final delta says so (`usage_estimated`).
+final delta says so (`usage_estimated`). Both wires read a stream only as far as its bound
+(`backends.llm.bounds`): the relay meters the deltas, each wire the bytes it reads.
 """
 
 from __future__ import annotations

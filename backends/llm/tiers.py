@@ -24,6 +24,10 @@ retry layer. OpenAI-compatible deployments (`openai/<model>`) do not go through
 `litellm.acompletion` at all but through one pooled aiohttp session (`backends.llm.openai_http`,
 `lean_http=True`, the default): the same retries, fallbacks, cooldowns and cost, a tenth of the
 CPU per call; litellm still serves every other provider and counts tokens for estimates.
+
+Every call reads its reply only as far as its bound (`backends.llm.bounds`): the lean wire and
+litellm's OpenAI-compatible calls (`backends.llm.bounded_httpx`) by bytes as they read, and
+every answer by tokens once read; a reply cut there says so (`Completion.cut`).
 """
 
 from __future__ import annotations
