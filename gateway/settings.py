@@ -141,6 +141,23 @@ class RateLimit(BaseModel):
     burst: int = Field(ge=1, le=1_000_000)
 
 
+class AccessControlConfig(BaseModel):
+    """Document-level access for a tenant's end users (docs/access.md): a query carries the
+    user's groups in `X-Querygate-User`, an HS256 JWT the tenant signs with this secret."""
+
+    model_config = SECTION
+
+    # The environment variable holding the signing secret (at least 32 bytes), never the
+    # secret: read when the configuration is applied (start, reload).
+    secret_env: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+    # Every query must carry an assertion (401 without). false: a query without one reads the
+    # documents without an access list only.
+    required: bool = True
+    # An assertion expiring further ahead than this is refused: a leaked one stays usable
+    # for at most this long.
+    max_ttl_s: int = Field(default=3600, ge=1, le=86_400)
+
+
 def _one_or_many_schema(schema: dict[str, Any]) -> None:
     """The published schema of a field that also takes one item for a list of one."""
     many = {k: schema.pop(k) for k in ("type", "items", "minItems") if k in schema}
@@ -155,9 +172,12 @@ class TenantConfig(BaseModel):
     # May a request name its own route instead of "auto"?
     allow_force_route: bool = True
     # May a question be answered from the tenant's whole corpus at once (full context, when
-    # `router.full_context` is on and the corpus fits)? All that it controls: the gateway has
-    # no per-user access rules; a tenant whose documents need them must not share one corpus.
+    # `router.full_context` is on and the corpus fits)? The corpus read is the documents the
+    # user may read (`access_control`).
     allow_full_context: bool = True
+    # Document-level access for the tenant's end users; None: no assertion is accepted, and
+    # queries read the documents without an access list.
+    access_control: AccessControlConfig | None = None
     # Requests of every tenant endpoint, shared by every replica (gateway/limits/quotas.py); over
     # it: 429 with Retry-After. None: no rate limit.
     rate_limit: RateLimit | None = None

@@ -100,6 +100,7 @@ class MultihopExecutor:
             self._limits,
             book,
             SearchRerank(self._deps.rerank, ctx.reranks, ctx.deadline),
+            groups=ctx.groups,
         )
         run = _Run(self._deps, self._config, self._tier, ctx, tools, book, self._degraded_tier)
         return await run.execute()

@@ -24,6 +24,7 @@ from typing import Any
 from backends.embeddings.base import Embedder
 from backends.errors import BackendError
 from backends.llm.base import ToolCall
+from backends.retrieval.access import NO_GROUPS, Groups
 from backends.retrieval.base import (
     MAX_DOC_ID_CHARS,
     MAX_DOCUMENT_CHUNKS,
@@ -174,8 +175,11 @@ class AgentTools:
         limits: ToolLimits,
         book: SourceBook,
         rerank: SearchRerank | None = None,
+        groups: Groups = NO_GROUPS,
     ) -> None:
         self._tenant = tenant
+        # The end user's groups: searches and reads see only the documents they may read.
+        self._groups = groups
         self._rerank = rerank or SearchRerank()
         self._retriever = retriever
         self._embedder = embedder
@@ -270,6 +274,7 @@ class AgentTools:
             k=rerank.stage.fetch_k(k),
             candidates=self._limits.candidates,
             fusion=self._limits.fusion,
+            groups=self._groups,
         )
         fused = await self._retriever.search(request)
         call = RerankCall(self._tenant, query, fused, k, "agent", rerank.recorder, rerank.deadline)
@@ -287,7 +292,9 @@ class AgentTools:
         seen = None if doc_id is None else self._book.seen_positions(doc_id)
         if doc_id is None or seen is None:
             raise InvalidArguments("read takes a doc_id from this conversation's search results")
-        chunks = await self._retriever.document_chunks(self._tenant, doc_id, MAX_DOCUMENT_CHUNKS)
+        chunks = await self._retriever.document_chunks(
+            self._tenant, doc_id, MAX_DOCUMENT_CHUNKS, self._groups
+        )
         unseen = [c for c in chunks if _position(c.chunk_id) not in seen]
         # Small-to-big: the passages nearest to those already shown come first.
         unseen.sort(key=lambda c: min(abs(_position(c.chunk_id) - p) for p in seen))

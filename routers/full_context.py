@@ -8,6 +8,7 @@ classifier called multi-hop gets the large tier: it has to combine facts, not fi
 from __future__ import annotations
 
 from backends.llm.base import Message, Tier
+from backends.retrieval.access import Groups
 from backends.retrieval.base import Hit, Retriever, SearchRequest, Vector
 from routers.generation import citation_from_hit
 from routers.prompts import LOOKUP_SYSTEM, format_sources, new_source_tag
@@ -19,9 +20,11 @@ _CHARS_PER_TOKEN = 4
 
 
 async def corpus_chunks(
-    retriever: Retriever, tenant: str, vector: Vector, config: FullContextConfig
+    retriever: Retriever, tenant: str, groups: Groups, vector: Vector, config: FullContextConfig
 ) -> list[Hit] | None:
-    """Every chunk of the tenant, most similar first, when they fit the budget; else None."""
+    """Every chunk of the tenant a reader in `groups` may read, most similar first, when they
+    fit the budget; else None. The tenant's count of all its chunks bounds the search (those
+    the reader may read are at most as many)."""
     _, chunks = await retriever.stats(tenant)
     if chunks == 0 or chunks > config.max_chunks:
         return None
@@ -33,8 +36,11 @@ async def corpus_chunks(
             k=chunks,
             candidates=chunks,
             mode="dense",
+            groups=groups,
         )
     )
+    if not hits:
+        return None
     tokens = sum(len(h.title) + len(h.text) for h in hits) // _CHARS_PER_TOKEN
     return hits if tokens <= config.max_tokens else None
 

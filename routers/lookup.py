@@ -104,6 +104,7 @@ async def gather_evidence(
             lexical_weight=decision.lexical_weight,
             dense_weight=decision.dense_weight,
             fusion=params.fusion,
+            groups=ctx.groups,
         )
     )
     call = RerankCall(ctx.tenant, ctx.query, fused, params.k, "lookup", ctx.reranks, ctx.deadline)

@@ -16,6 +16,7 @@ from backends.llm.base import (
     ToolCall,
     Usage,
 )
+from backends.retrieval.access import NO_GROUPS, Groups
 from backends.retrieval.base import Hit, Vector
 
 if TYPE_CHECKING:
@@ -202,13 +203,16 @@ class RouteDecision:
 
 @dataclass(frozen=True, slots=True)
 class RouteContext:
-    """What a route executor gets: the tenant, the (rewritten) query, its vector, the history."""
+    """What a route executor gets: the tenant, the (rewritten) query, its vector, the history,
+    and the end user's groups, which every read it makes for the request passes on."""
 
     tenant: str
     query: str
     vector: Vector
     history: tuple[Message, ...]
     decision: RouteDecision
+    # The end user's groups: searches, reads and the corpus see only what they may read.
+    groups: Groups = NO_GROUPS
     # Set when a lookup escalated to this route: why.
     escalation: Escalation | None = None
     # The tenant's whole corpus, read only once the policy chose full context.

@@ -31,6 +31,12 @@ Contract shared by every implementation:
   for a stored one: retrying it writes again (or makes a generation bump that was lost) and
   converges on the new version. A document without chunks is refused with `EmptyDocument`
   (DELETE is how a document is removed), before anything of its batch is written.
+- Document-level access (`backends.retrieval.access`): a document may carry an access list
+  (`Document.groups`), and every read names its reader's groups (`SearchRequest.groups`, the
+  `groups` of `document_chunks`). A reader sees a document without a list, or one whose list
+  shares a group with it, and nothing else: like the tenant filter, the access filter is
+  applied inside both arms before their top candidates are taken, so top-k is filled from what
+  the reader may see. BM25 statistics still count every chunk of the tenant (docs/access.md).
 - Tenancy of statistics: what one tenant stores never changes another tenant's ranking where a
   backend isolates tenants (embedded always; OpenSearch with `tenancy: index_per_tenant`).
 - Failures of the underlying service surface as `backends.errors.BackendUnavailable`.
@@ -44,6 +50,8 @@ from typing import Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
+
+from backends.retrieval.access import NO_GROUPS, Groups
 
 RetrievalMode = Literal["hybrid", "bm25", "dense"]
 FusionMethod = Literal["rrf", "minmax", "zscore", "minmax_peak"]
@@ -95,6 +103,9 @@ class Document:
     title: str
     content_hash: str
     chunks: tuple[Chunk, ...]
+    # The groups that may read it (`backends.retrieval.access.access_list`); None: every user
+    # of the tenant.
+    groups: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +139,8 @@ class SearchRequest:
     extra: dict[str, str] = field(default_factory=dict)
     # How the two arms are fused; None: the retriever's configured method (`retrieval.fusion`).
     fusion: FusionMethod | None = None
+    # The reader's groups: only documents they may read are ranked (none: public ones only).
+    groups: Groups = NO_GROUPS
 
 
 class Retriever(Protocol):
@@ -139,10 +152,12 @@ class Retriever(Protocol):
         """Top `request.k` hits for the tenant, best first."""
         ...
 
-    async def document_chunks(self, tenant: str, doc_id: str, limit: int = 50) -> list[Hit]:
+    async def document_chunks(
+        self, tenant: str, doc_id: str, limit: int = 50, groups: Groups = NO_GROUPS
+    ) -> list[Hit]:
         """The document's chunks in reading order (first `limit`, clamped to
-        1..MAX_DOCUMENT_CHUNKS), empty when the tenant has no such document: another tenant's
-        document of the same id is never read.
+        1..MAX_DOCUMENT_CHUNKS), empty when the tenant has no such document or a reader in
+        `groups` may not read it: another tenant's document of the same id is never read.
 
         Hits carry score 0.0 and no ranks: they were read, not ranked.
         """

@@ -8,6 +8,8 @@ port, data directory, timeouts, admission limits, quotas or cache settings, so r
 differ only in those share answers and changing those retires none), the prompts' text, the
 embedding model (the semantic tier compares its vectors), the client's generation parameters
 and the cached form's own version.
+The end user's groups are in the scope too (`access_digest`): users whose groups differ may
+see different documents, so they never share an answer, in either tier or a single flight.
 When any of them changes, new requests look under a new scope and the old entries are never
 read again; their TTL ends them, with no scan.
 
@@ -28,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from backends.llm.base import GenerationOptions, Message
+from backends.retrieval.access import Groups
 from gateway.settings import Settings, TenantConfig
 from routers import prompts
 
@@ -76,6 +79,8 @@ class CacheScope:
     options: str = ""
     # The messages the executors send before the question, as `history_digest`.
     history: str = ""
+    # The end user's groups, as `access_digest`.
+    access: str = ""
     prompts_version: str = PROMPTS_VERSION
     payload_version: int = PAYLOAD_VERSION
 
@@ -89,6 +94,7 @@ class CacheScope:
                 self.embedding_model,
                 self.options,
                 self.history,
+                self.access,
                 self.prompts_version,
                 self.payload_version,
             ],
@@ -103,6 +109,14 @@ def options_digest(options: GenerationOptions) -> str:
     params = {**options.wire(), "max_tokens": options.max_tokens}
     params = {k: v for k, v in params.items() if v is not None}
     return _digest(json.dumps(params, sort_keys=True, default=str))[:16] if params else ""
+
+
+def access_digest(groups: Groups) -> str:
+    """The end user's groups as part of a scope; empty for none (every user without a group
+    of a tenant shares one scope, as every user of a tenant without access control does)."""
+    if not groups:
+        return ""
+    return _digest(json.dumps(sorted(groups), ensure_ascii=False))[:24]
 
 
 def history_digest(history: Sequence[Message]) -> str:

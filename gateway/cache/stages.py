@@ -19,12 +19,14 @@ from backends.embeddings.base import Embedder, token_window
 from backends.errors import BackendError
 from backends.llm.base import GenerationOptions, Message
 from backends.redis_client import RequestSpend
+from backends.retrieval.access import Groups
 from backends.retrieval.base import Retriever, Vector
 from gateway.cache import policy as cache_policy
 from gateway.cache.entry import answer_from_cache, answer_to_cache
 from gateway.cache.guards import MAX_SEMANTIC_CHARS
 from gateway.cache.keys import (
     CacheScope,
+    access_digest,
     answer_config_version,
     display_question,
     exact_key,
@@ -143,6 +145,7 @@ class CacheStages:
         self,
         state: CacheState,
         asked: Asked,
+        groups: Groups,
         timer: StageTimer,
         deadline: float | None,
         spend: RequestSpend | None,
@@ -150,7 +153,9 @@ class CacheStages:
         """The exact tier. An exact hit needs no embedding: answer before paying for one. A
         miss waits for the same question's answer when another request is computing it (as
         `SingleFlight` bounds the wait by the request's `deadline`, a loop time), or leads
-        that computation itself. `spend`: the request's Redis time budget."""
+        that computation itself. `groups`: the end user's, part of the scope (so of the
+        semantic tier's and the single flight's too): users in other groups may see other
+        documents, and never share an answer. `spend`: the request's Redis time budget."""
         if not self.response.enabled:
             return None
         if asked.original_query is None and looks_like_followup(asked.query, asked.history):
@@ -164,7 +169,7 @@ class CacheStages:
             self._count(state, "bypass")
             return None
         with timer.stage("cache_lookup"):
-            scope = await self._scope(asked)
+            scope = await self._scope(asked, groups)
             if scope is None:
                 self._count(state, "error")
                 return None
@@ -269,7 +274,7 @@ class CacheStages:
         state.flight, lease = None, state.flight
         await self.response.flights.finish(lease, state.shared)
 
-    async def _scope(self, asked: Asked) -> CacheScope | None:
+    async def _scope(self, asked: Asked, groups: Groups) -> CacheScope | None:
         try:
             generation = await self._retriever.generation(asked.tenant.id)
         except BackendError as exc:
@@ -284,6 +289,7 @@ class CacheStages:
             embedding_model=self._embedder.model_id,
             options=options_digest(asked.options),
             history=history_digest(asked.history),
+            access=access_digest(groups),
         )
 
     def _answer_config(self, tenant: TenantConfig) -> str:

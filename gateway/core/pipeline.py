@@ -143,7 +143,9 @@ class Pipeline:
     async def _cached(self, ctx: RequestContext) -> Outcome | None:
         scope = ctx.scope
         deadline, spend = (scope.deadline, scope.spend) if scope is not None else (None, None)
-        found = await self._cache.exact(ctx.cache, ctx.request, ctx.timer, deadline, spend)
+        found = await self._cache.exact(
+            ctx.cache, ctx.request, ctx.groups, ctx.timer, deadline, spend
+        )
         return _served(ctx, found)
 
     async def _cached_semantic(self, ctx: RequestContext) -> Outcome | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from backends.llm.base import NO_OPTIONS, GenerationOptions, Message, Usage
+from backends.retrieval.access import NO_GROUPS, Groups
 from backends.retrieval.base import Hit, Vector
 from gateway.cache.stages import CacheState
 from gateway.core.reranks import RequestReranks
@@ -63,3 +64,9 @@ class RequestContext:
     outcome: Outcome | None = None
     # The rerank stage's decisions for this request (None: no route ran a search).
     reranks: RequestReranks | None = None
+
+    @property
+    def groups(self) -> Groups:
+        """The end user's groups (`RequestScope.groups`); outside HTTP, none: the documents
+        without an access list only."""
+        return self.scope.groups if self.scope is not None else NO_GROUPS

@@ -1,4 +1,9 @@
-"""What one configuration makes of the shared backends: the pipeline and the key index.
+"""What one configuration makes of the shared backends: the pipeline, the key index and the
+tenants' assertion secrets.
+
+A tenant's assertion secret (`access_control.secret_env`) is read from the environment each
+time a configuration is applied (start, reload), like the configuration itself; one that is
+not set, or shorter than `MIN_SECRET_BYTES`, refuses the configuration, naming the tenant.
 
 A reload builds a new Runtime and swaps one reference; a request holds on to the Runtime it
 started with, so it finishes on the configuration it began under.
@@ -7,8 +12,13 @@ started with, so it finishes on the configuration it began under.
 from __future__ import annotations
 
 import hmac
-from dataclasses import dataclass
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
+from backends.retrieval.access import NO_GROUPS
+from gateway.core.assertion import HEADER, MIN_SECRET_BYTES, Assertion, verify
 from gateway.core.pipeline import Pipeline
 from gateway.core.services import Services
 from gateway.errors import Forbidden, Unauthorized
@@ -25,6 +35,8 @@ class Runtime:
     settings: Settings
     pipeline: Pipeline
     tenants_by_key_hash: dict[str, TenantConfig]
+    # Per tenant with access control: its assertion secret (never logged nor shown).
+    assertion_secrets: dict[str, bytes] = field(default_factory=dict, repr=False)
 
     def tenant_for(self, authorization: str | None) -> TenantConfig:
         key = _bearer(authorization)
@@ -32,6 +44,30 @@ class Runtime:
         if tenant is None:
             raise Unauthorized("unknown API key")
         return tenant
+
+    def user(self, tenant: TenantConfig, assertions: Sequence[str]) -> Assertion:
+        """Who the query is for, from its `X-Querygate-User` headers: a verified assertion's
+        groups, or no group (documents without an access list only) where the tenant allows
+        a query without one. Unauthorized for an assertion that is missing where required,
+        sent to a tenant without access control, sent twice, or not valid."""
+        config = tenant.access_control
+        if config is None:
+            if assertions:
+                raise Unauthorized(
+                    f"{HEADER}: this tenant has no access control configured, so a user "
+                    "assertion cannot be verified; leave the header out"
+                )
+            return Assertion(NO_GROUPS)
+        if not assertions:
+            if config.required:
+                raise Unauthorized(
+                    f"missing {HEADER}: this tenant's queries need a signed user assertion"
+                )
+            return Assertion(NO_GROUPS)
+        if len(assertions) > 1:
+            raise Unauthorized(f"{HEADER}: send one user assertion, not {len(assertions)}")
+        secret = self.assertion_secrets[tenant.id]
+        return verify(assertions[0].strip(), secret, time.time(), config.max_ttl_s)
 
     def check_admin(self, authorization: str | None) -> None:
         expected = self.settings.admin_api_key_sha256
@@ -74,6 +110,26 @@ def build_classifier(settings: Settings, embedding_model_id: str) -> Classifier:
         raise ConfigError(f"router.classifier: {exc}") from exc
 
 
+def assertion_secrets(settings: Settings) -> dict[str, bytes]:
+    """Each access-controlled tenant's secret from its environment variable; ConfigError
+    naming the tenant when one is not set or too short."""
+    secrets: dict[str, bytes] = {}
+    for n, tenant in enumerate(settings.tenants):
+        if tenant.access_control is None:
+            continue
+        name = tenant.access_control.secret_env
+        where = f"tenants.{n}.access_control.secret_env ({tenant.id})"
+        secret = os.environ.get(name, "").encode()
+        if not secret:
+            raise ConfigError(f"{where}: environment variable {name} is not set")
+        if len(secret) < MIN_SECRET_BYTES:
+            raise ConfigError(
+                f"{where}: the secret in {name} is shorter than {MIN_SECRET_BYTES} bytes"
+            )
+        secrets[tenant.id] = secret
+    return secrets
+
+
 def build_runtime(settings: Settings, services: Services) -> Runtime:
     escalation = settings.router.escalation
     if escalation.enabled and escalation.method == "learned":
@@ -84,4 +140,9 @@ def build_runtime(settings: Settings, services: Services) -> Runtime:
     tenants = effective_tenants(settings)
     index = {digest: t for t in tenants for digest in t.api_key_sha256}
     pipeline = Pipeline(services, settings, build_classifier(settings, services.embedder.model_id))
-    return Runtime(settings=settings, pipeline=pipeline, tenants_by_key_hash=index)
+    return Runtime(
+        settings=settings,
+        pipeline=pipeline,
+        tenants_by_key_hash=index,
+        assertion_secrets=assertion_secrets(settings),
+    )

@@ -1,5 +1,6 @@
-"""One request's scope: who asks, by when it must be answered, its accounting record, the
-budget check it passed on arrival and the Redis time its calls share.
+"""One request's scope: who asks (the tenant, and the end user's groups its assertion
+vouched for), by when it must be answered, its accounting record, the budget check it passed
+on arrival and the Redis time its calls share.
 
 The limits middleware builds it at the edge, once the tenant's key is checked; the handlers
 pass it to the guards and the pipeline, and what needs the deadline or the Redis time below
@@ -12,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from backends.redis_client import RequestSpend
+from backends.retrieval.access import NO_GROUPS, Groups
 from gateway.limits.quotas import BudgetCheck
 from gateway.obs.accounting import RequestRecord
 from gateway.settings import TenantConfig
@@ -31,3 +33,6 @@ class RequestScope:
     # The budget check passed on arrival (None: no budget applies): it stands for the
     # request's first model call (`gateway.limits.budget`).
     budget: BudgetCheck | None = None
+    # The end user's groups (`gateway.core.assertion`): every read the request makes sees
+    # only the documents they may read, and its cached answers are filed under them.
+    groups: Groups = NO_GROUPS

@@ -137,6 +137,7 @@ class RouteStages:
             corpus = await corpus_chunks(
                 self._s.retriever,
                 ctx.request.tenant.id,
+                ctx.groups,
                 ctx.vector,
                 self._settings.router.full_context,
             )
@@ -156,6 +157,7 @@ class RouteStages:
             ctx.vector if ctx.vector is not None else NO_VECTOR,  # direct reads none
             request.history,
             decision,
+            groups=ctx.groups,
             corpus=ctx.corpus,
             options=request.options,
             trailing=request.trailing,

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from backends.retrieval.access import NO_GROUPS
 from backends.retrieval.base import Retriever
 from gateway.eval.deployment import embed_all, require_documents, tenant_flags
 from gateway.eval.errors import EvalError
@@ -123,8 +124,9 @@ async def evaluate_routes(
             decision = decide(classification, "auto", example.question, policy)
             if decision.full_context_candidate and retriever is not None:
                 if corpus_fits is None:
+                    # As a user in no group sees it: the documents without an access list.
                     fits = await corpus_chunks(
-                        retriever, tenant, vector, settings.router.full_context
+                        retriever, tenant, NO_GROUPS, vector, settings.router.full_context
                     )
                     corpus_fits = fits is not None
                 if corpus_fits:

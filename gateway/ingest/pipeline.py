@@ -67,9 +67,15 @@ class _Pending:
     same_content: bool = False
 
 
-def content_hash(title: str, text: str) -> str:
-    # The separator keeps ("ab", "c") and ("a", "bc") apart.
-    return hashlib.sha256(f"{title}\x00{text}".encode()).hexdigest()
+def content_hash(title: str, text: str, groups: tuple[str, ...] | None = None) -> str:
+    """The version of a document: a change of its access list is a change too. A document
+    without a list hashes as it did before lists existed, so re-ingesting it writes nothing."""
+    # The separator keeps ("ab", "c") and ("a", "bc") apart; group names hold no control
+    # characters (`access_list`), so the unit separator keeps groups apart.
+    material = f"{title}\x00{text}"
+    if groups is not None:
+        material += "\x00groups\x00" + "\x1f".join(groups)
+    return hashlib.sha256(material.encode()).hexdigest()
 
 
 async def ingest_documents(
@@ -171,7 +177,7 @@ async def _prepare(
         if stored is not None and await retriever.delete_document(tenant, raw.doc_id):
             report.deleted += 1
         return None
-    digest = content_hash(raw.title, raw.text)
+    digest = content_hash(raw.title, raw.text, raw.groups)
     if digest == stored and not rechunk:
         report.unchanged += 1
         return None
@@ -242,6 +248,7 @@ async def _write(
             item.raw.title,
             item.content_hash,
             tuple(Chunk(c.chunk_id, c.text, c.section, next(rows)) for c in item.chunks),
+            item.raw.groups,
         )
         for item in pending
     ]

@@ -1,4 +1,7 @@
-"""Reading documents from disk: .md, .txt, and .jsonl of {"id", "title", "text"}.
+"""Reading documents from disk: .md, .txt, and .jsonl of {"id", "title", "text", "groups"}.
+
+A jsonl record's optional `groups` is the document's access list (`backends.retrieval.access`):
+left out, every user of the tenant may read it.
 
 What the CLI ingests passes the rules the HTTP API applies (`gateway.text`): ids (a file's
 relative path, a record's `id`) are canonical document ids, so a file named in NFD is stored
@@ -13,6 +16,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from backends.retrieval.access import InvalidGroups, access_list
 from gateway.ingest.chunker import heading
 from gateway.text import InvalidText, clean_text, doc_id, is_blank
 
@@ -30,6 +34,8 @@ class RawDocument:
     doc_id: str
     title: str
     text: str
+    # Its access list, checked by `access_list`; None: every user of the tenant may read it.
+    groups: tuple[str, ...] | None = None
 
 
 def read_paths(paths: Iterable[Path]) -> Iterator[RawDocument]:
@@ -61,7 +67,9 @@ def read_file(path: Path, root: Path) -> Iterator[RawDocument]:
     yield _document(f"{path}", relative, title_of(text, path.stem), text)
 
 
-def _document(where: str, raw_id: str, title: str, text: str) -> RawDocument:
+def _document(
+    where: str, raw_id: str, title: str, text: str, groups: tuple[str, ...] | None = None
+) -> RawDocument:
     """The document with a canonical id and clean title and text, or an UnreadableInput saying
     `where` and which rule it breaks."""
     try:
@@ -71,7 +79,7 @@ def _document(where: str, raw_id: str, title: str, text: str) -> RawDocument:
     clean_title = _clean(where, "title", title)
     if is_blank(clean_title):  # the API's rule for a title sent (422)
         raise UnreadableInput(f"{where}: title is blank (white space or invisible characters only)")
-    return RawDocument(canonical, clean_title, _clean(where, "text", text))
+    return RawDocument(canonical, clean_title, _clean(where, "text", text), groups)
 
 
 def _clean(where: str, field: str, value: str) -> str:
@@ -100,4 +108,10 @@ def _jsonl_documents(path: Path, text: str) -> Iterator[RawDocument]:
             raise UnreadableInput(f"{path}:{number}: want a JSON object with id and text") from exc
         if not all(isinstance(f, str) for f in fields):
             raise UnreadableInput(f"{path}:{number}: id, title and text must be strings")
-        yield _document(f"{path}:{number}", *fields)
+        groups = None
+        if record.get("groups") is not None:  # null, as left out: no access list
+            try:
+                groups = access_list(record["groups"])
+            except InvalidGroups as exc:
+                raise UnreadableInput(f"{path}:{number}: groups {exc}") from exc
+        yield _document(f"{path}:{number}", *fields, groups)

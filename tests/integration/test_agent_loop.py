@@ -20,6 +20,7 @@ from backends.embeddings.minilm import MiniLMEmbedder
 from backends.errors import BackendUnavailable, UpstreamRefused
 from backends.llm.base import GenerationOptions, Message
 from backends.llm.tiers import LiteLLMTiers
+from backends.retrieval.access import NO_GROUPS, Groups
 from backends.retrieval.base import Hit, SearchRequest
 from backends.retrieval.embedded import EmbeddedRetriever
 from gateway.core.pipeline import Pipeline
@@ -91,8 +92,10 @@ class Instrumented:
         finally:
             self.in_flight -= 1
 
-    async def document_chunks(self, tenant: str, doc_id: str, limit: int = 50) -> list[Hit]:
-        return await self._inner.document_chunks(tenant, doc_id, limit)
+    async def document_chunks(
+        self, tenant: str, doc_id: str, limit: int = 50, groups: Groups = NO_GROUPS
+    ) -> list[Hit]:
+        return await self._inner.document_chunks(tenant, doc_id, limit, groups)
 
     async def generation(self, tenant: str) -> int:
         return await self._inner.generation(tenant)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from backends.errors import BackendUnavailable
+from backends.retrieval.access import NO_GROUPS, Groups
 from backends.retrieval.base import (
     DEFAULT_FUSION,
     Document,
@@ -115,11 +116,13 @@ class EmbeddedRetriever:
             lambda state: search_hits(state, request, terms, self._fusion, self._row_budget),
         )
 
-    async def document_chunks(self, tenant: str, doc_id: str, limit: int = 50) -> list[Hit]:
+    async def document_chunks(
+        self, tenant: str, doc_id: str, limit: int = 50, groups: Groups = NO_GROUPS
+    ) -> list[Hit]:
         return await self._read(
             tenant,
             "document_chunks",
-            lambda state: document_chunks(state, tenant, doc_id, limit),
+            lambda state: document_chunks(state, tenant, doc_id, limit, groups),
         )
 
     async def content_hash(self, tenant: str, doc_id: str) -> str | None:

@@ -4,8 +4,9 @@ shared FTS table), transactions, and the reads that are one statement each.
 Layout: `documents` (one row per document: title, content hash), `chunks` (metadata and the
 float32 embedding blob; its rowid is the chunk's key everywhere), one FTS5 table per tenant,
 `fts_t<hash of the tenant>` (title, section and text; rowid = the chunk's key), created by the
-tenant's first write, `tenants` (the generation counter) and `changes` (which chunks each
-generation touched: see `changes`).
+tenant's first write, `tenants` (the generation counter), `changes` (which chunks each
+generation touched: see `changes`) and `document_groups` (one row per group of a document's
+access list; a document without a list has none).
 
 A file written with one shared `chunks_fts` table is migrated when it is opened: each tenant's
 rows move to its own table in one transaction, and every tenant's generation is bumped because
@@ -58,6 +59,12 @@ CREATE TABLE IF NOT EXISTS changes (
     chunk INTEGER
 );
 CREATE INDEX IF NOT EXISTS changes_by_generation ON changes (tenant, generation);
+CREATE TABLE IF NOT EXISTS document_groups (
+    tenant TEXT NOT NULL,
+    doc_id TEXT NOT NULL,
+    grp TEXT NOT NULL,
+    PRIMARY KEY (tenant, doc_id, grp)
+);
 """
 # The one FTS5 table all tenants shared before per-tenant tables; only migration reads it.
 _LEGACY_FTS = "chunks_fts"

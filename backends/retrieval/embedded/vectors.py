@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 import numpy as np
 
@@ -55,15 +55,18 @@ class TenantVectors:
         self.remove(list(touched))
         self.add(ids, vectors)
 
-    def top(self, query: Vector, n: int) -> list[tuple[int, float]]:
-        """(chunk row id, cosine) of the n nearest live rows, best first."""
-        if not len(self) or n <= 0:
+    def top(self, query: Vector, n: int, hidden: Collection[int] = ()) -> list[tuple[int, float]]:
+        """(chunk row id, cosine) of the n nearest live rows, best first, never one of the
+        `hidden` chunk row ids (the reader may not see them): they are out before the top n."""
+        masked = [row for chunk in hidden if (row := self._where.get(chunk)) is not None]
+        n = min(n, len(self) - len(masked))
+        if n <= 0:
             return []
         # einsum's own loop, not BLAS: a matrix-vector product is memory-bound, and OpenBLAS's
         # threads only contend for the cores the event loop needs.
         scores = np.einsum("ij,j->i", self._matrix[: self._size], query)
         scores[self._ids[: self._size] < 0] = -np.inf
-        n = min(n, len(self))
+        scores[masked] = -np.inf
         best = np.argpartition(-scores, n - 1)[:n]
         best = best[np.argsort(-scores[best], kind="stable")]
         return [(int(self._ids[i]), float(scores[i])) for i in best]

@@ -47,6 +47,7 @@ def upsert(state: IndexState, tenant: str, document: Document) -> bool:
             (tenant, document.doc_id, document.title, document.content_hash),
         )
         added = _insert_chunks(db, tenant, document)
+        _write_groups(db, tenant, document)
         log_change(db, tenant, _bump_generation(db, tenant), removed + added)
     # Only after the commit: a failed transaction created no table.
     state.created_fts(table)
@@ -63,6 +64,7 @@ def delete(state: IndexState, tenant: str, doc_id: str) -> bool:
         if not gone:
             return False
         removed = _delete_chunks(db, tenant, doc_id)
+        db.execute("DELETE FROM document_groups WHERE tenant = ? AND doc_id = ?", (tenant, doc_id))
         log_change(db, tenant, _bump_generation(db, tenant), removed)
     return True
 
@@ -112,6 +114,17 @@ def _insert_chunks(db: sqlite3.Connection, tenant: str, document: Document) -> l
         )
         ids.append(chunk_row)
     return ids
+
+
+def _write_groups(db: sqlite3.Connection, tenant: str, document: Document) -> None:
+    """The document's access list, replacing the stored one (none: readable by every user)."""
+    db.execute(
+        "DELETE FROM document_groups WHERE tenant = ? AND doc_id = ?", (tenant, document.doc_id)
+    )
+    db.executemany(
+        "INSERT INTO document_groups (tenant, doc_id, grp) VALUES (?, ?, ?)",
+        [(tenant, document.doc_id, group) for group in document.groups or ()],
+    )
 
 
 def _bump_generation(db: sqlite3.Connection, tenant: str) -> int:

@@ -106,6 +106,8 @@ def index_template(config: OpenSearchConfig) -> Json:
                     "content_hash": {"type": "keyword"},
                     "generation": {"type": "long"},
                     "pending": {"type": "boolean"},
+                    # The document's access list (absent: every user of the tenant may read it).
+                    "groups": {"type": "keyword"},
                     "title": {"type": "text", "analyzer": "english", "fields": {**ids, **raw}},
                     "section": {"type": "text", "analyzer": "english"},
                     "text": {"type": "text", "analyzer": "english", "fields": ids},
@@ -193,10 +195,13 @@ class IndexLayout:
             # Lookups and the template use the short read timeout, so a hung node fails the first
             # query fast; only index creation gets the write timeout.
             await self.client.indices.put_index_template(name=cfg.alias, body=index_template(cfg))
-            # Indices created before the `pending` field existed get it (adding one is allowed).
+            # Indices created before the `pending` and `groups` fields existed get them (adding
+            # a field is allowed; their chunks have neither, so they are visible and public).
             await self.client.indices.put_mapping(
                 index=f"{cfg.alias}-v*,{cfg.alias}-t*",
-                body={"properties": {"pending": {"type": "boolean"}}},
+                body={
+                    "properties": {"pending": {"type": "boolean"}, "groups": {"type": "keyword"}}
+                },
                 allow_no_indices=True,
                 ignore_unavailable=True,
                 request_timeout=cfg.write_timeout_s,

@@ -1,7 +1,10 @@
 """The request bodies the retriever's reads send: the BM25 and k-NN arms, the hybrid query and
 its search pipelines, the exact-cosine rescoring, and which fusion path a method takes.
 
-Every query that reads chunks filters on the tenant and on `VISIBLE`, inside both arms.
+Every query that reads chunks filters on the tenant, on `VISIBLE` and on what the reader may
+read (`readable`: documents without an access list, or with one naming a group of the
+reader's), inside both arms: in the BM25 query's filter and in the k-NN clause's own filter,
+so HNSW search fills its k from the chunks the reader may see.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import re
 import unicodedata
 
+from backends.retrieval.access import Groups
 from backends.retrieval.base import RRF_K, FusionMethod, SearchRequest
 from backends.retrieval.opensearch.client import Json
 from backends.retrieval.opensearch.config import OpenSearchConfig
@@ -50,14 +54,35 @@ def normalise_query(text: str, max_chars: int, max_terms: int) -> str:
     return " ".join(without_stopwords(kept)[:max_terms])
 
 
+def readable(groups: Groups) -> Json:
+    """Chunks a reader in `groups` may read: of a document without an access list (`groups`
+    unset), or with one naming a group of the reader's."""
+    public: Json = {"bool": {"must_not": {"exists": {"field": "groups"}}}}
+    if not groups:
+        return public
+    shared: Json = {"terms": {"groups": sorted(groups)}}
+    return {"bool": {"should": [public, shared], "minimum_should_match": 1}}
+
+
 def tenant_visible(tenant: str) -> Json:
-    """The tenant's chunks that readers may see."""
+    """The tenant's chunks that readers may see, whatever their access lists (counts)."""
     return {"bool": {"filter": [{"term": {"tenant": tenant}}, VISIBLE]}}
 
 
-def document_visible(tenant: str, doc_id: str) -> Json:
-    """The visible chunks of one of the tenant's documents."""
-    terms: list[Json] = [{"term": {"tenant": tenant}}, {"term": {"doc_id": doc_id}}, VISIBLE]
+def reader_visible(tenant: str, groups: Groups) -> Json:
+    """The tenant's chunks that a reader in `groups` may see."""
+    return {"bool": {"filter": [{"term": {"tenant": tenant}}, VISIBLE, readable(groups)]}}
+
+
+def document_visible(tenant: str, doc_id: str, groups: Groups) -> Json:
+    """The visible chunks of one of the tenant's documents, if a reader in `groups` may
+    read it."""
+    terms: list[Json] = [
+        {"term": {"tenant": tenant}},
+        {"term": {"doc_id": doc_id}},
+        VISIBLE,
+        readable(groups),
+    ]
     return {"bool": {"filter": terms}}
 
 
@@ -68,7 +93,7 @@ def bm25_body(config: OpenSearchConfig, request: SearchRequest, text: str) -> Js
         "query": {
             "bool": {
                 "must": {"multi_match": {"query": text, "fields": list(config.fields)}},
-                "filter": [{"term": {"tenant": request.tenant}}, VISIBLE],
+                "filter": [{"term": {"tenant": request.tenant}}, VISIBLE, readable(request.groups)],
             }
         },
     }
@@ -83,9 +108,10 @@ def knn_body(request: SearchRequest) -> Json:
                 "embedding": {
                     "vector": request.vector.astype(float).tolist(),
                     "k": request.candidates,
-                    # Efficient filtering: HNSW search restricted to the tenant's documents,
-                    # so a k-NN arm never comes back short or with another tenant's chunk.
-                    "filter": tenant_visible(request.tenant),
+                    # Efficient filtering: HNSW search restricted to the tenant's documents the
+                    # reader may read, so a k-NN arm never comes back short or with another
+                    # tenant's chunk, or one outside the reader's groups.
+                    "filter": reader_visible(request.tenant, request.groups),
                 }
             }
         },
@@ -125,6 +151,7 @@ def cosine_body(request: SearchRequest, keys: list[str]) -> Json:
                         "filter": [
                             {"term": {"tenant": request.tenant}},
                             {"ids": {"values": keys}},
+                            readable(request.groups),
                         ]
                     }
                 },

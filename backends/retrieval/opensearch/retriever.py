@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from backends.retrieval.access import NO_GROUPS, Groups
 from backends.retrieval.base import Document, FusionMethod, Hit, SearchRequest
 from backends.retrieval.opensearch.bulk import Bulk
 from backends.retrieval.opensearch.config import OpenSearchConfig
@@ -76,8 +77,10 @@ class OpenSearchRetriever:
         the node was asked for its plugins (`ensure_index`)."""
         return fusion_path(self.config, self._layout.neural_search, method)
 
-    async def document_chunks(self, tenant: str, doc_id: str, limit: int = 50) -> list[Hit]:
-        return await self._search.document_chunks(tenant, doc_id, limit)
+    async def document_chunks(
+        self, tenant: str, doc_id: str, limit: int = 50, groups: Groups = NO_GROUPS
+    ) -> list[Hit]:
+        return await self._search.document_chunks(tenant, doc_id, limit, groups)
 
     async def stats(self, tenant: str) -> tuple[int, int]:
         return await self._search.stats(tenant)

@@ -15,6 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from backends.errors import BackendUnavailable, UpstreamError
+from backends.retrieval.access import Groups
 from backends.retrieval.base import (
     RRF_K,
     ArmRanking,
@@ -127,12 +128,14 @@ class Search:
         cosine = {str(h["_id"]): float(h["_score"]) - 1.0 for h in response["hits"]["hits"]}
         return [replace(h, dense_score=cosine.get(keys[h.chunk_id])) for h in hits]
 
-    async def document_chunks(self, tenant: str, doc_id: str, limit: int = 50) -> list[Hit]:
+    async def document_chunks(
+        self, tenant: str, doc_id: str, limit: int, groups: Groups
+    ) -> list[Hit]:
         await self._layout.ensure_ready()
         body = {
             "size": document_chunk_limit(limit),
             "_source": {"excludes": ["embedding"]},
-            "query": document_visible(tenant, doc_id),
+            "query": document_visible(tenant, doc_id, groups),
             "sort": READING_ORDER,
         }
         with translated("document_chunks"):

@@ -210,6 +210,8 @@ def _document_ops(
                 "generation": 0,  # stamped by the flip
                 "pending": True,
                 "embedding": chunk.embedding.astype(float).tolist(),
+                # No field for a document without an access list: `readable` reads its absence.
+                **({} if document.groups is None else {"groups": list(document.groups)}),
             },
         ]
         flip += [{"update": {"_index": index, "_id": key}}, {"doc": {"pending": False}}]

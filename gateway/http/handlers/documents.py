@@ -10,6 +10,11 @@ breaking a rule is refused with 422 naming it, and so is a blank text or a title
 (`gateway.text.is_blank`). A document with no passage (headings only) is refused with 422
 before anything is written, and one making more than `server.max_document_chunks` chunks with
 413 before any embedding (the stored version stays).
+
+`groups` is the document's access list (`backends.retrieval.access`): left out (or null), every
+user of the tenant may read it. A list breaking a rule (not a list of strings, empty, too many
+groups, a blank, overlong or control-character name) is refused with 422 naming `groups`.
+A change of the list alone is a new version: the document is written again.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Annotated
 from aiohttp import web
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
+from backends.retrieval.access import access_list
 from backends.retrieval.base import EmptyDocument
 from gateway.errors import NotFound, PayloadTooLarge, Unprocessable
 from gateway.http.appkeys import RUNTIME, SCOPE, SERVICES
@@ -46,12 +52,18 @@ def _title(value: object) -> object:
     return cleaned
 
 
+def _groups(value: object) -> object:
+    """The access list, checked by the rule the CLI's ingest applies (`access_list`)."""
+    return None if value is None else access_list(value)
+
+
 class DocumentBody(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
     title: Annotated[str, BeforeValidator(_title), sent_at_most(1000)] = ""
     # Blank text is refused: DELETE is how a document is removed.
     text: Annotated[NonBlankStr, sent_at_most(MAX_DOCUMENT_CHARS)]
+    groups: Annotated[tuple[str, ...] | None, BeforeValidator(_groups)] = None
 
 
 def _doc_id(request: web.Request) -> str:
@@ -73,7 +85,7 @@ async def handle_put_document(request: web.Request) -> web.Response:
     max_chunks = runtime.settings.server.max_document_chunks
     report = await ingest_documents(
         tenant.id,
-        [RawDocument(doc_id, body.title or doc_id, body.text)],
+        [RawDocument(doc_id, body.title or doc_id, body.text, body.groups)],
         services.embedder,
         services.retriever,
         max_chunks=max_chunks,

@@ -3,7 +3,9 @@ the tenant's admission to its pool (`gateway.limits.admission`). The tenant's ra
 for an answering endpoint, its budget: `gateway.limits.quotas`) is taken right after its key is
 checked, before the body is read or any other work; the request's `RequestScope` carries the
 budget check passed, which stands for its first model call, and the `RequestSpend` its Redis
-calls share (`backends.redis_client`), the rate limit's and budget's first among them.
+calls share (`backends.redis_client`), the rate limit's and budget's first among them. An
+answering endpoint's user assertion (`X-Querygate-User`) is verified with the key, before the
+quotas: a 401 costs none of them, and the scope carries the user's groups.
 
 Every endpoint that does work has a deadline and a body-read timeout; the endpoints in `POOLS`
 are admitted to a pool too. `/admin/reload` has both limits but bypasses admission (an operator
@@ -20,6 +22,9 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from backends.redis_client import RequestSpend
+from backends.retrieval.access import NO_GROUPS, Groups
+from gateway.core.assertion import HEADER
+from gateway.core.runtime import Runtime
 from gateway.core.scope import RequestScope
 from gateway.errors import (
     DEADLINE_RETRY_AFTER_S,
@@ -29,7 +34,7 @@ from gateway.http.appkeys import RECORD, RUNTIME, SCOPE, SERVICES
 from gateway.http.body import read_body
 from gateway.limits.admission import Admission
 from gateway.obs.accounting import ANSWERING
-from gateway.settings import ServerConfig
+from gateway.settings import ServerConfig, TenantConfig
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -76,11 +81,13 @@ def limits_middleware(admission: Admission) -> Middleware:
             return await _within(deadline, handler, request)
         tenant = runtime.tenant_for(authorization)
         record.tenant = tenant.id
+        answering = endpoint in ANSWERING
+        groups = _user_groups(runtime, tenant, request) if answering else NO_GROUPS
         spend = RequestSpend()
         budget = None
         if (quotas := request.app[SERVICES].quotas) is not None:
-            budget = await quotas.admit(tenant, answering=endpoint in ANSWERING, spend=spend)
-        request[SCOPE] = RequestScope(tenant, deadline, record, spend, budget)
+            budget = await quotas.admit(tenant, answering=answering, spend=spend)
+        request[SCOPE] = RequestScope(tenant, deadline, record, spend, budget, groups)
         await read_body(request, min(server.body_read_timeout_s, timeout_s))
         config = server.admission
         limits = config.writes if kind == "writes" else config.queries
@@ -91,6 +98,15 @@ def limits_middleware(admission: Admission) -> Middleware:
             return await _within(deadline, handler, request)
 
     return middleware
+
+
+def _user_groups(runtime: Runtime, tenant: TenantConfig, request: web.Request) -> Groups:
+    """The groups of the user the query is for (`Runtime.user`); its subject, if it names one,
+    goes on the request's log line."""
+    user = runtime.user(tenant, request.headers.getall(HEADER, []))
+    if user.subject is not None:
+        request[RECORD].fields["user"] = user.subject
+    return user.groups
 
 
 async def _within(deadline: float, handler: Handler, request: web.Request) -> web.StreamResponse:
