@@ -6,7 +6,10 @@ so the document states exactly what the server refuses (an outside fuzzer holds 
   Hangul fillers), as a query, a document's text or a prompt must be;
 - `DocumentId`: a document id as `gateway.text.doc_id` takes it (no control, format, private-use,
   unassigned or separator character, no edge white space, no empty, `.` or `..` segment, 1 to
-  512 characters).
+  512 characters);
+- `GroupName`: a group name of an access list as `backends.retrieval.access.access_list` takes
+  it (no control, format or line/paragraph separator character, not only white space, 1 to 128
+  characters).
 
 The character classes follow this interpreter's Unicode database (`unicodedata`), as the
 server's checks do; `tests/unit/test_openapi_patterns.py` fails when the document's patterns
@@ -20,6 +23,7 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from backends.retrieval.access import MAX_GROUP_CHARS, InvalidGroups, access_list
 from backends.retrieval.base import MAX_DOC_ID_CHARS
 from gateway.text import InvalidText, clean_text, doc_id, is_blank
 
@@ -37,6 +41,14 @@ def refused_in_id(c: str) -> bool:
     try:
         doc_id(f"a{c}a")  # inside an id: edge white space and segments are other rules
     except InvalidText:
+        return True
+    return False
+
+
+def refused_in_group(c: str) -> bool:
+    try:
+        access_list([f"a{c}a"])  # inside a name: a name of white space only is another rule
+    except InvalidGroups:
         return True
     return False
 
@@ -80,6 +92,9 @@ def patterns() -> dict[str, str]:
         "NonBlankText": f"[^{char_class(blank)}]",
         "DocumentId": (
             f"^(?![{space}])(?!.*[{space}]$){segments}[^{refused}]{{1,{MAX_DOC_ID_CHARS}}}$"
+        ),
+        "GroupName": (
+            f"^(?=.*[^{space}])[^{char_class(refused_in_group)}]{{1,{MAX_GROUP_CHARS}}}$"
         ),
     }
 
