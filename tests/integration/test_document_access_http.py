@@ -9,78 +9,36 @@ test_document_access_backends.py."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 from backends.llm.base import Completion, ToolCall, Usage
-from gateway.settings import hash_api_key
 from tests.fakes.llm import Call, FakeLLM
-from tests.fixtures.access import SECRET, SECRET_ENV, mint, user
+from tests.fixtures.access import (
+    FINANCE,
+    HR,
+    QUESTION,
+    SECRET,
+    SECRET_CODE,
+    agent_or_echo,
+    ask,
+    cited,
+    mint,
+    put_corpus,
+    secret_in_environment,
+    shown,
+    tenants,
+    user,
+)
 from tests.fixtures.app import Client, OpenClient, auth
-from tests.fixtures.gateway import KEYS
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
-SECRET_CODE = "ZX-4471"  # only in the finance document
-DOCUMENTS: dict[str, dict[str, Any]] = {
-    "payroll.md": {
-        "text": "# Payroll\n\nThe payroll freeze code is ZX-4471. Finance approves every "
-        "payroll change before the freeze begins.",
-        "groups": ["finance"],
-    },
-    "reviews.md": {
-        "text": "# Reviews\n\nPerformance reviews happen in March, and the payroll freeze "
-        "follows the reviews each year.",
-        "groups": ["hr", "managers"],
-    },
-    "handbook.md": {
-        "text": "# Handbook\n\nThe payroll office opens at nine. Staff ask the payroll office "
-        "about pay dates and the freeze calendar.",
-    },
-}
-QUESTION = "What is the payroll freeze code?"
-FINANCE = ["finance"]
-HR = ["hr"]
-
-
-def tenants(required: bool = True) -> list[dict[str, Any]]:
-    """acme with access control, globex without."""
-    return [
-        {
-            "id": "acme",
-            "api_key_sha256": hash_api_key(KEYS["acme"]),
-            "access_control": {"secret_env": SECRET_ENV, "required": required},
-        },
-        {"id": "globex", "api_key_sha256": hash_api_key(KEYS["globex"])},
-    ]
-
 
 @pytest.fixture(scope="module", autouse=True)
-def assertion_secret() -> Iterator[None]:
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(SECRET_ENV, SECRET)
+def secret() -> Iterator[None]:
+    with secret_in_environment():
         yield
-
-
-async def put_corpus(client: Client) -> None:
-    for doc_id, body in DOCUMENTS.items():
-        resp = await client.put(f"/v1/documents/{doc_id}", json=body, headers=auth())
-        assert resp.status == 201, await resp.text()
-
-
-async def ask(
-    client: Client, groups: list[str] | None, query: str = QUESTION, **body: Any
-) -> dict[str, Any]:
-    headers = {**auth(), **(user(groups) if groups is not None else {})}
-    resp = await client.post("/v1/query", json={"query": query, **body}, headers=headers)
-    assert resp.status == 200, await resp.text()
-    answer: dict[str, Any] = await resp.json()
-    return answer
-
-
-def cited(answer: dict[str, Any]) -> set[str]:
-    return {c["doc_id"] for c in answer["citations"]}
 
 
 @pytest.fixture(scope="module")
@@ -210,18 +168,6 @@ async def test_nor_a_paraphrase_in_the_semantic_tier(extractive: Client) -> None
 # -- the agent and full context -------------------------------------------------------------
 
 
-def agent_or_echo(call: Call) -> Completion | str:
-    """The agent searches once, then reads what it found, then answers; every other call's
-    reply is its whole prompt, so what the model was shown shows in the answer too."""
-    if call.tools:
-        tool_results = [m for m in call.messages if m.role == "tool"]
-        if not tool_results:
-            search = ToolCall("s1", "search", {"query": "payroll freeze code"})
-            return Completion("", call.tier, "fake", Usage(10, 5), tool_calls=(search,))
-        return "The freeze is in the documents [1]."
-    return "\n".join(m.content for m in call.messages)
-
-
 @pytest.fixture(scope="module")
 async def with_model(app_client: OpenClient) -> tuple[Client, FakeLLM]:
     llm = FakeLLM(agent_or_echo)
@@ -234,11 +180,6 @@ async def with_model(app_client: OpenClient) -> tuple[Client, FakeLLM]:
     )
     await put_corpus(client)
     return client, llm
-
-
-def shown(llm: FakeLLM) -> str:
-    """Everything every model call of the last request was shown."""
-    return "\n".join(m.content for call in llm.calls for m in call.messages)
 
 
 # (the route asked, the route that answers): a corpus this small is read whole when the
