@@ -15,6 +15,7 @@ import pytest
 from backends.retrieval.access import NO_GROUPS, Groups
 from backends.retrieval.base import Document, RetrievalMode, Retriever, SearchRequest
 from backends.retrieval.embedded.retriever import EmbeddedRetriever
+from backends.retrieval.opensearch.layout import index_template
 from tests.fixtures.documents import make_doc
 from tests.fixtures.embeddings import unit_vector
 from tests.fixtures.opensearch import TEST_DIMENSION, RetrieverFactory, opensearch_request
@@ -44,22 +45,32 @@ def corpus() -> list[Document]:
     return docs
 
 
-@pytest.fixture(params=["embedded", "opensearch"], scope="module")
-async def index(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+@pytest.fixture(scope="module")
+async def embedded_index(
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> AsyncIterator[tuple[Retriever, str]]:
-    """A retriever of each backend holding `corpus()` for a fresh tenant."""
+    path: Path = tmp_path_factory.mktemp("access") / "index.sqlite"
+    async with EmbeddedRetriever(path) as retriever:
+        tenant = f"t{uuid.uuid4().hex[:8]}"
+        await retriever.upsert_documents(tenant, corpus())
+        yield retriever, tenant
+
+
+@pytest.fixture(scope="module")
+async def opensearch_index(
+    make_opensearch_retriever: RetrieverFactory,
+) -> tuple[Retriever, str]:
+    retriever = await make_opensearch_retriever(server_side_fusion="off")
     tenant = f"t{uuid.uuid4().hex[:8]}"
-    if request.param == "embedded":
-        path: Path = tmp_path_factory.mktemp("access") / "index.sqlite"
-        retriever: Retriever = EmbeddedRetriever(path)
-    else:
-        make: RetrieverFactory = request.getfixturevalue("make_opensearch_retriever")
-        retriever = await make(server_side_fusion="off")
     await retriever.upsert_documents(tenant, corpus())
-    yield retriever, tenant
-    if request.param == "embedded":
-        await retriever.aclose()
+    return retriever, tenant
+
+
+@pytest.fixture(params=["embedded", "opensearch"], scope="module")
+def index(request: pytest.FixtureRequest) -> tuple[Retriever, str]:
+    """A retriever of each backend holding `corpus()` for a fresh tenant."""
+    found: tuple[Retriever, str] = request.getfixturevalue(f"{request.param}_index")
+    return found
 
 
 async def _search(
@@ -152,13 +163,10 @@ async def test_opensearch_indices_made_before_access_lists_get_the_field(
     # A fresh index laid out as before the field existed, behind the tenant's alias (the
     # template, which has the field, is put back by start-up).
     legacy = f"{index}-legacy"
-    mappings = opensearch_request(opensearch_url, f"/{index}/_mapping")[index]["mappings"]
-    del mappings["properties"]["groups"]
+    template = index_template(retriever.config)["template"]
+    del template["mappings"]["properties"]["groups"]
     await client.indices.delete_index_template(name=retriever.config.alias)
-    await client.indices.create(
-        index=legacy,
-        body={"settings": {"index": {"knn": True}}, "mappings": mappings},
-    )
+    await client.indices.create(index=legacy, body=template)
     await client.indices.update_aliases(
         body={
             "actions": [

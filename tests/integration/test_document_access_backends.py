@@ -79,8 +79,10 @@ async def test_on_opensearch_no_passage_outside_the_users_groups_is_shown_or_cit
     hr = await ask(client, HR, route=route, debug=True)
     assert hr["route"] == route
     assert "Performance reviews" in shown(llm) and SECRET_CODE not in shown(llm)
-    assert cited(hr) and "payroll.md" not in cited(hr)
-    if route == "multihop":
+    assert "payroll.md" not in cited(hr)
+    if route == "lookup":
+        assert cited(hr)
+    else:
         runs = [run for step in hr["debug"]["agent"]["steps"] for run in step["tool_calls"]]
         passages = [chunk for run in runs for chunk in run["chunk_ids"]]
         assert passages and not any(p.startswith("payroll.md") for p in passages)
@@ -100,10 +102,15 @@ async def test_on_opensearch_a_user_in_no_group_reads_public_documents_only(
 
 
 @pytest.fixture
-async def on_redis(app_client: OpenClient, redis_url: str) -> Client:
-    """No model (answers quote their passages), the cache in Redis."""
+async def on_redis(app_client: OpenClient, redis_url: str, fake_upstream: str) -> Client:
+    """The cache in Redis, opened as `serve` opens it; the fake upstream's answer cites the
+    first source it was shown, so a citation says which documents the answer came from."""
     client = await app_client(
-        corpora={}, tenants=tenants(), cache={"backend": "redis", "redis_url": redis_url}
+        upstream=fake_upstream,
+        corpora={},
+        tenants=tenants(),
+        cache={"backend": "redis", "redis_url": redis_url},
+        router={"escalation": {"enabled": False}},
     )
     await put_corpus(client)
     return client
@@ -112,26 +119,35 @@ async def on_redis(app_client: OpenClient, redis_url: str) -> Client:
 async def test_in_redis_users_in_other_groups_never_share_a_cached_answer(
     on_redis: Client,
 ) -> None:
-    first = await ask(on_redis, FINANCE)
-    assert SECRET_CODE in first["answer"] and first["cache"] == "miss"
-    again = await ask(on_redis, FINANCE)
-    assert again["cache"] == "exact"
-    assert (await ask(on_redis, FINANCE, "What's the payroll freeze code?"))["cache"] == "semantic"
-    for question in (QUESTION, "What's the payroll freeze code?"):
-        other = await ask(on_redis, HR, question)
-        assert other["cache"] == "miss" and SECRET_CODE not in other["answer"]
-        assert "payroll.md" not in cited(other)
+    paraphrase = "What's the payroll freeze code?"
+    first = await ask(on_redis, FINANCE, route="lookup")
+    assert cited(first) == {"payroll.md"} and first["cache"] == "miss"
+    # Another finance user shares it, exact and semantic: the misses below are the scope's.
+    assert (await ask(on_redis, FINANCE, route="lookup"))["cache"] == "exact"
+    assert (await ask(on_redis, FINANCE, paraphrase, route="lookup"))["cache"] == "semantic"
+    # An hr user, by the paraphrase first (the semantic tier), then by the question itself
+    # (the exact tier; the semantic one may serve the hr user's own answer by then).
+    other = await ask(on_redis, HR, paraphrase, route="lookup")
+    assert other["cache"] == "miss" and "payroll.md" not in cited(other)
+    other = await ask(on_redis, HR, QUESTION, route="lookup")
+    assert other["cache"] != "exact" and "payroll.md" not in cited(other)
 
 
 async def test_in_redis_concurrent_askers_in_other_groups_never_share_one_flight(
     on_redis: Client,
 ) -> None:
     """The same new question from both groups at once, a few times: single flight joins a
-    request only to one of its own scope, so the hr answers never carry the finance code."""
+    request only to one of its own scope, so no hr answer cites the finance document."""
+    finance_cited = 0
     for n in range(4):
         question = f"Which payroll freeze code applies in week {n}?"
+        askers = (FINANCE, HR, FINANCE, HR)
         answers = await asyncio.gather(
-            *(ask(on_redis, groups, question) for groups in (FINANCE, HR, FINANCE, HR))
+            *(ask(on_redis, groups, question, route="lookup") for groups in askers)
         )
-        for groups, answer in zip((FINANCE, HR, FINANCE, HR), answers, strict=True):
-            assert (SECRET_CODE in answer["answer"]) is (groups == FINANCE), (groups, answer)
+        for groups, answer in zip(askers, answers, strict=True):
+            if groups == HR:
+                assert "payroll.md" not in cited(answer), answer
+            else:
+                finance_cited += "payroll.md" in cited(answer)
+    assert finance_cited  # the finance answers did come from the finance document
