@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+import yaml
 
 from backends.llm.base import Completion, ToolCall, Usage
 from tests.fakes.llm import Call, FakeLLM
@@ -20,6 +21,7 @@ from tests.fixtures.access import (
     QUESTION,
     SECRET,
     SECRET_CODE,
+    SECRET_ENV,
     agent_or_echo,
     ask,
     cited,
@@ -30,7 +32,8 @@ from tests.fixtures.access import (
     tenants,
     user,
 )
-from tests.fixtures.app import Client, OpenClient, auth
+from tests.fixtures.app import Client, OpenClient, auth, config_path
+from tests.fixtures.gateway import ADMIN_KEY
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -244,3 +247,40 @@ async def test_a_tenant_that_does_not_require_the_assertion_serves_public_docume
     anonymous = await ask(client, None, route="lookup")
     assert cited(anonymous) == {"handbook.md"}
     assert SECRET_CODE not in anonymous["answer"]
+
+
+# -- configuration ------------------------------------------------------------------------
+
+
+async def test_a_reload_turns_access_control_on_only_with_its_secret_set(
+    app_client: OpenClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The secret is read when a configuration is applied: a reload naming a variable that is
+    not set (or a secret too short) is refused and the old configuration keeps serving; one
+    that is set applies, and /admin/config names the variable, never the secret."""
+    client = await app_client(corpora={})
+    path = config_path(client)
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    config = yaml.safe_load(path.read_text())
+    unset = "QUERYGATE_TEST_UNSET_ASSERTION_SECRET"
+    monkeypatch.delenv(unset, raising=False)
+    monkeypatch.setenv("QUERYGATE_TEST_SHORT_SECRET", "too-short")
+    for variable, why in ((unset, "is not set"), ("QUERYGATE_TEST_SHORT_SECRET", "shorter")):
+        config["tenants"][0]["access_control"] = {"secret_env": variable}
+        path.write_text(yaml.safe_dump(config))
+        resp = await client.post("/admin/reload", headers=admin)
+        assert resp.status == 422
+        error = (await resp.json())["error"]
+        assert (
+            "tenants.0.access_control.secret_env (acme)" in error["message"]
+            and why in error["message"]
+        )
+        assert (await _status(client, auth())) == 200  # still the old configuration
+    config["tenants"][0]["access_control"] = {"secret_env": SECRET_ENV}
+    path.write_text(yaml.safe_dump(config))
+    resp = await client.post("/admin/reload", headers=admin)
+    assert resp.status == 200, await resp.text()
+    assert await _status(client, auth()) == 401
+    assert await _status(client, {**auth(), **user(FINANCE)}) == 200
+    shown_config = await (await client.get("/admin/config", headers=admin)).text()
+    assert SECRET_ENV in shown_config and SECRET not in shown_config

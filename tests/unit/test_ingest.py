@@ -85,6 +85,36 @@ def test_reader_names_the_line_of_a_bad_jsonl_record(tmp_path: Path, line: str) 
         list(read_paths([path]))
 
 
+def test_reader_takes_a_jsonl_records_access_list(tmp_path: Path) -> None:
+    path = tmp_path / "docs.jsonl"
+    rows = [
+        {"id": "a", "text": "alpha", "groups": ["hr", "finance", "hr"]},
+        {"id": "b", "text": "beta", "groups": None},
+        {"id": "c", "text": "gamma"},
+    ]
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    assert [d.groups for d in read_paths([path])] == [("finance", "hr"), None, None]
+
+
+@pytest.mark.parametrize(
+    ("groups", "why"), [("hr", "must be a list"), ([], "at least one"), (["a\u0000"], "control")]
+)
+def test_reader_names_the_line_of_a_bad_access_list(
+    tmp_path: Path, groups: object, why: str
+) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({"id": "ok", "text": "x", "groups": groups}) + "\n")
+    with pytest.raises(ValueError, match=rf"bad\.jsonl:1: groups .*{why}"):
+        list(read_paths([path]))
+
+
+def test_an_access_list_is_part_of_a_documents_version() -> None:
+    """A list's change alone writes the document again; no list hashes as before lists."""
+    plain = content_hash("T", "text")
+    assert plain == hashlib.sha256(b"T\x00text").hexdigest()
+    assert content_hash("T", "text", ("hr",)) not in (plain, content_hash("T", "text", ("h", "r")))
+
+
 def test_reader_refuses_an_unsupported_file(tmp_path: Path) -> None:
     path = tmp_path / "doc.pdf"
     path.write_bytes(b"%PDF")
