@@ -137,12 +137,10 @@ def build_runtime(settings: Settings, services: Services) -> Runtime:
             use_model(services.embedder.model_id)
         except SufficiencyModelMismatch as exc:
             raise ConfigError(f"router.escalation.method: {exc}") from exc
+    secrets = assertion_secrets(settings)  # before the pipeline: a refusal costs no build
     tenants = effective_tenants(settings)
     index = {digest: t for t in tenants for digest in t.api_key_sha256}
     pipeline = Pipeline(services, settings, build_classifier(settings, services.embedder.model_id))
     return Runtime(
-        settings=settings,
-        pipeline=pipeline,
-        tenants_by_key_hash=index,
-        assertion_secrets=assertion_secrets(settings),
+        settings=settings, pipeline=pipeline, tenants_by_key_hash=index, assertion_secrets=secrets
     )
