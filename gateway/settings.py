@@ -355,6 +355,26 @@ class QuotasConfig(BaseModel):
         return self.backend == "redis" or (self.backend == "auto" and cache_backend == "redis")
 
 
+class TracingConfig(BaseModel):
+    """OpenTelemetry traces (gateway/obs/tracing.py, docs/tracing.md), off unless turned on here
+    or by the SDK's own `OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT`; `OTEL_SDK_DISABLED=true` turns
+    them off whatever this says. The other `OTEL_*` variables (service name, sampler, headers)
+    are read by the SDK itself."""
+
+    model_config = SECTION
+
+    # None: on when the environment names an OTLP endpoint; true or false: as said.
+    enabled: bool | None = None
+    # The OTLP/HTTP traces URL (".../v1/traces"); None: the SDK's environment or its default.
+    endpoint: str | None = Field(default=None, min_length=1, max_length=2048)
+    # OTEL_SERVICE_NAME, when set, names the service instead.
+    service_name: str = Field(default="querygate", min_length=1, max_length=128)
+    # The client's question on the request span: off, it is the tenant's data.
+    record_question: bool = False
+    # Every string attribute is cut to this many characters (an upstream's error, a question).
+    max_attribute_length: int = Field(default=256, ge=16, le=8192)
+
+
 def default_data_dir() -> Path:
     """`$XDG_DATA_HOME/querygate`, or `~/.local/share/querygate`: one place whatever the current
     directory, so `querygate ingest` run from any folder fills the index `serve` reads."""
@@ -386,6 +406,7 @@ class Settings(BaseSettings):
     quotas: QuotasConfig = QuotasConfig()
     router: RouterConfig = RouterConfig()
     agent: AgentConfig = AgentConfig()
+    tracing: TracingConfig = TracingConfig()
 
     @field_validator("data_dir")
     @classmethod

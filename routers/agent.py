@@ -50,7 +50,17 @@ from routers.extractive import extractive_text
 from routers.generation import NOT_FOUND, clients_fault, failure_kind, finish, with_usage
 from routers.prompts import AGENT_FINAL, AGENT_SYSTEM, format_sources
 from routers.rerank import RERANK_OFF, RerankStage
-from routers.types import AgentStep, Answer, Cap, Citation, Generation, Route, RouteContext
+from routers.types import (
+    AgentStep,
+    Answer,
+    Cap,
+    Citation,
+    Generation,
+    Route,
+    RouteContext,
+    SpanOpener,
+    no_span,
+)
 
 _TOOL_SPEC_CHARS = len(json.dumps(TOOL_SPECS))
 _BEST_PASSAGES = 3
@@ -71,6 +81,8 @@ class AgentDeps:
     rerank: RerankStage = RERANK_OFF
     # The `search` tool's fusion, as the lookup's (`LookupParams.fusion`).
     fusion: FusionMethod | None = None
+    # Each step and tool call a span of the request's trace.
+    span: SpanOpener = no_span
 
 
 class MultihopExecutor:
@@ -101,6 +113,7 @@ class MultihopExecutor:
             book,
             SearchRerank(self._deps.rerank, ctx.reranks, ctx.deadline),
             groups=ctx.groups,
+            span=self._deps.span,
         )
         run = _Run(self._deps, self._config, self._tier, ctx, tools, book, self._degraded_tier)
         return await run.execute()
@@ -160,6 +173,10 @@ class _Run:
         return self._at_cap(cap)
 
     async def _step(self) -> Answer | None:
+        with self.deps.span("agent_step", {"querygate.agent.step": len(self.steps) + 1}):
+            return await self._turn()
+
+    async def _turn(self) -> Answer | None:
         started = time.perf_counter()
         self.calling = list(self.messages)
         completion = await self.llm.complete(

@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from opentelemetry.trace import Span
+
 from backends.embeddings.base import Embedder
 from backends.errors import BackendError
 from backends.llm.base import ToolCall
@@ -43,7 +45,7 @@ from routers.prompts import (
     shown_doc_id,
 )
 from routers.rerank import RERANK_OFF, RerankCall, RerankRecorder, RerankStage
-from routers.types import ChunkGrade, Citation, ToolRun, ToolStatus
+from routers.types import ChunkGrade, Citation, SpanOpener, ToolRun, ToolStatus, no_span
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +85,7 @@ TOOL_SPECS: tuple[dict[str, Any], ...] = (
         },
     },
 )
+TOOL_NAMES = frozenset(spec["function"]["name"] for spec in TOOL_SPECS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,10 +179,12 @@ class AgentTools:
         book: SourceBook,
         rerank: SearchRerank | None = None,
         groups: Groups = NO_GROUPS,
+        span: SpanOpener = no_span,
     ) -> None:
         self._tenant = tenant
         # The end user's groups: searches and reads see only the documents they may read.
         self._groups = groups
+        self._span = span
         self._rerank = rerank or SearchRerank()
         self._retriever = retriever
         self._embedder = embedder
@@ -190,7 +195,17 @@ class AgentTools:
         self._running: set[str] = set()
 
     async def run(self, call: ToolCall) -> ToolResult:
-        """Run one tool call; every failure becomes a message to the model, never an error."""
+        """Run one tool call, as a span of its own; every failure becomes a message to the
+        model, never an error."""
+        # The model names the tool: only the ones it has are names of a closed set.
+        name = call.name if call.name in TOOL_NAMES else "unknown"
+        with self._span("agent_tool", {"querygate.tool": name}) as span:
+            result = await self._run(call)
+            if isinstance(span, Span):
+                span.set_attribute("querygate.tool.status", result.run.status)
+            return result
+
+    async def _run(self, call: ToolCall) -> ToolResult:
         started = time.perf_counter()
         try:
             async with asyncio.timeout(self._limits.timeout_s):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Literal
@@ -21,6 +23,16 @@ from backends.retrieval.base import Hit, Vector
 
 if TYPE_CHECKING:
     from routers.rerank import RerankRecorder
+
+
+# Opens a span of the request's trace around a `with` block, named and with bounded attributes
+# (the gateway's is `gateway.obs.tracing.child`); routers never see a tracer.
+SpanOpener = Callable[[str, Mapping[str, str | int]], AbstractContextManager[object]]
+
+
+def no_span(name: str, attributes: Mapping[str, str | int]) -> AbstractContextManager[object]:
+    """The `SpanOpener` that traces nothing (an evaluation, a benchmark)."""
+    return nullcontext()
 
 
 # "ok", or why an agent's tool call did not run or failed: a metric label and a debug field.

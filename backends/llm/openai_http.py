@@ -23,6 +23,7 @@ from typing import Any
 import aiohttp
 
 from backends.llm.bounds import Reading, salvaged_text
+from backends.llm.propagation import trace_headers
 
 # litellm's prefix for "an OpenAI-compatible server at api_base": the deployments this serves.
 PREFIX = "openai/"
@@ -258,7 +259,8 @@ def _url(api_base: str | None) -> str:
 
 
 def _headers(api_key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"}
+    headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"}
+    return headers | trace_headers()
 
 
 def _timeout(timeout_s: float) -> aiohttp.ClientTimeout:

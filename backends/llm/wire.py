@@ -27,6 +27,7 @@ from backends.errors import UpstreamError
 from backends.llm import openai_http
 from backends.llm.base import Completion, GenerationOptions, Message, Tier, ToolCall
 from backends.llm.deployments import Deployment
+from backends.llm.propagation import trace_headers
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +58,10 @@ def litellm_args(
     max_tokens: int | None,
     options: GenerationOptions,
 ) -> dict[str, Any]:
-    """The keyword arguments of `litellm.acompletion` for one call."""
+    """The keyword arguments of `litellm.acompletion` for one call; the trace context goes
+    to the upstream as headers when there is one."""
     config = deployment.config
+    traced = trace_headers()
     return {
         "model": config.model,
         "messages": wire,
@@ -67,6 +70,7 @@ def litellm_args(
         "timeout": config.timeout_s,
         **_generation(deployment, max_tokens, options),
         "max_retries": 0,  # the tiers' own retries are the one retry layer
+        **({"extra_headers": traced} if traced else {}),
     }
 
 

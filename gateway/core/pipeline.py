@@ -24,6 +24,7 @@ from gateway.core.services import Services
 from gateway.core.stages import RouteStages
 from gateway.limits.budget import BudgetedLLM
 from gateway.limits.metering import MeteredLLM
+from gateway.obs import tracing
 from gateway.obs.timing import StageTimer
 from gateway.settings import Settings
 from routers.agent import AgentDeps
@@ -56,6 +57,7 @@ class Pipeline:
                 estimate=self._finisher.cut_usage,
                 rerank=RerankStage(settings.retrieval.rerank, services.reranker),
                 fusion=settings.retrieval.fusion,
+                span=tracing.child,
             ),
             registry_config(settings),
         )
@@ -98,6 +100,8 @@ class Pipeline:
         arrived = scope.record.started if scope is not None else None
         timer = StageTimer(self._s.metrics, arrived)
         ctx = RequestContext(request, timer, self._bound(request, scope), scope)
+        if self.settings.tracing.record_question:
+            tracing.annotate({"querygate.question": request.query})
         try:
             for stage in self._stages:
                 if (outcome := await stage(ctx)) is not None:

@@ -21,6 +21,7 @@ from gateway.core.reranks import RequestReranks
 from gateway.core.routing import TenantPolicies
 from gateway.core.services import Services
 from gateway.limits.metering import MeteredLLM
+from gateway.obs import tracing
 from gateway.obs.timing import StageTimer
 from gateway.settings import Settings
 from gateway.text import InvalidText, clean_text
@@ -126,6 +127,8 @@ class RouteStages:
             ctx.decision = decide(
                 classification, request.route, request.query, self._policies.of(request.tenant)
             )
+            decided = {"querygate.route": ctx.decision.route.value}
+            tracing.annotate({**decided, "querygate.reason": ctx.decision.reason})
 
     async def whole_corpus(self, ctx: RequestContext) -> None:
         """Read the tenant's every chunk only when the decision says full context may apply."""

@@ -22,6 +22,8 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from contextlib import aclosing
 from typing import Protocol
 
+from opentelemetry.trace import SpanKind
+
 from backends.errors import BackendError
 from backends.llm.base import (
     LLM,
@@ -35,6 +37,7 @@ from backends.llm.base import (
     WrappedLLM,
 )
 from backends.llm.wire import count_tokens, to_wire
+from gateway.obs import tracing
 from gateway.obs.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -86,28 +89,55 @@ async def settled(
             on_cut("".join(parts), model)
 
 
+def _call_span(call: LLMCall) -> tuple[str, dict[str, str]]:
+    """A model call's span: its name and what is known before the upstream answers."""
+    attributes = {"gen_ai.operation.name": "chat", "querygate.tier": call.tier}
+    return f"llm {call.tier}", {**attributes, "querygate.route": call.route}
+
+
+def _answer_attributes(model: str, usage: Usage) -> dict[str, str | int | float]:
+    return {
+        "gen_ai.response.model": model,
+        "gen_ai.usage.input_tokens": usage.prompt_tokens,
+        "gen_ai.usage.output_tokens": usage.completion_tokens,
+        "querygate.cost_usd": usage.cost_usd,
+    }
+
+
 class MeteredLLM(WrappedLLM):
+    """Each call also a client span of the current one's (`gateway.obs.tracing`), with its
+    tier, model, tokens and cost, current while the upstream is asked so the request to it
+    carries its `traceparent`."""
+
     def __init__(self, inner: LLM, metrics: Metrics) -> None:
         super().__init__(inner)
         self._metrics = metrics
 
     async def complete(self, call: LLMCall) -> Completion:
-        try:
-            completion = await self._inner.complete(call)
-        except BackendError:
-            self._failed(call.tier)
-            raise
-        except asyncio.CancelledError:
-            usage = estimate_usage(self._inner, call.tier, call.messages, "")
-            self._cut(call.tier, "-", usage, call.route)
-            raise
+        with tracing.child(*_call_span(call), SpanKind.CLIENT) as span:
+            try:
+                completion = await self._inner.complete(call)
+            except BackendError:
+                self._failed(call.tier)
+                raise
+            except asyncio.CancelledError:
+                usage = estimate_usage(self._inner, call.tier, call.messages, "")
+                self._cut(call.tier, "-", usage, call.route)
+                raise
+            if span is not None:
+                span.set_attributes(_answer_attributes(completion.model, completion.usage))
         self._answered(call.tier, completion.model, completion.usage, call.route)
         self._bounded(call.tier, completion.cut)
         return completion
 
     async def stream(self, call: LLMCall) -> AsyncIterator[StreamDelta]:
+        span = tracing.detached(*_call_span(call), SpanKind.CLIENT)
+
         async def done(delta: StreamDelta) -> None:
-            self._answered(call.tier, delta.model, delta.usage or Usage(), call.route)
+            usage = delta.usage or Usage()
+            if span is not None:
+                span.set_attributes(_answer_attributes(delta.model, usage))
+            self._answered(call.tier, delta.model, usage, call.route)
             self._bounded(call.tier, delta.cut)
 
         def cut(text: str, model: str) -> None:
@@ -115,6 +145,8 @@ class MeteredLLM(WrappedLLM):
             self._cut(call.tier, model or "-", usage, call.route)
 
         stream = self._inner.stream(call)
+        if span is not None:
+            stream = tracing.within(span, stream)
         failed = functools.partial(self._failed, call.tier)
         async with aclosing(settled(stream, done, cut, failed)) as deltas:
             async for delta in deltas:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.errors import Failure, Outcome
+from gateway.obs import tracing
 from gateway.obs.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -26,6 +27,18 @@ log = logging.getLogger(__name__)
 ANSWERING = frozenset({"POST /v1/query", "POST /v1/chat/completions", "POST /v1/completions"})
 _WARNED: frozenset[Outcome] = frozenset(
     {"deadline", "unavailable", "upstream_error", "shed_process"}
+)
+# The log line's fields a request span carries too: names of closed sets, counts and costs.
+_SPAN_FIELDS = (
+    "request_id",
+    "tenant",
+    "route",
+    "cache",
+    "escalated",
+    "agent_steps",
+    "cost_usd",
+    "prompt_tokens",
+    "completion_tokens",
 )
 
 
@@ -74,6 +87,9 @@ def account(
     }
     if error is not None:
         fields["error"] = error
+    if tracing.recording():
+        spanned = {f"querygate.{k}": fields[k] for k in _SPAN_FIELDS if fields.get(k) is not None}
+        tracing.end_request(fields["status"], outcome, spanned)
     if bug is not None:
         log.error("request failed", extra=fields, exc_info=bug)
     elif outcome in _WARNED:

@@ -1,6 +1,7 @@
-"""Logs: one JSON object per line, with the request id when there is one; on a terminal (or
-when asked) one short line of text per request instead, the health probes' quiet unless they
-fail. `configure_logging` chooses: `json`, `text`, or `auto` (text when stderr is a terminal)."""
+"""Logs: one JSON object per line, with the request id when there is one (and its trace id
+when traced); on a terminal (or when asked) one short line of text per request instead, the
+health probes' quiet unless they fail. `configure_logging` chooses: `json`, `text`, or `auto`
+(text when stderr is a terminal)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal, TextIO
 
 from aiohttp.http_exceptions import HttpProcessingError
+from opentelemetry import trace
 
 request_id_var: ContextVar[str | None] = ContextVar("request_id", default=None)
 
@@ -44,6 +46,12 @@ class JsonFormatter(logging.Formatter):
         request_id = request_id_var.get()
         if request_id:
             entry["request_id"] = request_id
+        # The request's trace (gateway.obs.tracing), to go from this line to its spans; a
+        # valid context only while tracing is on.
+        traced = trace.get_current_span().get_span_context()
+        if traced.is_valid:
+            entry["trace_id"] = trace.format_trace_id(traced.trace_id)
+            entry["span_id"] = trace.format_span_id(traced.span_id)
         entry.update({k: v for k, v in record.__dict__.items() if k not in _STANDARD})
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)

@@ -1,4 +1,6 @@
-"""Stage timings: one clock per request, read into the response and the stage histogram."""
+"""Stage timings: one clock per request, read into the response and the stage histogram, and
+the one place a stage is traced too: each timed stage is a child span of the request's when
+tracing records it (`gateway.obs.tracing`)."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from gateway.obs import tracing
 from gateway.obs.metrics import Metrics
 
 
@@ -18,17 +21,20 @@ class StageTimer:
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            elapsed = time.perf_counter() - start
-            self._metrics.stage_duration.labels(name).observe(elapsed)
-            self.stages_ms[name] = round(self.stages_ms.get(name, 0.0) + elapsed * 1000, 3)
+        with tracing.child(name):
+            start = time.perf_counter()
+            try:
+                yield
+            finally:
+                self._count(name, time.perf_counter() - start)
 
     def add(self, name: str, seconds: float) -> None:
         """Time measured elsewhere (a stage run inside another, such as the rerank inside the
-        lookup), counted as `stage` counts it."""
+        lookup), counted and traced as `stage` does."""
+        self._count(name, seconds)
+        tracing.record_past(name, seconds)
+
+    def _count(self, name: str, seconds: float) -> None:
         self._metrics.stage_duration.labels(name).observe(seconds)
         self.stages_ms[name] = round(self.stages_ms.get(name, 0.0) + seconds * 1000, 3)
 

@@ -24,6 +24,7 @@ from gateway.http.handlers.query import handle_query, handle_route
 from gateway.http.middleware.limits import limits_middleware
 from gateway.http.middleware.outcome import outcome_middleware
 from gateway.http.middleware.request_id import request_id_middleware
+from gateway.http.middleware.tracing import tracing_middleware
 from gateway.ingest.background import BackgroundIngest
 from gateway.limits.admission import Admission
 from gateway.obs.metrics import Metrics
@@ -64,19 +65,24 @@ def create_app(
     services: Services | None = None,
     startup_ingest: BackgroundIngest | None = None,
     freeze_heap: bool = False,
+    traced: bool = False,
 ) -> web.Application:
     """`config_path` is the file a reload re-reads; `prepare` re-applies the CLI's overrides;
     `services` are backends the caller opened and closes (an in-process test's fakes; their
     `metrics` are the app's), else the app opens those `settings` name for its lifetime;
     `startup_ingest` runs in the background once the backends are up (the sample corpus on
     first run), while the gateway answers from what is indexed so far; `freeze_heap` (the
-    server's own process, not an in-process test) freezes the start-up heap before "ready"."""
+    server's own process, not an in-process test) freezes the start-up heap before "ready";
+    `traced`: this process installed tracing (`gateway.obs.tracing.install`), so each request
+    gets its span."""
     metrics = Metrics() if services is None else services.metrics
     admission = Admission(metrics)  # per process: each worker admits on its own
+    spans = [tracing_middleware()] if traced else []
     app = web.Application(
         client_max_size=settings.server.max_body_bytes,
         middlewares=[
             request_id_middleware(),
+            *spans,
             outcome_middleware(metrics),
             limits_middleware(admission),
         ],

@@ -121,6 +121,8 @@ RESTART_ONLY: tuple[str, ...] = (
     "cache.redis_request_budget_s",
     "quotas",  # where the counters live, and the store's retry interval
     "models",  # the tiers' clients and breakers, built at start
+    # The tracer provider, its exporter and span limits, set up once per process.
+    "tracing",
 )
 
 

@@ -19,7 +19,7 @@ from pydantic import SecretStr
 from gateway.http.appkeys import RUNTIME
 from gateway.http.protocol import ConnectionTimeouts, run_app
 from gateway.ingest.background import BackgroundIngest
-from gateway.obs import pool
+from gateway.obs import pool, tracing
 from gateway.obs.logs import LogFormat, configure_logging
 from gateway.server.app import create_app
 from gateway.server.workers import Supervisor, WorkerSpec, bind
@@ -125,6 +125,24 @@ def _run_app(
     on_ready: Callable[[], None] | None = None,
     startup_ingest: BackgroundIngest | None = None,
 ) -> int:
+    # Here, in the process that serves (a worker, not the supervisor): the exporter's thread
+    # is this process's own.
+    traces = tracing.install(settings.tracing)
+    try:
+        return _serve(settings, options, traces is not None, sock, on_ready, startup_ingest)
+    finally:
+        if traces is not None:
+            traces.shutdown()  # the spans of the last requests, exported before exit
+
+
+def _serve(
+    settings: Settings,
+    options: ServeOptions,
+    traced: bool,
+    sock: socket.socket | None,
+    on_ready: Callable[[], None] | None,
+    startup_ingest: BackgroundIngest | None,
+) -> int:
     server = settings.server
     app = create_app(
         settings,
@@ -132,6 +150,7 @@ def _run_app(
         lambda fresh: serve_settings(fresh, options, False),
         startup_ingest=startup_ingest,
         freeze_heap=True,
+        traced=traced,
     )
     if on_ready is not None:
 
