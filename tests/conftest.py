@@ -14,4 +14,5 @@ pytest_plugins: list[str] = [
     "tests.fixtures.app",  # app_client: the gateway in process
     "tests.fixtures.embeddings",
     "tests.fixtures.redis",  # redis_server, redis_url, redis_cluster, redis_cluster_urls
+    "tests.fixtures.jaeger",  # Jaeger's all-in-one: an OTLP receiver and its query API
 ]

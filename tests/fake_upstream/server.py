@@ -19,7 +19,9 @@ Endpoints
 ``GET  /health``               ``{"status": "ok"}``.
 ``GET|POST /admin/stats``      request counts: total, by endpoint, model, status and key; and
                               ``params_by_key``: the parameters (all but ``messages``) of the
-                              last chat request carrying each key, as received.
+                              last chat request carrying each key, as received;
+                              ``traceparents_by_key``: the W3C ``traceparent`` header of each
+                              chat request carrying each key (null when it had none), in order.
 
 Scripting, chosen per request
 -----------------------------
@@ -104,6 +106,8 @@ class Stats:
     params_by_key: dict[str, dict[str, Any]] = field(default_factory=dict)
     # bytes of a `flood_bytes` reply written per key, until the client stopped reading
     flood_sent_by_key: Counter[str] = field(default_factory=Counter)
+    # the trace context each chat request carrying a key came with: proof of propagation
+    traceparents_by_key: dict[str, list[str | None]] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -114,6 +118,7 @@ class Stats:
             "by_key": dict(self.by_key),
             "params_by_key": self.params_by_key,
             "flood_sent_by_key": dict(self.flood_sent_by_key),
+            "traceparents_by_key": self.traceparents_by_key,
         }
 
 
@@ -429,7 +434,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     _record(request, "chat", model, directive)
     if key := directive.get("key"):
         params = {k: v for k, v in body.items() if k != "messages"}
-        request.app[STATS_KEY].params_by_key[str(key)] = params
+        stats = request.app[STATS_KEY]
+        stats.params_by_key[str(key)] = params
+        traceparent = request.headers.get("traceparent")
+        stats.traceparents_by_key.setdefault(str(key), []).append(traceparent)
     if not _applies(directive, model):
         directive = {}
     elif (failure := await _scripted_failure(request, directive)) is not None:

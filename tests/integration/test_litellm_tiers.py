@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from opentelemetry import trace
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from backends.errors import BackendError, BackendUnavailable, UpstreamError
 from backends.llm.base import LLMCall, Message, StreamDelta, TierConfig, ToolCall
@@ -582,3 +584,22 @@ async def test_a_single_tenant_still_cools_a_failing_model_down(fake_upstream: s
     # a second tenant: the cooldown stood on one tenant's failures, and is withdrawn
     assert await cooling.ask(fake_upstream, {}, "newcomer") == (PRIMARY, 1)
     assert cooling.llm.cooldowns() == {}
+
+
+async def test_the_current_trace_context_reaches_the_upstream_and_none_without_one(
+    fake_upstream: str,
+) -> None:
+    """A model call made under a span sends its W3C trace context (on both wires, completed
+    and streamed); one made outside any sends none."""
+    key, messages = _ask("trace me", {})
+    llm = _llm(_tier(fake_upstream))
+    await llm.complete(LLMCall("small", messages))  # no span: no header
+    parent = SpanContext(
+        0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, False, TraceFlags(1)
+    )
+    with trace.use_span(NonRecordingSpan(parent)):
+        await llm.complete(LLMCall("small", messages))
+        await _drain(llm.stream(LLMCall("small", messages)))
+    stats = await upstream_stats(fake_upstream)
+    sent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    assert stats["traceparents_by_key"][key] == [None, sent, sent]

@@ -548,6 +548,7 @@ RESTART_CHANGES: dict[str, Doc] = {
     "retrieval.rerank.opensearch": with_config(
         {"retrieval": {"rerank": {"opensearch": {"model_id": "m-1"}}}}
     ),
+    "tracing": with_config({"tracing": {"record_question": True}}),
 }
 # cache.redis_url comes from a Secret's key as an environment variable, read at a pod's start.
 CHART_OWNED = {"server.host", "data_dir", "cache.redis_url"}

@@ -49,6 +49,7 @@ RESTART_CASES: dict[str, dict[str, Any]] = {
     "retrieval.rerank.opensearch": {
         "retrieval": {"rerank": {"remote": REMOTE, "opensearch": {"model_id": "m-1"}}}
     },
+    "tracing": {"tracing": {"enabled": True}},
 }
 
 LIVE_CASES: dict[str, dict[str, Any]] = {
