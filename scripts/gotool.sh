@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Go-built tools for the tests (helm for the chart, promtool for the alert rules), each built
-# once per machine from the Go module proxy. scripts/helm.sh and scripts/promtool.sh call this.
+# Go-built tools for the tests (helm for the chart, promtool for the alert rules, Jaeger for the
+# traces), each built once per machine from the Go module proxy. scripts/helm.sh,
+# scripts/promtool.sh and scripts/jaeger.sh call this.
 #
 #   scripts/gotool.sh TOOL            print the cached binary's path (building it first if needed)
 #   scripts/gotool.sh TOOL ARGS...    run it: scripts/gotool.sh helm lint helm/querygate
 #
 # Neither Debian nor PyPI packages them, and nothing but the package registries is reachable,
 # so `go install MODULE/cmd/TOOL@VERSION` builds them (helm ~90 s on 2 cores; promtool, a much
-# larger module, several minutes). A binary is kept per machine, beside the OpenSearch
+# larger module, several minutes; Jaeger, built as a module's tool, JAEGER_BUILD_TIME). A binary is kept per machine, beside the OpenSearch
 # downloads, under ${XDG_CACHE_HOME:-~/.cache}/querygate/TOOL/<version>/TOOL
 # (QUERYGATE_<TOOL>_CACHE overrides the tool's folder): CI clones afresh each run, the machine
 # stays. Once built, nothing is fetched, so it works offline. The Go module and build caches of
@@ -16,17 +17,25 @@
 # Environment:
 #   HELM_VERSION       v3.22.0 (default)
 #   PROMTOOL_VERSION   v0.316.0 (default; Prometheus 3.x's Go module version)
+#   JAEGER_VERSION     v1.76.0 (default; the Go module version of Jaeger v2's all-in-one)
 #   GO                 the go command (default: go on PATH, else /usr/local/go/bin/go)
 set -euo pipefail
 
-TOOL="${1:?usage: scripts/gotool.sh helm|promtool [ARGS...]}"
+TOOL="${1:?usage: scripts/gotool.sh helm|promtool|jaeger [ARGS...]}"
 shift
 case "$TOOL" in
   helm) VERSION="${HELM_VERSION:-v3.22.0}"; PACKAGE="helm.sh/helm/v3/cmd/helm" ;;
   promtool)
     VERSION="${PROMTOOL_VERSION:-v0.316.0}"
     PACKAGE="github.com/prometheus/prometheus/cmd/promtool" ;;
-  *) echo "unknown tool: $TOOL (helm or promtool)" >&2; exit 2 ;;
+  jaeger)
+    VERSION="${JAEGER_VERSION:-v1.76.0}"
+    PACKAGE="github.com/jaegertracing/jaeger/cmd/jaeger"
+    # Its go.mod has replace directives, which `go install MODULE@VERSION` refuses: it is built
+    # as a tool of a throwaway module instead, where (as for any module that requires it) the
+    # replaces do not apply and its own requirements' versions are used.
+    AS_TOOL=1 ;;
+  *) echo "unknown tool: $TOOL (helm, promtool or jaeger)" >&2; exit 2 ;;
 esac
 CACHE_VAR="QUERYGATE_$(echo "$TOOL" | tr '[:lower:]' '[:upper:]')_CACHE"
 CACHE="${!CACHE_VAR:-${XDG_CACHE_HOME:-$HOME/.cache}/querygate/$TOOL}"
@@ -54,10 +63,20 @@ build() {
   # Into the temporary folder first, then one rename: a build cut short never leaves a
   # half-written binary where the next run would take it as done. -modcacherw: the module
   # cache is removable afterwards.
-  GOBIN="$WORK/bin" GOPATH="$WORK/gopath" GOMODCACHE="$WORK/mod" GOCACHE="$WORK/cache" \
-    GOTMPDIR="$WORK" GOFLAGS="-modcacherw" CGO_ENABLED=0 \
-    "$go" install "$PACKAGE@$VERSION" >"$WORK/build.log" 2>&1 \
-    || { cat "$WORK/build.log" >&2; die "go install $PACKAGE@$VERSION failed"; }
+  # In a subshell: the Go variables stay out of the tool's own environment.
+  (
+    export GOBIN="$WORK/bin" GOPATH="$WORK/gopath" GOMODCACHE="$WORK/mod" GOCACHE="$WORK/cache" \
+      GOTMPDIR="$WORK" GOFLAGS="-modcacherw" CGO_ENABLED=0
+    if [ "${AS_TOOL:-0}" = 1 ]; then
+      mkdir -p "$WORK/module" "$WORK/bin"
+      cd "$WORK/module"
+      "$go" mod init querygate.local/tools
+      "$go" get -tool "$PACKAGE@$VERSION"
+      "$go" build -o "$WORK/bin/$TOOL" "$PACKAGE"
+    else
+      "$go" install "$PACKAGE@$VERSION"
+    fi
+  ) >"$WORK/build.log" 2>&1 || { cat "$WORK/build.log" >&2; die "building $PACKAGE@$VERSION failed"; }
   "$WORK/bin/$TOOL" --help >/dev/null 2>&1 || die "the built $TOOL does not run"
   mv -f "$WORK/bin/$TOOL" "$BINARY"
   log "cached $BINARY"

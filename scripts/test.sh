@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The test command: set up, start real OpenSearch nodes, get helm and promtool, run lint, types
-# and every test.
+# The test command: set up, start real OpenSearch nodes, get helm, promtool and Jaeger, run lint,
+# types and every test.
 # Extra arguments go to pytest (e.g. scripts/test.sh -k tenant -x).
 #
 # Two nodes: 3.5.0 (the pinned version) serves the whole suite; 2.19.1 is the one whose
@@ -27,6 +27,11 @@ export QUERYGATE_HELM QUERYGATE_REQUIRE_HELM=1
 # machine like helm, the alert tests fail rather than skip without it.
 QUERYGATE_PROMTOOL="$(scripts/promtool.sh)"
 export QUERYGATE_PROMTOOL QUERYGATE_REQUIRE_PROMTOOL=1
+# Jaeger's all-in-one receives the gateway's traces and serves them back to the tracing tests
+# (tests/e2e/test_tracing.py, which start it); built once per machine like helm, those tests
+# fail rather than skip without it.
+QUERYGATE_JAEGER="$(scripts/jaeger.sh)"
+export QUERYGATE_JAEGER QUERYGATE_REQUIRE_JAEGER=1
 # bubblewrap runs the gateway under the chart's pod conditions (tests/e2e/test_pod_conditions.py).
 if ! command -v bwrap >/dev/null; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null
