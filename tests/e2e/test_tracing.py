@@ -160,11 +160,12 @@ def test_a_failed_request_and_its_model_call_are_errors_with_their_type(
     server = tags(_one(spans, "POST /v1/query"))
     assert server["http.response.status_code"] == 503
     assert server["otel.status_code"] == "ERROR"
-    assert server["error.type"] == outcome == "upstream_error"
+    # Every model failed (its retries spent): the outcome the log line and the client's JSON say.
+    assert server["error.type"] == outcome == response.json()["error"]["type"]
     (model,) = [s for s in spans if s["operationName"].startswith("llm ")]
     call = tags(model)
     assert call["otel.status_code"] == "ERROR"
-    assert call["error.type"] == "UpstreamError"
+    assert call["error.type"] == "BackendUnavailable"  # the tier's chain, every model failed
     # The stage it failed in failed too; each attempt upstream carried the call's context.
     assert tags(_one(spans, "generate"))["otel.status_code"] == "ERROR"
     sent = asyncio.run(upstream_stats(fake_upstream))["traceparents_by_key"][key]
@@ -230,3 +231,26 @@ def test_untraced_gateway_sends_no_trace_context_and_logs_no_trace_id(
     assert response.status_code == 200, response.text
     assert asyncio.run(upstream_stats(fake_upstream))["traceparents_by_key"][key] == [None]
     assert "trace_id" not in _request_line(gateway, request_id)
+
+
+def test_spans_still_queued_are_exported_when_the_gateway_stops(
+    jaeger: Jaeger, fake_upstream: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("OTEL_BSP_SCHEDULE_DELAY", "600000")  # no batch would go out for 10 minutes
+        gw = start_gateway(
+            tmp_path_factory.mktemp("flushed"),
+            fake_upstream,
+            overrides={"tracing": {"enabled": True, "endpoint": jaeger.otlp_url}},
+        )
+    try:
+        trace_id, _, traceparent = _traceparent()
+        response, _ = _post(gw, "/v1/route", {"query": "Capital of France?"}, traceparent)
+        assert response.status_code == 200, response.text
+        queued = requests.get(f"{jaeger.query_url}/api/traces/{trace_id}", timeout=10)
+        assert queued.status_code == 404  # still in the gateway's queue
+    finally:
+        stop_gateway(gw)
+    assert gw.proc.returncode == 0
+    spans = jaeger.spans(trace_id, lambda spans: bool(_named(spans, "POST /v1/route")))
+    assert _one(spans, "POST /v1/route")["traceID"] == trace_id
