@@ -2,8 +2,9 @@
 
 The whole configuration is one frozen model tree. A reload builds a new tree and swaps one
 reference, so a request keeps the tree it started with. Nothing else reads the environment
-for configuration. Secrets are never in the file: API keys are stored as SHA-256 hashes, and
-model keys by the name of the environment variable that holds them.
+for configuration, but for the OpenTelemetry SDK's own `OTEL_*` variables (`TracingConfig`).
+Secrets are never in the file: API keys are stored as SHA-256 hashes, and model keys by the
+name of the environment variable that holds them.
 
 The tree is one module (over 400 lines) because it reads top to bottom as the file does; a
 section that belongs to a backend or a router (the embedder, OpenSearch, the model tiers, the

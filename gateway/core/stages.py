@@ -127,8 +127,9 @@ class RouteStages:
             ctx.decision = decide(
                 classification, request.route, request.query, self._policies.of(request.tenant)
             )
-            decided = {"querygate.route": ctx.decision.route.value}
-            tracing.annotate({**decided, "querygate.reason": ctx.decision.reason})
+            if tracing.recording():  # off, not even the attributes are built
+                route, reason = ctx.decision.route.value, ctx.decision.reason
+                tracing.annotate({"querygate.route": route, "querygate.reason": reason})
 
     async def whole_corpus(self, ctx: RequestContext) -> None:
         """Read the tenant's every chunk only when the decision says full context may apply."""

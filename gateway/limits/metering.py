@@ -114,7 +114,10 @@ class MeteredLLM(WrappedLLM):
         self._metrics = metrics
 
     async def complete(self, call: LLMCall) -> Completion:
-        with tracing.child(*_call_span(call), SpanKind.CLIENT) as span:
+        # The span's attributes are built only when it records: off, nothing is allocated.
+        traced = tracing.recording()
+        opened = tracing.child(*_call_span(call), SpanKind.CLIENT) if traced else tracing.UNTRACED
+        with opened as span:
             try:
                 completion = await self._inner.complete(call)
             except BackendError:
@@ -131,7 +134,8 @@ class MeteredLLM(WrappedLLM):
         return completion
 
     async def stream(self, call: LLMCall) -> AsyncIterator[StreamDelta]:
-        span = tracing.detached(*_call_span(call), SpanKind.CLIENT)
+        traced = tracing.recording()
+        span = tracing.detached(*_call_span(call), SpanKind.CLIENT) if traced else None
 
         async def done(delta: StreamDelta) -> None:
             usage = delta.usage or Usage()
