@@ -127,6 +127,7 @@ modes, so changing one rolls the pods instead of being refused by every running 
     "redis_connect_timeout_s" "redis_max_connections" "redis_request_budget_s")
   "models" ($c.models | default dict)
   "quotas" ($c.quotas | default dict)
+  "tracing" ($c.tracing | default dict)
 }}
 {{- toYaml $picked }}
 {{- end }}
