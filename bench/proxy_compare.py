@@ -4,6 +4,7 @@
     .venv/bin/python bench/proxy_compare.py --scale 0.3     # fewer requests per cell
     .venv/bin/python bench/proxy_compare.py --write-docs    # also rewrite docs/benchmarks.md's
                                                             # figures section
+    .venv/bin/python bench/proxy_compare.py --tracing       # querygate alone, tracing off and on
 
 One command from a clean checkout: the LiteLLM proxy (`litellm[proxy]==1.108.7`, the version
 docs/benchmarks.md reports; not a project dependency) is installed into `bench/.venv-litellm`
@@ -37,6 +38,11 @@ per request (utime + stime of the gateway's whole process tree from /proc, befor
 cell: every worker, the supervisor, Node's own children). Pass-through is also reported as
 ratios to the bare forwarder, first. Everything shares this machine's cores (client, gateways,
 upstream, other work), so read the ratios; the load average seen is printed with the table.
+
+`--tracing` weighs querygate's OpenTelemetry tracing instead: only querygate with one worker, cache
+off, twice side by side, once with tracing off (the default) and once on, every request sampled
+and its spans exported over OTLP/HTTP to bench/otlp_sink.py (a receiver that discards them), on
+the paths that do not need the cache; reported as traced ÷ untraced.
 """
 
 from __future__ import annotations
@@ -356,13 +362,42 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> Non
     raise RuntimeError(f"{url} not up in {timeout_s}s")
 
 
-def querygates(workdir: Path, upstream: str, cache: bool) -> list[tuple[str, GatewayProcess]]:
-    """querygate with 1 and 2 workers, started side by side."""
+@contextmanager
+def otlp_sink(workdir: Path) -> Iterator[tuple[str, int]]:
+    """bench/otlp_sink.py running: its traces endpoint and its pid."""
+    port = free_port()
+    script = REPO / "bench" / "otlp_sink.py"
+    url = f"http://127.0.0.1:{port}"
+    command = [sys.executable, str(script), "--port", str(port)]
+    with _served(command, f"{url}/health", workdir / "otlp-sink.log", 30, cwd=REPO) as proc:
+        yield f"{url}/v1/traces", proc.pid
+
+
+def _overrides(cache: bool) -> dict[str, Any]:
     overrides: dict[str, Any] = {"cache": {"backend": "memory" if cache else "off"}}
     # The benchmark's client is one tenant at up to 128 requests at once: room for all.
     pool = {"max_inflight": 256, "max_queued": 256}
     pool |= {"tenant_max_inflight": 256, "tenant_max_queued": 256}
     overrides["server"] = {"admission": {"queries": pool}}
+    return overrides
+
+
+def traced_querygates(workdir: Path, upstream: str, sink: str) -> list[tuple[str, GatewayProcess]]:
+    """querygate with one worker and the cache off, tracing off and on, started side by side."""
+    tracing = {"tracing": {"enabled": True, "endpoint": sink}}
+
+    def start(traced: bool) -> tuple[str, GatewayProcess]:
+        overrides = _overrides(cache=False) | (tracing if traced else {})
+        name = "querygate-1w+trace" if traced else "querygate-1w"
+        return name, start_gateway(workdir / name, upstream, overrides=overrides)
+
+    with ThreadPoolExecutor(2) as threads:
+        return list(threads.map(start, (False, True)))
+
+
+def querygates(workdir: Path, upstream: str, cache: bool) -> list[tuple[str, GatewayProcess]]:
+    """querygate with 1 and 2 workers, started side by side."""
+    overrides = _overrides(cache)
     suffix = "+cache" if cache else ""
 
     def start(workers: int) -> tuple[str, GatewayProcess]:
@@ -584,6 +619,33 @@ def table(results: dict[Key, Cell], levels: list[int], load: tuple[float, float]
     return "\n".join(lines)
 
 
+def tracing_table(results: dict[Key, Cell], levels: list[int], load: tuple[float, float]) -> str:
+    """querygate traced against untraced, same cells: the cost of tracing every request."""
+    lines = [
+        f"Load average (1 min) before / after the run: {load[0]:.1f} / {load[1]:.1f} "
+        f"on {os.cpu_count()} cores.",
+        "",
+        "| path | stream | c | CPU ms/req off | on | on ÷ off | added p50 ms off | on "
+        "| req/s on ÷ off | errors on |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for path in PATHS:
+        for stream in (False, True):
+            for c in levels:
+                group = (path.name, stream, c)
+                base, off = results.get((*group, "upstream")), results.get((*group, "querygate-1w"))
+                on = results.get((*group, "querygate-1w+trace"))
+                if base is None or off is None or on is None or not (off.n and on.n):
+                    continue
+                added = (off.pct(0.5) - base.pct(0.5), on.pct(0.5) - base.pct(0.5))
+                lines.append(
+                    f"| {path.name} | {'yes' if stream else 'no'} | {c} | {off.cpu_ms:.2f} "
+                    f"| {on.cpu_ms:.2f} | {on.cpu_ms / off.cpu_ms:.2f}x | {added[0]:+.2f} "
+                    f"| {added[1]:+.2f} | {on.rps / off.rps:.2f}x | {on.errors} |"
+                )
+    return "\n".join(lines)
+
+
 def write_docs(text: str, command: str) -> bool:
     if not DOCS.exists():
         return False
@@ -606,7 +668,13 @@ def main() -> None:
     parser.add_argument("--paths", nargs="+", choices=[p.name for p in PATHS])
     parser.add_argument("--no-2w", action="store_true", help="skip querygate with 2 workers")
     parser.add_argument("--write-docs", action="store_true")
+    parser.add_argument(
+        "--tracing", action="store_true", help="querygate alone, tracing off against on"
+    )
     args = parser.parse_args()
+    if args.tracing:
+        trace_cost(args)
+        return
     only = set(args.paths) if args.paths else None
     needs_cache = only is None or bool(only & {p.name for p in PATHS if p.cache})
     needs_plain = only is None or bool(only & {p.name for p in PATHS if not p.cache})
@@ -652,6 +720,29 @@ def main() -> None:
             print(f"\nwrote the figures section of {DOCS.relative_to(REPO)}")
         else:
             print(f"\n{DOCS.relative_to(REPO)} has no figures markers: paste the table above")
+
+
+def trace_cost(args: argparse.Namespace) -> None:
+    """--tracing: querygate untraced and traced on the paths without the cache."""
+    uncached = {p.name for p in PATHS if not p.cache}
+    only = (set(args.paths) if args.paths else uncached) & uncached
+    load0 = os.getloadavg()[0]
+    with ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="trace-cost-")))
+        upstream, upstream_pid = stack.enter_context(fake_upstream())
+        sink, _ = stack.enter_context(otlp_sink(tmp))
+        systems = [System("upstream", upstream, [upstream_pid], "upstream")]
+        for name, gw in traced_querygates(tmp, upstream, sink):
+            stack.callback(stop_gateway, gw)
+            headers = {"Authorization": f"Bearer {KEYS['acme']}"}
+            systems.append(System(name, f"{gw.url}/v1", [gw.proc.pid], "querygate", headers))
+        results = asyncio.run(measure(systems, [], args.concurrency, args.scale, args.rounds, only))
+        import requests
+
+        exported = requests.get(sink.removesuffix("/v1/traces") + "/stats", timeout=5).json()
+    print(tracing_table(results, args.concurrency, (load0, os.getloadavg()[0])))
+    received = f"{exported.get('exports', 0)} exports, {exported.get('bytes', 0)} bytes"
+    print(f"\nthe OTLP sink received {received}")
 
 
 if __name__ == "__main__":
