@@ -34,7 +34,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# A proxy until `install` sets the provider; routers and backends name their own tracers.
+# A proxy until `install` sets the provider: every span querygate makes is this tracer's
+# (routers get `child` passed down; backends only read the current span, to send it upstream).
 _tracer = trace.get_tracer("querygate")
 # The environment variables by which the SDK itself is told where to export.
 ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
