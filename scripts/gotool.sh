@@ -8,7 +8,8 @@
 #
 # Neither Debian nor PyPI packages them, and nothing but the package registries is reachable,
 # so `go install MODULE/cmd/TOOL@VERSION` builds them (helm ~90 s on 2 cores; promtool, a much
-# larger module, several minutes; Jaeger, built as a module's tool, JAEGER_BUILD_TIME). A binary is kept per machine, beside the OpenSearch
+# larger module, several minutes; Jaeger, built as a module's tool, the largest: 39 minutes on
+# a 2-core machine busy with other work). A binary is kept per machine, beside the OpenSearch
 # downloads, under ${XDG_CACHE_HOME:-~/.cache}/querygate/TOOL/<version>/TOOL
 # (QUERYGATE_<TOOL>_CACHE overrides the tool's folder): CI clones afresh each run, the machine
 # stays. Once built, nothing is fetched, so it works offline. The Go module and build caches of
@@ -66,7 +67,7 @@ build() {
   # In a subshell: the Go variables stay out of the tool's own environment.
   (
     export GOBIN="$WORK/bin" GOPATH="$WORK/gopath" GOMODCACHE="$WORK/mod" GOCACHE="$WORK/cache" \
-      GOTMPDIR="$WORK" GOFLAGS="-modcacherw" CGO_ENABLED=0
+      GOTMPDIR="$WORK" GOFLAGS="-modcacherw -trimpath -ldflags=-s" CGO_ENABLED=0
     if [ "${AS_TOOL:-0}" = 1 ]; then
       mkdir -p "$WORK/module" "$WORK/bin"
       cd "$WORK/module"

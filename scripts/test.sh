@@ -15,23 +15,35 @@ export OPENSEARCH_PORT="${OPENSEARCH_PORT:-9200}"
 RRF_PORT="${OPENSEARCH_RRF_PORT:-9201}"
 export OPENSEARCH_URL="http://127.0.0.1:$OPENSEARCH_PORT"
 
+# The Go tools (helm for the chart, promtool for the alert rules, Jaeger's all-in-one for the
+# traces) are built once per machine from the Go module proxy, then cached: minutes each on a
+# fresh machine, so they build in the background while Python and OpenSearch are set up. The
+# tests that need them fail rather than skip without them (QUERYGATE_REQUIRE_*).
+TOOLS="$(mktemp -d)"
+declare -A BUILDING
+for tool in helm promtool jaeger; do
+  scripts/"$tool".sh >"$TOOLS/$tool" 2>"$TOOLS/$tool.log" &
+  BUILDING[$tool]=$!
+done
+built() {  # waits for the tool's build (if any); its binary's path is then in $TOOLS/TOOL
+  if ! wait "${BUILDING[$1]}"; then
+    cat "$TOOLS/$1.log" >&2
+    echo "scripts/$1.sh failed" >&2
+    exit 1
+  fi
+}
+
 scripts/setup.sh --test
 scripts/opensearch.sh start
 OPENSEARCH_VERSION=2.19.1 OPENSEARCH_PORT="$RRF_PORT" scripts/opensearch.sh start
-# helm for the chart (built once per machine from the Go module proxy, then cached); the chart's
-# tests fail rather than skip without it.
-QUERYGATE_HELM="$(scripts/helm.sh)"
+built helm
+QUERYGATE_HELM="$(cat "$TOOLS/helm")"
 export QUERYGATE_HELM QUERYGATE_REQUIRE_HELM=1
 "$QUERYGATE_HELM" lint --strict helm/querygate
-# promtool checks the alert rules and runs their unit tests (tests/alerts/); built once per
-# machine like helm, the alert tests fail rather than skip without it.
-QUERYGATE_PROMTOOL="$(scripts/promtool.sh)"
+# promtool checks the alert rules and runs their unit tests (tests/alerts/).
+built promtool
+QUERYGATE_PROMTOOL="$(cat "$TOOLS/promtool")"
 export QUERYGATE_PROMTOOL QUERYGATE_REQUIRE_PROMTOOL=1
-# Jaeger's all-in-one receives the gateway's traces and serves them back to the tracing tests
-# (tests/e2e/test_tracing.py, which start it); built once per machine like helm, those tests
-# fail rather than skip without it.
-QUERYGATE_JAEGER="$(scripts/jaeger.sh)"
-export QUERYGATE_JAEGER QUERYGATE_REQUIRE_JAEGER=1
 # bubblewrap runs the gateway under the chart's pod conditions (tests/e2e/test_pod_conditions.py).
 if ! command -v bwrap >/dev/null; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null
@@ -41,6 +53,11 @@ export QUERYGATE_REQUIRE_BWRAP=1
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
+# Jaeger receives the gateway's traces and serves them back to tests/e2e/test_tracing.py.
+built jaeger
+QUERYGATE_JAEGER="$(cat "$TOOLS/jaeger")"
+export QUERYGATE_JAEGER QUERYGATE_REQUIRE_JAEGER=1
+rm -rf "$TOOLS"
 
 # One pytest process, not pytest-xdist: tests assert behaviour under load they make themselves
 # (admission floods, worker capacity, chaos), which a second worker's load on a 2-core runner
