@@ -96,15 +96,19 @@ async def test_a_failing_reranker_keeps_the_fused_order_and_the_answer_says_so(
         reranker=FakeReranker(fail=True), retrieval=rerank(when="always")
     )  # the cache on: a degraded answer must not be stored
     first = await ask(client)
-    (trace,) = first["debug"]["rerank"]
-    assert trace["decision"] == "failed"
-    assert "fake reranker is down" in trace["detail"]
+    # With no model, the extractive answer asks the reranker too (its sentences' order).
+    search, sentences = first["debug"]["rerank"]
+    assert (search["site"], sentences["site"]) == ("lookup", "extractive")
+    for trace in (search, sentences):
+        assert trace["decision"] == "failed"
+        assert "fake reranker is down" in trace["detail"]
     assert cited(first) == cited(fused)
-    assert "rerank failed" in first["route_reason"]
+    assert "rerank failed (lookup" in first["route_reason"]
     assert "the fused order was kept" in first["route_reason"]
+    assert "the embedder's order was kept" in first["route_reason"]
     again = await ask(client)
     assert again["cache"] == "miss"
-    assert (await scrape(client)).value("querygate_rerank_total", decision="failed") == 2
+    assert (await scrape(client)).value("querygate_rerank_total", decision="failed") == 4
 
 
 @pytest.fixture(scope="module")
