@@ -52,15 +52,14 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.commands.core import AsyncScript
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from backends.errors import BackendError, BackendUnavailable
+from backends.redis_scripts import Client, Script
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-Client = Redis | RedisCluster
 
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 # The query engine's vector fields arrived in RediSearch 2.4 (module version 20400).
@@ -248,11 +247,9 @@ class RedisConnection:
         finally:
             self._slots.release()
 
-    def register_script(self, source: str) -> AsyncScript:
-        """A Lua script run by EVALSHA (loaded again by itself after a Redis restart)."""
-        # redis-py types register_script for the single-node client only; both have it.
-        script: AsyncScript = cast(Any, self.client).register_script(source)
-        return script
+    def register_script(self, source: str) -> Script:
+        """A Lua script run by EVALSHA (loaded again by itself where it is missing)."""
+        return Script(self.client, source)
 
     async def ping(self) -> None:
         await self.call(cast(Awaitable[bool], self.client.ping()))
