@@ -55,7 +55,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from backends.errors import BackendError, BackendUnavailable
-from backends.redis_scripts import Client, Script
+from backends.redis_lua import Client, Script
 
 log = logging.getLogger(__name__)
 

@@ -16,6 +16,9 @@ RRF_PORT="${OPENSEARCH_RRF_PORT:-9201}"
 export OPENSEARCH_URL="http://127.0.0.1:$OPENSEARCH_PORT"
 
 scripts/setup.sh --test
+# The node installs the distribution that the cluster fault test
+# (tests/e2e/test_opensearch_cluster_faults.py) starts three more nodes from, on ports
+# QUERYGATE_OPENSEARCH_CLUSTER_PORTS (9230-9232); that test fails when they cannot start.
 scripts/opensearch.sh start
 OPENSEARCH_VERSION=2.19.1 OPENSEARCH_PORT="$RRF_PORT" scripts/opensearch.sh start
 # helm for the chart (built once per machine from the Go module proxy, then cached); the chart's

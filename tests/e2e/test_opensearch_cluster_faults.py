@@ -20,6 +20,7 @@ The figures (requests, failures, p99 during the fault, time to recover) are prin
 
 from __future__ import annotations
 
+import asyncio
 import statistics
 import threading
 import time
@@ -31,8 +32,9 @@ from dataclasses import dataclass
 import pytest
 import requests
 
+from backends.retrieval.opensearch import OpenSearchRetriever
 from backends.retrieval.opensearch.config import OpenSearchConfig
-from tests.fixtures.gateway import GatewayProcess, start_gateway, stop_gateway
+from tests.fixtures.gateway import GatewayProcess, free_port, start_gateway, stop_gateway
 from tests.opensearch_cluster import OpenSearchCluster
 
 DEADLINE_S = 10.0
@@ -208,3 +210,25 @@ def test_a_node_killed_mid_traffic_and_brought_back(
     assert seen["up"] == 1.0, seen
     ready = requests.get(f"{gw.url}/readyz", timeout=10)
     assert ready.status_code == 200 and ready.json()["checks"]["retrieval"] == "ok", ready.text
+
+
+def test_a_client_given_a_dead_node_among_its_hosts_never_fails_a_call(
+    opensearch_cluster: OpenSearchCluster,
+) -> None:
+    """Half the calls would go to the dead host first (opensearch-py rotates over its hosts):
+    each goes again to the live one."""
+    dead = f"http://127.0.0.1:{free_port()}"
+    config = OpenSearchConfig(
+        hosts=(dead, opensearch_cluster.urls[0]), alias=f"qg-dead-{uuid.uuid4().hex[:8]}"
+    )
+
+    async def calls() -> list[str | None]:
+        retriever = OpenSearchRetriever(config)
+        try:
+            await retriever.ensure_index()
+            return [await retriever.ping() for _ in range(10)]
+        finally:
+            await retriever.drop_all()
+            await retriever.aclose()
+
+    assert asyncio.run(calls()) == [None] * 10

@@ -208,7 +208,7 @@ async def test_a_script_runs_on_the_master_a_failover_promoted(
     replicated_redis_cluster: RedisCluster,
 ) -> None:
     """Redis does not replicate its script cache, and redis-py's reload misses a promoted
-    replica (backends/redis_scripts.py): without the gateway's own reload every call of a
+    replica (backends/redis_lua.py): without the gateway's own reload every call of a
     script to the failed-over slots fails until the process restarts."""
     cluster = replicated_redis_cluster
     connection = RedisConnection(RedisOptions(url="redis+cluster://" + cluster.live()[0].address))
