@@ -259,9 +259,18 @@ class RedisCluster:
 
     def restart(self, index: int) -> None:
         """Bring one killed node back; it rejoins from its nodes.conf (a master that was failed
-        over comes back as its successor's replica)."""
-        self.nodes[index].restart()
+        over comes back as its successor's replica, and is waited for until it has synced: a
+        replica that never has could not take over in turn)."""
+        node = self.nodes[index]
+        node.restart()
         self.wait_ok()
+        deadline = time.monotonic() + CLUSTER_TIMEOUT_S
+        while b"slave" in node.command("ROLE").split(b"\r\n")[2]:
+            if b"master_link_status:up" in node.command("INFO", "replication"):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"replica {node.address} not in sync: {node.log_tail(5)}")
+            time.sleep(0.05)
 
     @staticmethod
     def _own_slots(node: RedisServer) -> set[int]:

@@ -35,6 +35,7 @@ import requests
 from backends.retrieval.opensearch import OpenSearchRetriever
 from backends.retrieval.opensearch.config import OpenSearchConfig
 from tests.fixtures.gateway import GatewayProcess, free_port, start_gateway, stop_gateway
+from tests.fixtures.opensearch import CI_TIMEOUTS
 from tests.opensearch_cluster import OpenSearchCluster
 
 DEADLINE_S = 10.0
@@ -219,7 +220,9 @@ def test_a_client_given_a_dead_node_among_its_hosts_never_fails_a_call(
     each goes again to the live one."""
     dead = f"http://127.0.0.1:{free_port()}"
     config = OpenSearchConfig(
-        hosts=(dead, opensearch_cluster.urls[0]), alias=f"qg-dead-{uuid.uuid4().hex[:8]}"
+        hosts=(dead, opensearch_cluster.urls[0]),
+        alias=f"qg-dead-{uuid.uuid4().hex[:8]}",
+        **CI_TIMEOUTS,
     )
 
     async def calls() -> list[str | None]:

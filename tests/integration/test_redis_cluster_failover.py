@@ -179,7 +179,7 @@ async def test_a_master_killed_mid_traffic_fails_over_with_no_failed_request(
         before, "querygate_cache_lookups_total", result="error"
     )
     assert local > 0, "no quota decision was made per process during the failover"
-    assert errors > 0, "no cache lookup failed open during the failover"
+    assert errors > 0, [m.series("querygate_cache_lookups_total") for m in after]
     # No flapping once failed over: the warnings all came before the store was shared again.
     assert flaps == warnings_then
     assert await degraded(pair) == [0.0, 0.0]
