@@ -265,13 +265,16 @@ class RedisConnection:
 async def guarded(pending: Awaitable[T], timeout_s: float) -> T:
     """One map from redis-py's failures to ours, most specific first: a whole-call timeout,
     then anything the client raises (connection, timeout, protocol garbage, a script or
-    WRONGTYPE error, a cluster without a node for the slot)."""
+    WRONGTYPE error, a cluster without a node for the slot). AttributeError too: a cluster
+    client that lost a node closes its connections while other calls are sending on them, and
+    redis-py 7.4's send then finds its stream writer gone (`None.writelines`); that call failed
+    as a connection would, and is a 500 if it escapes."""
     try:
         async with asyncio.timeout(timeout_s):
             return await pending
     except TimeoutError as exc:
         raise BackendUnavailable("redis", f"no answer within {timeout_s:.2f}s") from exc
-    except (RedisError, RedisClusterException, OSError) as exc:
+    except (RedisError, RedisClusterException, OSError, AttributeError) as exc:
         raise BackendUnavailable("redis", f"{type(exc).__name__}: {exc}") from exc
 
 
