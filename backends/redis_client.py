@@ -52,15 +52,14 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.commands.core import AsyncScript
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from backends.errors import BackendError, BackendUnavailable
+from backends.redis_lua import Client, Script
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-Client = Redis | RedisCluster
 
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 # The query engine's vector fields arrived in RediSearch 2.4 (module version 20400).
@@ -248,11 +247,9 @@ class RedisConnection:
         finally:
             self._slots.release()
 
-    def register_script(self, source: str) -> AsyncScript:
-        """A Lua script run by EVALSHA (loaded again by itself after a Redis restart)."""
-        # redis-py types register_script for the single-node client only; both have it.
-        script: AsyncScript = cast(Any, self.client).register_script(source)
-        return script
+    def register_script(self, source: str) -> Script:
+        """A Lua script run by EVALSHA (loaded again by itself where it is missing)."""
+        return Script(self.client, source)
 
     async def ping(self) -> None:
         await self.call(cast(Awaitable[bool], self.client.ping()))
@@ -268,13 +265,16 @@ class RedisConnection:
 async def guarded(pending: Awaitable[T], timeout_s: float) -> T:
     """One map from redis-py's failures to ours, most specific first: a whole-call timeout,
     then anything the client raises (connection, timeout, protocol garbage, a script or
-    WRONGTYPE error, a cluster without a node for the slot)."""
+    WRONGTYPE error, a cluster without a node for the slot). AttributeError too: a cluster
+    client that lost a node closes its connections while other calls are sending on them, and
+    redis-py 7.4's send then finds its stream writer gone (`None.writelines`); that call failed
+    as a connection would, and is a 500 if it escapes."""
     try:
         async with asyncio.timeout(timeout_s):
             return await pending
     except TimeoutError as exc:
         raise BackendUnavailable("redis", f"no answer within {timeout_s:.2f}s") from exc
-    except (RedisError, RedisClusterException, OSError) as exc:
+    except (RedisError, RedisClusterException, OSError, AttributeError) as exc:
         raise BackendUnavailable("redis", f"{type(exc).__name__}: {exc}") from exc
 
 

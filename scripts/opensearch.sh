@@ -2,8 +2,17 @@
 # A real single-node OpenSearch (k-NN, lucene engine) for development and CI, from Maven Central.
 #
 #   scripts/opensearch.sh start|stop|status
+#   scripts/opensearch.sh launch|kill|wipe     (cluster members, for fault tests)
+#
+# Cluster mode: with OPENSEARCH_CLUSTER_PORTS="9230,9231,9232" the node on OPENSEARCH_PORT is one
+# member of a cluster of those nodes (every one cluster-manager eligible and a data node) instead
+# of a single node. One member alone cannot elect a cluster manager, so members are started with
+# `launch` (the process, no wait for health) and the caller waits for the cluster's health;
+# `kill` is SIGKILL (a node dying), `wipe` stops the node and deletes its data.
+# tests/opensearch_cluster.py drives this for tests/e2e/test_opensearch_cluster_faults.py.
 #
 # Environment:
+#   OPENSEARCH_CLUSTER_PORTS  HTTP ports of every member, comma-separated (unset: single node)
 #   OPENSEARCH_VERSION  3.5.0 (default, Temurin 25) or 2.19.1 (JDK 17)
 #   OPENSEARCH_PORT     HTTP port on 127.0.0.1 (default 9200); transport uses port+100
 #   OPENSEARCH_HEAP     JVM heap options (default "-Xms512m -Xmx1g")
@@ -31,6 +40,10 @@ M2="$DOWNLOADS/m2"
 SHARED_NODE_BASE="/var/tmp/querygate-opensearch"
 INSTALL="" RUN="" PIDFILE=""
 URL="http://127.0.0.1:$PORT"
+CLUSTER_PORTS="${OPENSEARCH_CLUSTER_PORTS:-}"
+# The log file is named after the cluster.
+CLUSTER_NAME="querygate-dev"
+[ -n "$CLUSTER_PORTS" ] && CLUSTER_NAME="querygate-cluster-${CLUSTER_PORTS%%,*}"
 DEP_PLUGIN="org.apache.maven.plugins:maven-dependency-plugin:3.6.1"
 
 log() { printf '[opensearch] %s\n' "$*" >&2; }
@@ -201,12 +214,12 @@ write_config() {
   [ -d "$RUN/logs" ] && mv "$RUN/logs" "$RUN/logs.prev"
   mkdir -p "$RUN/data" "$RUN/logs"
   cp -r "$INSTALL/config" "$RUN/config"
-  # Loopback + single-node: bootstrap checks (vm.max_map_count, fd limits) are warnings only.
+  # Loopback: bootstrap checks (vm.max_map_count, fd limits) are warnings only.
   # Disk watermarks off: CI disks run nearly full and would turn indices read-only.
   cat >>"$RUN/config/opensearch.yml" <<EOF
-cluster.name: querygate-dev
+cluster.name: $CLUSTER_NAME
 node.name: node-$PORT
-discovery.type: single-node
+$(discovery_config)
 network.host: 127.0.0.1
 http.port: $PORT
 transport.port: $((PORT + 100))
@@ -215,6 +228,24 @@ path.logs: $RUN/logs
 cluster.routing.allocation.disk.threshold_enabled: false
 action.auto_create_index: true
 EOF
+}
+
+# One node alone, or (cluster mode) the members to find and, on the very first start, to elect
+# the first cluster manager from; a member restarted with its data rejoins from its own state.
+discovery_config() {
+  if [ -z "$CLUSTER_PORTS" ]; then
+    echo "discovery.type: single-node"
+    return
+  fi
+  local p members seeds=() managers=()
+  IFS=, read -ra members <<<"$CLUSTER_PORTS"
+  for p in "${members[@]}"; do
+    seeds+=("\"127.0.0.1:$((p + 100))\"")
+    managers+=("\"node-$p\"")
+  done
+  local IFS=,
+  echo "discovery.seed_hosts: [${seeds[*]}]"
+  echo "cluster.initial_cluster_manager_nodes: [${managers[*]}]"
 }
 
 running_pid() {
@@ -248,13 +279,57 @@ wait_healthy() {
 # writes its pid file, so a missing pid file means "still booting" until GRACE_DEADLINE (in
 # $SECONDS); a fatal line in the log means dead at once.
 node_gone() {
-  grep -qs "uncaught exception in thread \[main\]" "$RUN/logs/querygate-dev.log" && return 0
+  grep -qs "uncaught exception in thread \[main\]" "$RUN/logs/$CLUSTER_NAME.log" && return 0
   running_pid >/dev/null && return 1
   [ -s "$PIDFILE" ] || ((SECONDS > $1))
 }
 
 show_logs() {
-  tail -n 80 "$RUN/logs/stdout.log" "$RUN/logs/querygate-dev.log" >&2 2>/dev/null || true
+  tail -n 80 "$RUN/logs/stdout.log" "$RUN/logs/$CLUSTER_NAME.log" >&2 2>/dev/null || true
+}
+
+# Install (once), write the config and start the JVM; returns once the process is launched.
+launch_node() {
+  ensure_tools
+  local t0=$SECONDS
+  install_node
+  log "installed $OS_VER in $((SECONDS - t0))s"
+  write_config
+  # The service user must traverse every parent of the node dirs; chown what it writes.
+  chown -R "$SERVICE_USER:" "$INSTALL" "$RUN"
+  runuser -u "$SERVICE_USER" -- env OPENSEARCH_JAVA_HOME="$(java_home)" JAVA_HOME="$(java_home)" \
+    OPENSEARCH_PATH_CONF="$RUN/config" OPENSEARCH_JAVA_OPTS="$HEAP" \
+    "$INSTALL/bin/opensearch" -d -p "$PIDFILE" >"$RUN/logs/stdout.log" 2>&1 ||
+    {
+      cat "$RUN/logs/stdout.log" >&2
+      die "opensearch failed to launch"
+    }
+}
+
+cmd_launch() {
+  ensure_user
+  mkdir -p "$CACHE"
+  resolve_node_dirs
+  if running_pid >/dev/null; then
+    log "already running (pid $(running_pid))"
+    return 0
+  fi
+  launch_node
+  log "launched node-$PORT of $CLUSTER_NAME"
+}
+
+# SIGKILL, as a node dies: no shutdown, the JVM gone at once, its data left as it was.
+cmd_kill() {
+  local pid
+  pid="$(running_pid)" || die "node-$PORT is not running"
+  kill -9 "$pid"
+  while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+  log "killed node-$PORT (pid $pid)"
+}
+
+cmd_wipe() {
+  cmd_stop
+  rm -rf "$RUN"
 }
 
 cmd_start() {
@@ -270,21 +345,8 @@ cmd_start() {
     wait_healthy
     return
   fi
-  ensure_tools
   local t0=$SECONDS
-  install_node
-  log "installed $OS_VER in $((SECONDS - t0))s"
-  write_config
-  # The service user must traverse every parent of the node dirs; chown what it writes.
-  chown -R "$SERVICE_USER:" "$INSTALL" "$RUN"
-  t0=$SECONDS
-  runuser -u "$SERVICE_USER" -- env OPENSEARCH_JAVA_HOME="$(java_home)" JAVA_HOME="$(java_home)" \
-    OPENSEARCH_PATH_CONF="$RUN/config" OPENSEARCH_JAVA_OPTS="$HEAP" \
-    "$INSTALL/bin/opensearch" -d -p "$PIDFILE" >"$RUN/logs/stdout.log" 2>&1 ||
-    {
-      cat "$RUN/logs/stdout.log" >&2
-      die "opensearch failed to launch"
-    }
+  launch_node
   wait_healthy || {
     cmd_stop
     exit 1
@@ -328,8 +390,11 @@ case "${1:-}" in
   start) cmd_start ;;
   stop) resolve_node_dirs && cmd_stop ;;
   status) resolve_node_dirs && cmd_status ;;
+  launch) cmd_launch ;;
+  kill) resolve_node_dirs && cmd_kill ;;
+  wipe) resolve_node_dirs && cmd_wipe ;;
   *)
-    echo "usage: $0 start|stop|status" >&2
+    echo "usage: $0 start|stop|status|launch|kill|wipe" >&2
     exit 2
     ;;
 esac

@@ -34,6 +34,9 @@ built() {  # waits for the tool's build (if any); its binary's path is then in $
 }
 
 scripts/setup.sh --test
+# The node installs the distribution that the cluster fault test
+# (tests/e2e/test_opensearch_cluster_faults.py) starts three more nodes from, on ports
+# QUERYGATE_OPENSEARCH_CLUSTER_PORTS (9230-9232); that test fails when they cannot start.
 scripts/opensearch.sh start
 OPENSEARCH_VERSION=2.19.1 OPENSEARCH_PORT="$RRF_PORT" scripts/opensearch.sh start
 built helm

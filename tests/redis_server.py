@@ -1,4 +1,5 @@
-"""Throwaway redis-server processes for tests and benchmarks: one node, or a three-master cluster.
+"""Throwaway redis-server processes for tests and benchmarks: one node, or a cluster of three
+masters (each with a replica when asked: `running_redis_cluster(replicas=1)`).
 
 Each server is its own process from the Debian `redis-server` binary (Redis 7.0 here), on a free
 loopback port, with no persistence (`save ""`, no AOF) and its own temporary directory, so a
@@ -11,6 +12,9 @@ it back with `restart()` (same port, same directory) or `resume()`.
         ...
     with running_redis_cluster() as cluster:   # cluster.urls: one redis:// URL per master
         ...
+    with running_redis_cluster(replicas=1) as cluster:
+        cluster.kill_master_of("qg:quota:{acme}:bucket")   # its replica takes over
+        cluster.wait_master_of("qg:quota:{acme}:bucket")    # failed over: the new master
 
 The pytest fixtures built on these live in tests/fixtures/redis.py.
 """
@@ -187,29 +191,102 @@ class RedisServer:
 
 @dataclass
 class RedisCluster:
-    """Three (or more) masters with every slot assigned and cluster_state:ok."""
+    """Masters (and their replicas) with every slot assigned and cluster_state:ok."""
 
     nodes: list[RedisServer]
 
     @property
     def urls(self) -> list[str]:
-        """Plain redis:// URLs of the masters (cluster mode has only database 0)."""
+        """Plain redis:// URLs of the nodes (cluster mode has only database 0)."""
         return [f"redis://{node.address}" for node in self.nodes]
 
+    def live(self) -> list[RedisServer]:
+        return [n for n in self.nodes if n.proc is not None and n.proc.poll() is None]
+
     def wait_ok(self, timeout_s: float = CLUSTER_TIMEOUT_S) -> None:
-        """Every node says cluster_state:ok: all 16384 slots are served."""
+        """Every live node says cluster_state:ok: all 16384 slots are served (after a master
+        died, once its replica has taken over)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             with contextlib.suppress(OSError):
-                if all(b"cluster_state:ok" in n.command("CLUSTER", "INFO") for n in self.nodes):
+                if all(b"cluster_state:ok" in n.command("CLUSTER", "INFO") for n in self.live()):
                     return
             time.sleep(0.05)
         raise RuntimeError("Redis Cluster not ok: " + "; ".join(n.log_tail(5) for n in self.nodes))
 
+    def wait_replicated(self, replicas: int, timeout_s: float = CLUSTER_TIMEOUT_S) -> None:
+        """Until `replicas` replicas have synced with their masters (one that has not could
+        not take over)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                infos = [n.command("INFO", "replication") for n in self.live()]
+                if sum(b"master_link_status:up" in info for info in infos) >= replicas:
+                    return
+            time.sleep(0.05)
+        raise RuntimeError("Redis Cluster replicas not in sync")
+
+    def master_of(self, key: str) -> int:
+        """The index in `nodes` of the live master that serves `key`'s slot now."""
+        slot = int(self.live()[0].command("CLUSTER", "KEYSLOT", key)[1:].strip())
+        for index, node in enumerate(self.nodes):
+            if node not in self.live():
+                continue
+            role = node.command("ROLE")
+            if b"master" in role.split(b"\r\n")[2] and slot in self._own_slots(node):
+                return index
+        raise RuntimeError(f"no live master serves slot {slot}")
+
+    def wait_master_of(self, key: str, timeout_s: float = CLUSTER_TIMEOUT_S) -> int:
+        """`master_of(key)` once a live master serves its slot (its replica took over) and
+        the cluster is ok."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                index = self.master_of(key)
+                self.wait_ok(max(0.0, deadline - time.monotonic()))
+                return index
+            except (RuntimeError, OSError):
+                if time.monotonic() > deadline:
+                    raise
+            time.sleep(0.05)
+
+    def kill_master_of(self, key: str) -> int:
+        """SIGKILL the master serving `key`; its index in `nodes`."""
+        index = self.master_of(key)
+        self.nodes[index].kill()
+        return index
+
     def restart(self, index: int) -> None:
-        """Bring one killed master back; it rejoins from its nodes.conf with its slots."""
-        self.nodes[index].restart()
+        """Bring one killed node back; it rejoins from its nodes.conf (a master that was failed
+        over comes back as its successor's replica, and is waited for until it has synced: a
+        replica that never has could not take over in turn)."""
+        node = self.nodes[index]
+        node.restart()
         self.wait_ok()
+        deadline = time.monotonic() + CLUSTER_TIMEOUT_S
+        while b"slave" in node.command("ROLE").split(b"\r\n")[2]:
+            if b"master_link_status:up" in node.command("INFO", "replication"):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"replica {node.address} not in sync: {node.log_tail(5)}")
+            time.sleep(0.05)
+
+    @staticmethod
+    def _own_slots(node: RedisServer) -> set[int]:
+        """The slots `node` serves, from its own line of CLUSTER NODES ("myself")."""
+        raw = node.command("CLUSTER", "NODES").decode()
+        for line in raw.splitlines():
+            fields = line.split()
+            if len(fields) > 8 and "myself" in fields[2]:
+                slots: set[int] = set()
+                for span in fields[8:]:
+                    if span.startswith("["):
+                        continue  # a slot being migrated
+                    low, _, high = span.partition("-")
+                    slots.update(range(int(low), int(high or low) + 1))
+                return slots
+        return set()
 
 
 def _make_dir(parent: Path | None, name: str) -> Path:
@@ -230,31 +307,34 @@ def running_redis(extra_args: tuple[str, ...] = ()) -> Iterator[RedisServer]:
 
 
 @contextlib.contextmanager
-def running_redis_cluster(masters: int = 3) -> Iterator[RedisCluster]:
-    """A Redis Cluster of `masters` masters and no replicas, created with
-    `redis-cli --cluster create`, yielded once cluster_state is ok on every node."""
+def running_redis_cluster(masters: int = 3, replicas: int = 0) -> Iterator[RedisCluster]:
+    """A Redis Cluster of `masters` masters, each with `replicas` replicas, created with
+    `redis-cli --cluster create`, yielded once cluster_state is ok on every node. `nodes` lists
+    the masters first (as created; a failover changes who is master: `master_of`)."""
     root = _make_dir(None, "qg-redis-cluster")
     nodes: list[RedisServer] = []
     try:
-        for index in range(masters):
+        for index in range(masters * (1 + replicas)):
             nodes.append(RedisServer(
                 free_port(with_bus=True),
                 _make_dir(root, f"node{index}"),
                 (
                     "--cluster-enabled", "yes",
                     "--cluster-config-file", "nodes.conf",
-                    # Short, so a killed node is marked failed quickly in tests.
+                    # Short, so a killed node is marked failed (and failed over) quickly.
                     "--cluster-node-timeout", "2000",
                 ),
             ))  # fmt: skip
             nodes[-1].start()
         subprocess.run(
             [REDIS_CLI, "--cluster", "create", *(n.address for n in nodes),
-             "--cluster-replicas", "0", "--cluster-yes"],
+             "--cluster-replicas", str(replicas), "--cluster-yes"],
             check=True, stdin=subprocess.DEVNULL, capture_output=True, timeout=CLUSTER_TIMEOUT_S,
         )  # fmt: skip
         cluster = RedisCluster(nodes)
         cluster.wait_ok()
+        if replicas:
+            cluster.wait_replicated(masters * replicas)
         yield cluster
     finally:
         for node in nodes:

@@ -193,8 +193,10 @@ class Retriever(Protocol):
         """(documents, chunks) stored for the tenant."""
         ...
 
-    async def ping(self) -> None:
-        """Raise BackendUnavailable when the index cannot serve queries."""
+    async def ping(self) -> str | None:
+        """Raise BackendUnavailable when the index cannot serve queries; a short note when it
+        serves them in full but short of its redundancy (a cluster with a node down); None when
+        it is whole."""
         ...
 
     async def aclose(self) -> None: ...

@@ -1,5 +1,11 @@
 """Dependency health as a metric: each process probes its backends on a timer, so an alert can
-say "the cache is down" without waiting for traffic to fail (and without a scrape of /readyz)."""
+say "the cache is down" without waiting for traffic to fail (and without a scrape of /readyz).
+
+A dependency is up, down, or up but degraded: it serves in full, short of its redundancy (an
+OpenSearch cluster with a node down: every shard still has a copy serving, some replica is
+unassigned). Degraded counts as up for `querygate_dependency_up` and for readiness: the fault is
+one the dependency absorbs, and a 503 would pull every replica of the gateway out of the load
+balancer for it. /readyz names it (`degraded`) and the watch logs it."""
 
 from __future__ import annotations
 
@@ -23,9 +29,12 @@ PROBE_TIMEOUT_S = 2.0
 READYZ_MAX_AGE_S = 1.0
 
 
-def probes(services: Services) -> dict[str, Callable[[], Awaitable[None]]]:
+Ping = Callable[[], Awaitable[str | None]]
+
+
+def probes(services: Services) -> dict[str, Ping]:
     """The dependencies this process uses, by the `dependency` label they are reported under."""
-    found: dict[str, Callable[[], Awaitable[None]]] = {"retrieval": services.retriever.ping}
+    found: dict[str, Ping] = {"retrieval": services.retriever.ping}
     if services.cache_store is not None:
         found["cache"] = services.cache_store.ping
     if services.quotas is not None and services.quotas.is_shared:
@@ -44,15 +53,23 @@ class Down:
     bug: BaseException | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Degraded:
+    """The dependency answered, serving in full short of its redundancy; `note` says how."""
+
+    note: str
+
+
 def _down(exc: BaseException, bug: bool = False) -> Down:
     return Down(type(exc).__name__, f"{type(exc).__name__}: {exc}", exc if bug else None)
 
 
-async def probe(ping: Callable[[], Awaitable[None]]) -> Down | None:
-    """None when the dependency answered within PROBE_TIMEOUT_S, else why not. Never raises
-    (except to cancel the caller): whatever a ping raises means that dependency is down."""
+async def probe(ping: Ping) -> Down | Degraded | None:
+    """None when the dependency answered within PROBE_TIMEOUT_S and is whole, `Degraded` when
+    it answered with a note, else why not. Never raises (except to cancel the caller): whatever
+    a ping raises means that dependency is down."""
     try:
-        await asyncio.wait_for(ping(), timeout=PROBE_TIMEOUT_S)
+        note = await asyncio.wait_for(ping(), timeout=PROBE_TIMEOUT_S)
     except TimeoutError:
         return Down("timeout", f"no answer within {PROBE_TIMEOUT_S:g} s")
     except BackendError as exc:
@@ -64,7 +81,7 @@ async def probe(ping: Callable[[], Awaitable[None]]) -> Down | None:
         return _down(exc, bug=True)  # a library cancelled its own call
     except Exception as exc:
         return _down(exc, bug=True)
-    return None
+    return None if note is None else Degraded(note)
 
 
 async def watch_dependencies(services: Services, metrics: Metrics, every_s: float) -> None:
@@ -73,19 +90,26 @@ async def watch_dependencies(services: Services, metrics: Metrics, every_s: floa
     A probe failing in any way (an error, a hang, an exception no backend seam should raise)
     reports that dependency down and the watch goes on: the gauge never freezes at a stale
     value. Logged: a dependency found down (on the first probe too) or failing in a new way
-    (with the traceback when the ping raised something unexpected), and its return."""
+    (with the traceback when the ping raised something unexpected), its return, and a change
+    of its degraded note."""
     checks = probes(services)
-    last: dict[str, Down | None] = {}
+    last: dict[str, Down | Degraded | None] = {}
     while True:
         for name, ping in checks.items():
-            down = await probe(ping)
+            verdict = await probe(ping)
+            down = verdict if isinstance(verdict, Down) else None
             metrics.dependency_up.labels(name).set(0 if down else 1)
             before = last.get(name)  # None: up, or not probed yet
-            last[name] = down
-            if down is None:
+            last[name] = verdict
+            if isinstance(verdict, Degraded):
+                if before != verdict:
+                    log.warning(
+                        "dependency degraded", extra={"dependency": name, "error": verdict.note}
+                    )
+            elif down is None:
                 if before is not None:
                     log.info("dependency up again", extra={"dependency": name})
-            elif before is None or before.kind != down.kind:
+            elif not isinstance(before, Down) or before.kind != down.kind:
                 log.warning(
                     "dependency down",
                     extra={"dependency": name, "error": down.reason},
@@ -103,9 +127,7 @@ class Readiness:
     in its own task, so a caller that hangs up does not cancel it for the others."""
 
     def __init__(self, services: Services, max_age_s: float = READYZ_MAX_AGE_S) -> None:
-        self._pings: dict[str, Callable[[], Awaitable[None]]] = {
-            "retrieval": services.retriever.ping
-        }
+        self._pings: dict[str, Ping] = {"retrieval": services.retriever.ping}
         if services.cache_store is not None:
             self._pings["cache"] = services.cache_store.ping
         self._max_age_s = max_age_s
@@ -114,7 +136,8 @@ class Readiness:
         self._inflight: asyncio.Task[dict[str, str]] | None = None
 
     async def checks(self) -> dict[str, str]:
-        """`ok` or `unavailable` per dependency (retrieval, and the cache when there is one)."""
+        """`ok`, `degraded` or `unavailable` per dependency (retrieval, and the cache when
+        there is one)."""
         if time.monotonic() - self._started < self._max_age_s:
             return self._checks
         if self._inflight is None:
@@ -128,8 +151,8 @@ class Readiness:
             downs = await asyncio.gather(*(probe(ping) for ping in self._pings.values()))
             checks: dict[str, str] = {}
             for name, down in zip(self._pings, downs, strict=True):
-                checks[name] = "ok" if down is None else "unavailable"
-                if down is not None:
+                checks[name] = _state(down)
+                if isinstance(down, Down):
                     # /readyz is unauthenticated: the detail (a library's text) goes to the
                     # log only
                     log.warning(
@@ -141,3 +164,9 @@ class Readiness:
             return checks
         finally:
             self._inflight = None
+
+
+def _state(verdict: Down | Degraded | None) -> str:
+    if verdict is None:
+        return "ok"
+    return "degraded" if isinstance(verdict, Degraded) else "unavailable"

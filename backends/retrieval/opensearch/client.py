@@ -1,7 +1,13 @@
 """The pooled opensearch-py client of one retriever, and its exceptions as the backend seam's.
 
-Every call has a bounded timeout and no transport retries, so a down or slow node surfaces as
-`BackendUnavailable` quickly; only bulk writes retry (bounded) on 429/5xx (`bulk.py`).
+The client knows every node in `hosts`. A call that finds its node gone (refused, reset) or
+answering 502/503/504 goes again to another node, each other node at most once, and the failed
+one is left out of the rotation for a while (opensearch-py's pool: 60 s, doubling while it stays
+down, then tried again), so a dead node of a cluster costs a request one fast failed attempt,
+not an error. A timeout is not retried: a node that is slow rather than gone would cost the
+caller's latency budget again per node. Every call has a bounded timeout, so a cluster that
+cannot answer surfaces as `BackendUnavailable` quickly; bulk writes also retry (bounded) the
+items a node rejects with 429/5xx (`bulk.py`).
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from backends.retrieval.opensearch.config import OpenSearchConfig
 
 BACKEND = "opensearch"
 Json = dict[str, Any]
+# What a node that is going away answers (a proxy before it, or the node while it stops).
+RETRY_ON_STATUS = (502, 503, 504)
 
 
 def open_client(config: OpenSearchConfig) -> AsyncOpenSearch:
@@ -26,8 +34,9 @@ def open_client(config: OpenSearchConfig) -> AsyncOpenSearch:
         hosts=list(config.hosts),
         timeout=config.search_timeout_s,
         maxsize=config.max_connections,
-        # Failing fast beats retrying on the caller's latency budget; bulk retries itself.
-        max_retries=0,
+        # Each other node once: a single-node config never retries.
+        max_retries=len(config.hosts) - 1,
+        retry_on_status=RETRY_ON_STATUS,
         retry_on_timeout=False,
     )
 

@@ -22,7 +22,8 @@ class OpenSearchConfig(BaseModel):
 
     model_config = SECTION
 
-    hosts: tuple[str, ...] = ("http://127.0.0.1:9200",)
+    # Every node the client may send to (a call whose node is gone goes to another: client.py).
+    hosts: tuple[str, ...] = Field(default=("http://127.0.0.1:9200",), min_length=1)
     alias: str = Field(default="querygate-chunks", pattern=r"^[a-z0-9][a-z0-9_\-]*$")
     dimension: int = Field(default=384, ge=2, le=16000)
     # Reads must fail fast (they sit on the agent's path); writes may take longer.

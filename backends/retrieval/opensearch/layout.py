@@ -310,7 +310,10 @@ class IndexLayout:
                     "DELETE", f"/_search/pipeline/{cfg.pipeline}", params={"ignore": 404}
                 )
 
-    async def ping(self) -> None:
+    async def ping(self) -> str | None:
+        """The index every request needs red (a shard with no copy serving): unavailable. Any
+        index of the layout short of a replica (yellow, e.g. a node down; or a tenant's index
+        red): serving, said in the note."""
         await self.ensure_ready()
         # The shared index, or (index_per_tenant) the meta index every write goes through.
         index = self.config.alias if self.config.tenancy == "shared" else self.config.meta_index
@@ -321,6 +324,14 @@ class IndexLayout:
                 raise BackendUnavailable(BACKEND, f"index {index} missing") from exc
         if health["status"] == "red":
             raise BackendUnavailable(BACKEND, f"index {index} is red")
+        # Every index of this layout (`<alias>-*`: the meta index, each version, each tenant's):
+        # one short of a replica is a note. (A name that matches no index would make the call
+        # wait for one; a pattern that matches none answers at once.)
+        with translated("ping"):
+            ours = await self.client.cluster.health(index=f"{self.config.alias}-*")
+        if ours["status"] == "green":
+            return None
+        return f"{ours['unassigned_shards']} shard copies unassigned ({ours['status']})"
 
     def check_vector(self, vector: Vector) -> None:
         """Refuse a vector the mapping's `knn_vector` would not hold."""

@@ -48,8 +48,8 @@ class OpenSearchRetriever:
         """Delete every index, template and pipeline of this alias (tests, teardown)."""
         await self._layout.drop_all()
 
-    async def ping(self) -> None:
-        await self._layout.ping()
+    async def ping(self) -> str | None:
+        return await self._layout.ping()
 
     # -- index versions ----------------------------------------------------------------------
 

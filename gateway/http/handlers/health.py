@@ -24,6 +24,8 @@ async def handle_readyz(request: web.Request) -> web.Response:
     endpoint is unauthenticated, so however often it is called each backend is pinged at most
     once per `READYZ_MAX_AGE_S` (1 s), and a change is seen within about that; each probe
     pings afresh (the pool reconnects by itself), so the status clears when Redis is back.
+    Retrieval `degraded` (an OpenSearch cluster with a node down, serving every shard) is
+    ready too, `"status": "degraded"`: the cluster absorbs the fault (gateway.core.health).
 
     `ready` is serving; `complete` says whether the answers come from whole indexes: false
     while an ingest of this process (`serve --sample-corpus`) is still filling one, when those
@@ -37,8 +39,8 @@ async def handle_readyz(request: web.Request) -> web.Response:
     for at most 0.2 s, or the pod is draining)."""
     checks = await request.app[READINESS].checks()
     pool = pool_counts()
-    ready = checks["retrieval"] == "ok" and (pool is None or pool[0] > 0)
-    degraded = [name for name, state in checks.items() if state != "ok" and name != "retrieval"]
+    ready = checks["retrieval"] != "unavailable" and (pool is None or pool[0] > 0)
+    degraded = [name for name, state in checks.items() if state != "ok"]
     short = pool is not None and pool[0] < pool[1]
     status = "unavailable" if not ready else "degraded" if degraded or short else "ok"
     runtime = request.app[RUNTIME].current
