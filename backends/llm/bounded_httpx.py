@@ -2,22 +2,24 @@
 
 litellm reads a reply through the OpenAI SDK, whole, before the gateway sees any of it. Its calls
 to `openai/` deployments therefore go through a client of ours (`BoundedClients`): an
-`AsyncOpenAI` whose transport counts each reply's bytes against the call's `Reading`, set around
-the call with `reading` (a context variable: the transport is shared by concurrent calls, the
-context is the calling task's own). Past the cap it stops reading: a streamed body ends after
-its last whole line and a chunk saying finish_reason "length"; a JSON body is replaced by a valid
-one whose content is what the cut body held, finish_reason "length". Either way the `Reading`
-says the reply was cut. Replies are asked uncompressed, so the bytes counted are the bytes kept.
-Other providers stay on litellm's own client: their replies are bounded by tokens once read.
+`AsyncOpenAI` whose transport counts each reply's bytes against the call's `Reading`. The
+transport is shared by concurrent calls, so `BoundedClients.bounded` names the call's `Reading`
+in a request header (`READING_HEADER`; litellm passes `extra_headers` through), which the
+transport takes off before the request leaves, binding that `Reading` to the reply. Past the
+cap it stops reading: a streamed body ends after its last whole line and a chunk saying
+finish_reason "length"; a JSON body is replaced by a valid one whose content is what the cut
+body held, finish_reason "length". Either way the `Reading` says the reply was cut. Replies are
+asked uncompressed, so the bytes counted are the bytes kept. Other providers stay on litellm's
+own client: their replies are bounded by tokens once read.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
-from typing import cast
+from typing import Any, cast
 
 import httpx
 from openai import AsyncOpenAI
@@ -26,17 +28,8 @@ from backends.llm import openai_http
 from backends.llm.bounds import Reading, salvaged_text
 from backends.llm.deployments import Deployment
 
-_READING: ContextVar[Reading | None] = ContextVar("querygate_reply_reading", default=None)
-
-
-@contextmanager
-def reading(bound: Reading) -> Iterator[Reading]:
-    """Count the replies of the calls made inside against `bound`."""
-    token = _READING.set(bound)
-    try:
-        yield bound
-    finally:
-        _READING.reset(token)
+# The header naming a call's `Reading`; never sent upstream.
+READING_HEADER = "x-querygate-reading"
 
 
 def cut_body(prefix: bytes) -> bytes:
@@ -99,13 +92,15 @@ class BoundedBody(httpx.AsyncByteStream):
 
 
 class BoundedTransport(httpx.AsyncBaseTransport):
-    """An httpx transport whose replies are bounded by the calling task's `Reading`."""
+    """An httpx transport whose replies are bounded by the `Reading` their request names."""
 
-    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
+    def __init__(self, inner: httpx.AsyncBaseTransport, readings: dict[str, Reading]) -> None:
         self._inner = inner
+        self._readings = readings
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        bound = _READING.get()
+        key = request.headers.pop(READING_HEADER, None)
+        bound = self._readings.get(key) if key is not None else None
         if bound is None:
             return await self._inner.handle_async_request(request)
         request.headers["Accept-Encoding"] = "identity"
@@ -131,6 +126,28 @@ class BoundedClients:
 
     def __init__(self) -> None:
         self._clients: dict[tuple[str, str, float], AsyncOpenAI] = {}
+        self._readings: dict[str, Reading] = {}  # of the calls being opened, by header value
+        self._ids = itertools.count()
+
+    @contextmanager
+    def bounded(
+        self, deployment: Deployment, args: dict[str, Any], bound: Reading
+    ) -> Iterator[None]:
+        """`args` (litellm's) made to read the reply against `bound` while the call opens: the
+        bounded client, and the header naming `bound`. A provider litellm reaches another way
+        keeps its own client (and gets no header)."""
+        client = self.client(deployment)
+        if client is None:
+            yield
+            return
+        key = str(next(self._ids))
+        args["client"] = client
+        args["extra_headers"] = {**args.get("extra_headers", {}), READING_HEADER: key}
+        self._readings[key] = bound
+        try:
+            yield
+        finally:  # the reply's body holds its `Reading` from here
+            del self._readings[key]
 
     def client(self, deployment: Deployment) -> AsyncOpenAI | None:
         """The client for `deployment`, None for a provider litellm reaches another way."""
@@ -140,7 +157,7 @@ class BoundedClients:
         base = config.api_base or openai_http.DEFAULT_API_BASE
         key = (base, deployment.api_key, config.timeout_s)
         if key not in self._clients:
-            transport = BoundedTransport(httpx.AsyncHTTPTransport())
+            transport = BoundedTransport(httpx.AsyncHTTPTransport(), self._readings)
             self._clients[key] = AsyncOpenAI(
                 api_key=deployment.api_key,
                 base_url=base,

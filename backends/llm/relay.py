@@ -26,12 +26,11 @@ from typing import Any
 
 import litellm
 from litellm import CustomStreamWrapper
-from openai import AsyncOpenAI
 
 from backends.errors import UpstreamError
 from backends.llm import openai_http
 from backends.llm.base import GenerationOptions, StreamDelta, ToolCall
-from backends.llm.bounded_httpx import reading
+from backends.llm.bounded_httpx import BoundedClients
 from backends.llm.bounds import Reading, ReplyBound, ReplyMeter, reply_bound
 from backends.llm.deployments import Deployment
 from backends.llm.failures import CALL_ERRORS
@@ -133,16 +132,15 @@ class LitellmStream(OpenStream):
         wire: list[dict[str, Any]],
         max_tokens: int | None,
         options: GenerationOptions,
-        client: AsyncOpenAI | None,
+        clients: BoundedClients,
     ) -> LitellmStream:
-        """`client`: litellm's bounded client for the deployment (None: litellm's own)."""
+        """`clients`: litellm's bounded clients, for an OpenAI-compatible deployment."""
         bound = reply_bound(deployment.config, reply_limit(deployment, max_tokens, options))
         read = Reading(bound.max_bytes)
         args = litellm_args(deployment, wire, max_tokens, options)
-        if client is not None:
-            args["client"] = client
         async with asyncio.timeout(deployment.config.timeout_s):
-            with reading(read):  # the transport binds it to the body as the call opens
+            # the transport binds `read` to the body as the call opens
+            with clients.bounded(deployment, args, read):
                 chunks = await litellm.acompletion(
                     **args, stream=True, stream_options={"include_usage": True}
                 )

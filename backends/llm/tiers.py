@@ -51,7 +51,7 @@ from litellm.llms.custom_httpx.async_client_cleanup import close_litellm_async_c
 from backends.errors import BackendUnavailable, UpstreamError
 from backends.llm import openai_http
 from backends.llm.base import Completion, LLMCall, StreamDelta, Tier, TierConfig
-from backends.llm.bounded_httpx import BoundedClients, reading
+from backends.llm.bounded_httpx import BoundedClients
 from backends.llm.bounds import Reading, ReplyBound, fit_tokens, reply_bound
 from backends.llm.deployments import Deployment, Lease, build_chain
 from backends.llm.failures import CALL_ERRORS, classify, exhausted, verdict
@@ -192,11 +192,9 @@ class LiteLLMTiers:
             args = litellm_args(deployment, wire, max_tokens, options)
             if tools is not None:
                 args["tools"] = tools
-            if (client := self._bounded.client(deployment)) is not None:
-                args["client"] = client
             # the SDK timeout bounds each socket operation; this bounds the whole call
             async with asyncio.timeout(deployment.config.timeout_s):
-                with reading(read):
+                with self._bounded.bounded(deployment, args, read):
                     response = await litellm.acompletion(**args)
             if not isinstance(response, ModelResponse):
                 raise UpstreamError("llm", f"{deployment.model}: unexpected {type(response)}")
@@ -213,8 +211,7 @@ class LiteLLMTiers:
         async def attempt(deployment: Deployment) -> OpenStream:
             if deployment.lean:
                 return await LeanStream.open(self._http, deployment, wire, max_tokens, options)
-            client = self._bounded.client(deployment)
-            return await LitellmStream.open(deployment, wire, max_tokens, options, client)
+            return await LitellmStream.open(deployment, wire, max_tokens, options, self._bounded)
 
         lease, opened = await self._first_that_answers(call.tier, call.tenant, attempt)
         try:

@@ -21,7 +21,8 @@ Endpoints
                               ``params_by_key``: the parameters (all but ``messages``) of the
                               last chat request carrying each key, as received;
                               ``traceparents_by_key``: the W3C ``traceparent`` header of each
-                              chat request carrying each key (null when it had none), in order.
+                              chat request carrying each key (null when it had none), in order;
+                              ``header_names_by_key``: those requests' header names, lower case.
 
 Scripting, chosen per request
 -----------------------------
@@ -108,6 +109,8 @@ class Stats:
     flood_sent_by_key: Counter[str] = field(default_factory=Counter)
     # the trace context each chat request carrying a key came with: proof of propagation
     traceparents_by_key: dict[str, list[str | None]] = field(default_factory=dict)
+    # the header names (lower case) of each chat request carrying a key: what reached the wire
+    header_names_by_key: dict[str, list[list[str]]] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -119,6 +122,7 @@ class Stats:
             "params_by_key": self.params_by_key,
             "flood_sent_by_key": dict(self.flood_sent_by_key),
             "traceparents_by_key": self.traceparents_by_key,
+            "header_names_by_key": self.header_names_by_key,
         }
 
 
@@ -438,6 +442,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         stats.params_by_key[str(key)] = params
         traceparent = request.headers.get("traceparent")
         stats.traceparents_by_key.setdefault(str(key), []).append(traceparent)
+        names = sorted({name.lower() for name in request.headers})
+        stats.header_names_by_key.setdefault(str(key), []).append(names)
     if not _applies(directive, model):
         directive = {}
     elif (failure := await _scripted_failure(request, directive)) is not None:

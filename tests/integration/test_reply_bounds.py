@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from backends.llm.base import Completion, LLMCall, Message, StreamDelta, TierConfig
+from backends.llm.bounded_httpx import READING_HEADER
 from backends.llm.bounds import reply_bound
 from backends.llm.tiers import LiteLLMTiers
 from backends.llm.wire import count_tokens
@@ -100,6 +101,9 @@ async def test_a_reply_past_the_byte_cap_is_cut_there_and_marked(
     assert peak < HEAP_CEILING
     # the reader stopped: the fake never got to write the whole reply
     assert await _flood_sent(fake_upstream, key) < FLOOD
+    # the header naming the call's bound is the transport's: it never leaves the gateway
+    (names,) = (await upstream_stats(fake_upstream))["header_names_by_key"][key]
+    assert "content-type" in names and READING_HEADER not in names
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["body", "stream"])
