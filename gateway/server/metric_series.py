@@ -2,7 +2,8 @@
 each worker of `serve --workers N` makes them in its own files when its app starts (so the
 summed /metrics has them from the first scrape, and again once a worker is replaced). What the
 shipped dashboard and alerts read then shows 0, not "No data", and `rate()` over it is 0 rather
-than empty. A model a reload adds has its series from its first call.
+than empty. A rule a reload adds has its series from its first decision (models and the
+reranker are restart-only).
 
 Every value is its owner's closed set (routes, outcomes, cache tiers, guards, caps, stages,
 pools) or the configuration's (tiers and their models, the rules, the retrieval backend, the
