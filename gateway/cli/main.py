@@ -199,7 +199,8 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
 def _ingest(settings: Settings, args: argparse.Namespace) -> int:
     """Exit 0: everything given was ingested; 1: the rest was, but something was skipped (a
     path that does not exist, a document over the chunk cap), each named on stderr; 2: nothing
-    was (no paths, an unreadable file, a bad configuration)."""
+    was (no paths, an unreadable file, a bad configuration, prune options that cannot run). A
+    prune does not change the status: what it lists or deletes is named on stderr."""
     from gateway.server import commands
 
     if not args.paths and not args.sample_corpus:
