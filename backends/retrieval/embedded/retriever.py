@@ -138,11 +138,15 @@ class EmbeddedRetriever:
         )
 
     async def sources(self, tenant: str, doc_ids: Sequence[str]) -> dict[str, str]:
-        return await self._run("sources", lambda state: store.sources(state.db, tenant, doc_ids))
+        return await self._read(
+            tenant, "sources", lambda state: store.sources(state.db, tenant, doc_ids)
+        )
 
     async def source_documents(self, tenant: str, source: str) -> list[str]:
-        return await self._run(
-            "source_documents", lambda state: store.source_documents(state.db, tenant, source)
+        return await self._read(
+            tenant,
+            "source_documents",
+            lambda state: store.source_documents(state.db, tenant, source),
         )
 
     async def generation(self, tenant: str) -> int:
@@ -178,7 +182,8 @@ class EmbeddedRetriever:
         return await self._write("delete", lambda state: writes.delete(state, tenant, doc_id))
 
     async def set_source(self, tenant: str, doc_ids: Sequence[str], source: str) -> None:
-        await self._run(
+        # The documents table only: no chunk row changes, so nothing for the change log.
+        await self._write(
             "set_source", lambda state: writes.set_source(state.db, tenant, doc_ids, source)
         )
 

@@ -175,8 +175,8 @@ def content_hashes(db: sqlite3.Connection, tenant: str, doc_ids: Sequence[str]) 
 
 def sources(db: sqlite3.Connection, tenant: str, doc_ids: Sequence[str]) -> dict[str, str]:
     found: dict[str, str] = {}
-    for start in range(0, len(doc_ids), _IDS_PER_STATEMENT):
-        part = list(doc_ids[start : start + _IDS_PER_STATEMENT])
+    for start in range(0, len(doc_ids), IDS_PER_STATEMENT):
+        part = list(doc_ids[start : start + IDS_PER_STATEMENT])
         marks = ",".join("?" * len(part))
         rows = db.execute(
             f"SELECT doc_id, source FROM documents WHERE tenant = ? AND doc_id IN ({marks})",
