@@ -59,7 +59,7 @@ from gateway.settings import TenantConfig
 
 # What a refusal was for (`querygate_quota_refusals`), and which checks are made per process
 # while the shared store is down (`querygate_quota_local_decisions`; "spend" is the outbox's).
-QUOTA_REASONS = ("rate_limit", "budget")
+QUOTA_REASONS = ("rate_limit", "budget", "budget_unknown")
 LOCAL_CHECKS = ("rate_limit", "budget", "spend")
 
 log = logging.getLogger(__name__)

@@ -16,10 +16,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, get_args
 
-from backends.llm.base import Tier
+from backends.llm.base import Cut, Tier
 from backends.llm.deployments import deployment_names
 from gateway.cache.guards import GUARDS
-from gateway.cache.response import LookupResult
+from gateway.cache.response import LookupResult, NotStored
 from gateway.cache.stages import CacheTier
 from gateway.core.services import Services
 from gateway.errors import Outcome
@@ -51,6 +51,7 @@ def initial_series(settings: Settings, services: Services, endpoints: Iterable[s
             if reason != "sufficient"
         ],
         "querygate_cache_lookups": [(result,) for result in _values(LookupResult)],
+        "querygate_cache_not_stored": [(reason,) for reason in _values(NotStored)],
         "querygate_cache_guard_refusals": [(guard,) for guard in GUARDS],
         "querygate_agent_cap_hits": [(cap,) for cap in _values(Cap)],
         "querygate_agent_degraded": [(answer,) for answer in _values(Degraded)],
@@ -105,6 +106,12 @@ def _models(settings: Settings) -> Series:
         ],
         "querygate_llm_cost_usd": [
             (tier, model, route.value) for tier, model in models for route in Route
+        ],
+        "querygate_llm_replies_cut": [
+            (tier, cut)
+            for tier, config in tiers.items()
+            if config is not None
+            for cut in _values(Cut)
         ],
         "querygate_llm_cooldown_open": deployed,
         "querygate_llm_tenant_cooldowns": deployed,

@@ -70,6 +70,8 @@ def test_every_shipped_selector_still_has_a_series_after_a_worker_is_replaced(
         assert fresh.proc.poll() is None and time.monotonic() < deadline, fresh.log()[-3000:]
         time.sleep(0.2)
     assert victim not in _children(fresh.proc.pid)
-    scrape = fresh.metrics()
-    assert scrape.value("querygate_workers", state="serving") == 2
+    # The supervisor counts it serving once it has said so (shared memory), just after the log.
+    while (scrape := fresh.metrics()).value("querygate_workers", state="serving") < 2:
+        assert time.monotonic() < deadline, scrape.series("querygate_workers")
+        time.sleep(0.2)
     assert without_series(scrape) == []
