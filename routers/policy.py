@@ -233,6 +233,22 @@ def _matches(
     )
 
 
+def decision_labels(router: RouterConfig) -> list[tuple[str, str]]:
+    """Every (route, reason) a decision of this configuration can be counted under (the
+    `querygate_route_decisions` labels): the classifier's and a forced route on every route,
+    lookup's own reasons and its stand-in for an unavailable route, small talk's, the whole
+    corpus's, and each rule that sets a route."""
+    pairs = [(route.value, reason) for route in Route for reason in ("classifier", "forced")]
+    lookup = ["identifier", "below_threshold", "needs_documents"]
+    lookup += [f"{route.value}_unavailable" for route in Route if route is not Route.LOOKUP]
+    pairs += [(Route.LOOKUP.value, reason) for reason in lookup]
+    pairs += [(Route.DIRECT.value, "small_talk"), (Route.FULL_CONTEXT.value, "full_context")]
+    for rule in router.rules:
+        if rule.then.route is not None:
+            pairs.append((rule.then.route.value, f"rule:{rule.name}"))
+    return pairs
+
+
 def _apply_rule(draft: _Draft, rule: Rule) -> None:
     action = rule.then
     if action.route is not None:

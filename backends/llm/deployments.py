@@ -74,6 +74,16 @@ def _resolve_key(config: TierConfig) -> str:
     return resolve_api_key(config.model, config.api_key_env)
 
 
+def deployment_names(config: TierConfig | None) -> list[str]:
+    """The names of a tier's deployments, in chain order (the metric and log `model`): the
+    model, plus "#position" when the chain lists it twice (two api_bases)."""
+    if config is None:
+        return []
+    configs = (config, *config.fallbacks)
+    listed = Counter(c.model for c in configs)
+    return [c.model if listed[c.model] == 1 else f"{c.model}#{i}" for i, c in enumerate(configs)]
+
+
 def build_chain(
     config: TierConfig | None,
     clock: Callable[[], float],
@@ -84,11 +94,8 @@ def build_chain(
     breakers flip (tenant None: the shared breaker)."""
     if config is None:
         return ()
-    configs = (config, *config.fallbacks)
-    listed = Counter(c.model for c in configs)
     deployments = []
-    for i, c in enumerate(configs):
-        name = c.model if listed[c.model] == 1 else f"{c.model}#{i}"
+    for c, name in zip((config, *config.fallbacks), deployment_names(config), strict=True):
 
         def changed(
             tenant: str | None, is_open: bool, name: str = name, cooldown_s: float = c.cooldown_s

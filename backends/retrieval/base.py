@@ -37,6 +37,11 @@ Contract shared by every implementation:
   shares a group with it, and nothing else: like the tenant filter, the access filter is
   applied inside both arms before their top candidates are taken, so top-k is filled from what
   the reader may see. BM25 statistics still count every chunk of the tenant (docs/access.md).
+- Provenance: every document records the source it was written from (`Document.source`: a
+  folder or jsonl `querygate ingest` read, "" for one PUT by the API or written before sources
+  were recorded). `set_source` changes only that record (no chunk is rewritten, no generation
+  bumped: no answer changes); `source_documents` lists a source's documents, which is what
+  `querygate ingest --prune` compares against the source.
 - Tenancy of statistics: what one tenant stores never changes another tenant's ranking where a
   backend isolates tenants (embedded always; OpenSearch with `tenancy: index_per_tenant`).
 - Failures of the underlying service surface as `backends.errors.BackendUnavailable`.
@@ -106,6 +111,7 @@ class Document:
     # The groups that may read it (`backends.retrieval.access.access_list`); None: every user
     # of the tenant.
     groups: tuple[str, ...] | None = None
+    source: str = ""  # where it was ingested from ("": PUT by the API; see the module doc)
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +189,18 @@ class Retriever(Protocol):
 
     async def content_hashes(self, tenant: str, doc_ids: Sequence[str]) -> dict[str, str]:
         """Stored content hashes of those documents that exist, in one lookup."""
+        ...
+
+    async def sources(self, tenant: str, doc_ids: Sequence[str]) -> dict[str, str]:
+        """The recorded source of those documents that exist ("" for none), in one lookup."""
+        ...
+
+    async def set_source(self, tenant: str, doc_ids: Sequence[str], source: str) -> None:
+        """Record `source` as where those documents (the ones that exist) come from."""
+        ...
+
+    async def source_documents(self, tenant: str, source: str) -> list[str]:
+        """The ids of the tenant's documents recorded with `source`, sorted."""
         ...
 
     async def generation(self, tenant: str) -> int:

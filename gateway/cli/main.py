@@ -86,6 +86,20 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="rewrite unchanged documents too, with today's chunker (after an upgrade changed it)",
     )
+    ingest.add_argument(
+        "--source",
+        help="the name to record as these documents' source (default: each path, resolved); "
+        "give the same name each time to ingest one source from different places",
+    )
+    ingest.add_argument(
+        "--prune",
+        action="store_true",
+        help="after ingesting, list the documents of each source given (each path, or "
+        "--source) that it no longer has; deletes nothing without --apply. Documents PUT by "
+        "the API, ingested from another source, or stored before sources were recorded are "
+        "never pruned",
+    )
+    ingest.add_argument("--apply", action="store_true", help="with --prune: delete what it lists")
 
     route = sub.add_parser("route", help="explain the routing decision for a question")
     route.add_argument("question")
@@ -185,11 +199,15 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
 def _ingest(settings: Settings, args: argparse.Namespace) -> int:
     """Exit 0: everything given was ingested; 1: the rest was, but something was skipped (a
     path that does not exist, a document over the chunk cap), each named on stderr; 2: nothing
-    was (no paths, an unreadable file, a bad configuration)."""
+    was (no paths, an unreadable file, a bad configuration, prune options that cannot run). A
+    prune does not change the status: what it lists or deletes is named on stderr."""
     from gateway.server import commands
 
     if not args.paths and not args.sample_corpus:
         print("nothing to ingest: give paths or --sample-corpus", file=sys.stderr)
+        return 2
+    if (refusal := _prune_refusal(args)) is not None:
+        print(refusal, file=sys.stderr)
         return 2
     from gateway.ingest.readers import UnreadableInput
 
@@ -202,16 +220,28 @@ def _ingest(settings: Settings, args: argparse.Namespace) -> int:
         return 2  # before any index is made: a new empty one would look like a served one
     if (notice := asyncio.run(commands.new_index_notice(settings))) is not None:
         print(notice, file=sys.stderr)
+    prune: commands.PruneMode = "off" if not args.prune else "apply" if args.apply else "dry-run"
     try:
         report = asyncio.run(
-            commands.ingest(settings, args.tenant, present, args.sample_corpus, args.rechunk)
+            commands.ingest(
+                settings,
+                args.tenant,
+                present,
+                args.sample_corpus,
+                args.rechunk,
+                source=args.source,
+                prune=prune,
+            )
         )
     except UnreadableInput as exc:
         print(f"cannot ingest: {exc}", file=sys.stderr)
         return 2
     refused = report.pop("too_large_ids")
     blank = report.pop("blank_ids")
+    stale = report.pop("stale_ids", {})
     print(json.dumps({**report, "missing_paths": len(missing)}))
+    if prune != "off":
+        _print_prune(args.tenant, stale, report["unsourced"], applied=prune == "apply")
     if blank:
         # The API refuses such a text (422); here it means the document should not exist.
         print(
@@ -226,6 +256,35 @@ def _ingest(settings: Settings, args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 1 if refused or missing else 0
+
+
+def _prune_refusal(args: argparse.Namespace) -> str | None:
+    """Why the prune options cannot run as given (exit 2, before anything is written)."""
+    if args.apply and not args.prune:
+        return "--apply deletes what --prune lists: give both"
+    if args.prune and not args.paths:
+        return "nothing to prune: --prune compares the index with the paths given"
+    if args.source is not None and not args.source.strip():
+        return "--source: want a name (documents without a source are never pruned)"
+    return None
+
+
+def _print_prune(
+    tenant: str, stale: dict[str, list[str]], unsourced: int, *, applied: bool
+) -> None:
+    """The prune's documents on stderr, one line each: deleted, or what --apply would delete."""
+    verb = "deleted" if applied else "would delete"
+    for source, doc_ids in stale.items():
+        for doc_id in doc_ids:
+            print(f"{verb}, no longer in {source}: {doc_id}", file=sys.stderr)
+    if stale and not applied:
+        print("dry run, nothing deleted: add --apply to delete them", file=sys.stderr)
+    if unsourced:
+        print(
+            f"{unsourced} documents of tenant {tenant} have no recorded source (PUT by the API, "
+            "or stored before sources were recorded) and are never pruned",
+            file=sys.stderr,
+        )
 
 
 def _route(settings: Settings, args: argparse.Namespace) -> int:

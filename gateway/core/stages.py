@@ -22,7 +22,7 @@ from gateway.core.routing import TenantPolicies
 from gateway.core.services import Services
 from gateway.limits.metering import MeteredLLM
 from gateway.obs import tracing
-from gateway.obs.timing import StageTimer
+from gateway.obs.timing import Stage, StageTimer
 from gateway.settings import Settings
 from gateway.text import InvalidText, clean_text
 from routers.classifier import Classifier
@@ -190,7 +190,8 @@ class RouteStages:
     async def _run(
         self, route: Route, route_ctx: RouteContext, timer: StageTimer
     ) -> Outcome | Escalation:
-        stage = {Route.LOOKUP: "retrieve", Route.MULTIHOP: "agent"}.get(route, "plan")
+        stages: dict[Route, Stage] = {Route.LOOKUP: "retrieve", Route.MULTIHOP: "agent"}
+        stage = stages.get(route, "plan")
         with timer.stage(stage):
             outcome = await self._registry[route](route_ctx)
         if route is Route.LOOKUP:

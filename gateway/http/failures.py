@@ -27,6 +27,17 @@ def endpoint_of(request: web.Request) -> str:
     return f"{route.method} {_template(resource)}"
 
 
+def endpoints(app: web.Application) -> list[str]:
+    """Every endpoint a request to `app` can count under, as `endpoint_of` names it (HEAD,
+    which aiohttp adds beside each GET, left out: it counts once it is asked for)."""
+    named = [
+        f"{route.method} {_template(route.resource)}"
+        for route in app.router.routes()
+        if route.resource is not None and route.method != "HEAD"
+    ]
+    return [*dict.fromkeys(named), "unmatched"]
+
+
 def _template(resource: AbstractResource) -> str:
     return _PARAMETER.sub(r"{\1}", resource.canonical)
 

@@ -9,6 +9,10 @@ writer, writes finished batches in order: the index never sees two writers.
 
 Chunks are sized to the embedder's token window when it has one (`ChunkingConfig.fit_window`),
 so nothing embedded is cut off by the encoder.
+
+Each document records its source (`RawDocument.source`): a document is the last writer's, so
+an unchanged document written from another source (or PUT by the API) is relabelled with it
+without being rewritten, and `querygate ingest --prune` of a source never deletes it.
 """
 
 from __future__ import annotations
@@ -126,6 +130,7 @@ async def ingest_documents(
                 # One lookup of stored hashes per slice, not one round trip per document.
                 ids = [d.doc_id for d in docs[i : i + LOOKUP_BATCH]]
                 stored = await retriever.content_hashes(tenant, ids)
+                await _claim_unchanged(tenant, docs[i : i + LOOKUP_BATCH], stored, retriever)
             item = await _prepare(
                 tenant,
                 raw,
@@ -154,6 +159,23 @@ async def ingest_documents(
         for task in inflight:  # failed or cancelled part way: embed nothing more
             task.cancel()
     return report
+
+
+async def _claim_unchanged(
+    tenant: str, docs: list[RawDocument], stored: dict[str, str], retriever: Retriever
+) -> None:
+    """Record this write's source on the documents stored with the same content, whose write
+    is skipped: one lookup of their recorded sources, one update per source that differs."""
+    same = [d for d in docs if stored.get(d.doc_id) == content_hash(d.title, d.text)]
+    if not same:
+        return
+    recorded = await retriever.sources(tenant, [d.doc_id for d in same])
+    moved: dict[str, list[str]] = {}
+    for doc in same:
+        if recorded.get(doc.doc_id, doc.source) != doc.source:
+            moved.setdefault(doc.source, []).append(doc.doc_id)
+    for source, ids in moved.items():
+        await retriever.set_source(tenant, ids, source)
 
 
 def _size(pending: list[_Pending]) -> int:
@@ -249,6 +271,7 @@ async def _write(
             item.content_hash,
             tuple(Chunk(c.chunk_id, c.text, c.section, next(rows)) for c in item.chunks),
             item.raw.groups,
+            source=item.raw.source,
         )
         for item in pending
     ]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from backends.retrieval.access import InvalidGroups, access_list
@@ -36,23 +36,33 @@ class RawDocument:
     text: str
     # Its access list, checked by `access_list`; None: every user of the tenant may read it.
     groups: tuple[str, ...] | None = None
+    source: str = ""  # where it was read from (`source_of`); "" for a document PUT by the API
 
 
-def read_paths(paths: Iterable[Path]) -> Iterator[RawDocument]:
+def read_paths(paths: Iterable[Path], source: str | None = None) -> Iterator[RawDocument]:
     """Documents from files and directories (searched recursively, in sorted order).
 
     A file's id is its path relative to the directory given (or its name, for a file given
     directly), so re-ingesting the same tree updates documents instead of duplicating them.
+    Each document's source is `source` when given, else the path it was found under
+    (`source_of`).
     """
     for path in paths:
+        named = source_of(path, source)
         if path.is_dir():
             files = sorted(p for p in path.rglob("*") if p.suffix in SUFFIXES and p.is_file())
             for file in files:
-                yield from read_file(file, root=path)
+                yield from (replace(d, source=named) for d in read_file(file, root=path))
         elif path.suffix in SUFFIXES:
-            yield from read_file(path, root=path.parent)
+            yield from (replace(d, source=named) for d in read_file(path, root=path.parent))
         else:
             raise UnreadableInput(f"{path}: not a directory or a {', '.join(SUFFIXES)} file")
+
+
+def source_of(path: Path, name: str | None = None) -> str:
+    """The source id of what is read from `path`: `name` when one is given, else the path
+    resolved (absolute, links followed), so the same folder is one source from any directory."""
+    return name if name is not None else path.resolve().as_posix()
 
 
 def read_file(path: Path, root: Path) -> Iterator[RawDocument]:

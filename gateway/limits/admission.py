@@ -271,12 +271,15 @@ class Pool:
             self._metrics.admission_queued.labels(self.name).set(self.queued)
 
 
+# The pools, by class of work (the `querygate_admission_*` label).
+POOLS = ("queries", "writes")
+
+
 class Admission:
     """The process's pools, by class of work."""
 
     def __init__(self, metrics: Metrics | None = None) -> None:
-        self.queries = Pool("queries", metrics)
-        self.writes = Pool("writes", metrics)
+        self.queries, self.writes = (Pool(name, metrics) for name in POOLS)
 
     def pool(self, kind: str) -> Pool:
         return self.queries if kind == "queries" else self.writes

@@ -57,6 +57,11 @@ from gateway.limits.shared_store import Key, SharedStore, utc_day
 from gateway.obs.metrics import MULTIPROC_ENV, Metrics
 from gateway.settings import TenantConfig
 
+# What a refusal was for (`querygate_quota_refusals`), and which checks are made per process
+# while the shared store is down (`querygate_quota_local_decisions`; "spend" is the outbox's).
+QUOTA_REASONS = ("rate_limit", "budget", "budget_unknown")
+LOCAL_CHECKS = ("rate_limit", "budget", "spend")
+
 log = logging.getLogger(__name__)
 
 # How long `ping` waits for the spend kept while the store was down (well under the health

@@ -1,14 +1,17 @@
 """Every Prometheus metric the gateway exports, declared once, on a registry per app.
 
 Labels take values from small closed sets (routes, stages, tiers, outcomes, configured model
-names): never a tenant id, a query or a document id, which would grow without bound.
+names): never a tenant id, a query or a document id, which would grow without bound. Because the
+sets are closed, `initialise` makes every family's known series at 0 when a process starts
+(`gateway.server.metric_series` names them), so a panel or an alert reads 0 from the first
+scrape rather than nothing until the first event.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import ClassVar
 
 from prometheus_client import (
@@ -22,6 +25,7 @@ from prometheus_client import (
     PlatformCollector,
     generate_latest,
 )
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
@@ -267,6 +271,25 @@ class Metrics:
             for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
                 r.register(collector)
             r.register(_WorkerPool())
+
+    def labelled(self) -> dict[str, MetricWrapperBase]:
+        """Every family with labels, by its name (`querygate_requests`, without `_total`).
+        prometheus_client keeps a family's name and label names private: read as declared."""
+        return {
+            family._name: family
+            for family in vars(self).values()
+            if isinstance(family, MetricWrapperBase) and family._labelnames
+        }
+
+    def initialise(self, series: Mapping[str, Iterable[tuple[str, ...]]]) -> None:
+        """Make each named family's series of these label values, at 0 (a counter or histogram
+        not yet observed, a gauge not yet set). With several workers each one makes them in its
+        own files, which the scrape sums: a new worker, replacing one, makes them again."""
+        families = self.labelled()
+        for name, values in series.items():
+            family = families[name]
+            for labels in values:
+                family.labels(*labels)
 
     async def publish_resources(self, every_s: float = 5.0) -> None:
         """With several workers: publish this worker's memory, CPU and fds for the sum,

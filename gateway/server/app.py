@@ -14,6 +14,7 @@ from gateway.core.health import Readiness, watch_dependencies
 from gateway.core.runtime import Runtime, build_runtime
 from gateway.core.services import Services
 from gateway.http.appkeys import INGEST, METRICS, READINESS, RUNTIME, SERVICES, RuntimeHolder
+from gateway.http.failures import endpoints
 from gateway.http.handlers.chat import handle_chat_completions
 from gateway.http.handlers.completions import handle_completions
 from gateway.http.handlers.documents import handle_delete_document, handle_put_document
@@ -30,6 +31,7 @@ from gateway.limits.admission import Admission
 from gateway.obs.metrics import Metrics
 from gateway.server import heap
 from gateway.server.admin import handle_config, handle_reload
+from gateway.server.metric_series import initial_series
 from gateway.server.reload import Prepare, as_is, live_config
 from gateway.server.services import open_services
 from gateway.settings import Settings
@@ -99,6 +101,7 @@ def create_app(
             runtime = build_runtime(settings, live)
             app[RUNTIME] = AdmittingHolder(runtime, admission)
             metrics.config_info.labels(settings.version).set(1)
+            metrics.initialise(initial_series(settings, live, endpoints(app)))
             health = asyncio.create_task(watch_dependencies(live, metrics, HEALTH_EVERY_S))
             ingest = None
             if startup_ingest is not None:

@@ -4,24 +4,29 @@ closes them. `gateway/cli` parses their arguments and prints what they return.""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from opensearchpy.exceptions import OpenSearchException
 
 from backends.embeddings.bulk import bulk_embedder
 from backends.embeddings.config import build_embedder
+from backends.retrieval.base import Retriever
 from backends.retrieval.opensearch.client import open_client
 from gateway.core.routing import configured_routes, policy_for
 from gateway.core.runtime import build_classifier
 from gateway.http.wire import decision_body
 from gateway.ingest.background import ingest_shown
 from gateway.ingest.progress import IngestProgress, ProgressDisplay
-from gateway.ingest.readers import read_paths
+from gateway.ingest.prune import prune_sources
+from gateway.ingest.readers import RawDocument, read_paths, source_of
 from gateway.ingest.shared_progress import ProgressFile
 from gateway.ingest.wiki_sample import load_in_ingest_order
 from gateway.server.services import build_retriever, embedded_index_path
 from gateway.settings import Settings
 from routers.policy import decide
+
+# `querygate ingest --prune`: off, list what it would delete, or delete it (`--prune --apply`).
+PruneMode = Literal["off", "dry-run", "apply"]
 
 _SERVE_WITH_IT = (
     "A gateway reads the index its own configuration names: serve with the same configuration "
@@ -59,19 +64,29 @@ async def new_index_notice(settings: Settings) -> str | None:
 
 
 async def ingest(
-    settings: Settings, tenant: str, paths: list[Path], sample: bool, rechunk: bool = False
+    settings: Settings,
+    tenant: str,
+    paths: list[Path],
+    sample: bool,
+    rechunk: bool = False,
+    *,
+    source: str | None = None,
+    prune: PruneMode = "off",
 ) -> dict[str, Any]:
     """`querygate ingest`: the documents at `paths` (and the sample corpus) into `tenant`'s
     index, with a progress display; the report, with the ids refused as too large or blank.
     A first ingest of the tenant is shared through the data directory while it runs
-    (`gateway.ingest.shared_progress`), so a gateway serving it says its answers are partial."""
+    (`gateway.ingest.shared_progress`), so a gateway serving it says its answers are partial.
+    Each path is a source (`source_of`: named `source`, else its resolved path); `prune`
+    "dry-run" lists the documents of those sources that they no longer have (`stale_ids`),
+    "apply" deletes them too."""
     embedder = build_embedder(settings.embeddings)
     retriever = build_retriever(settings, embedder.dimension)
     # Every core embeds (one batch each); this coroutine is the one writer.
     bulk, parallel = bulk_embedder(embedder)
     try:
         docs = load_in_ingest_order() if sample else []
-        docs += list(read_paths(paths))
+        docs += list(read_paths(paths, source))
         progress = IngestProgress(tenant, "sample corpus" if sample else "documents")
         progress.total, progress.state = len(docs), "running"
         progress.workers = getattr(bulk, "workers", 1)
@@ -93,6 +108,7 @@ async def ingest(
         shared.remove()
         progress.state, progress.chunks = "done", report.chunks
         display.update(final=True)
+        pruned = await _prune(tenant, paths, source, docs, retriever, prune)
     finally:
         if bulk is not embedder:
             await bulk.aclose()
@@ -102,6 +118,33 @@ async def ingest(
         **report.as_dict(),
         "too_large_ids": report.too_large_ids,
         "blank_ids": report.blank_ids,
+        **pruned,
+    }
+
+
+async def _prune(
+    tenant: str,
+    paths: list[Path],
+    source: str | None,
+    docs: list[RawDocument],
+    retriever: Retriever,
+    mode: PruneMode,
+) -> dict[str, Any]:
+    """The prune's part of the report; nothing when not asked for."""
+    if mode == "off":
+        return {}
+    # Every source given has an entry: a folder emptied of its files has all of its documents
+    # stale (and listed by a dry run first).
+    present: dict[str, set[str]] = {source_of(path, source): set() for path in paths}
+    for doc in docs:
+        if doc.source in present:
+            present[doc.source].add(doc.doc_id)
+    found = await prune_sources(tenant, present, retriever, apply=mode == "apply")
+    return {
+        "stale": sum(len(ids) for ids in found.stale.values()),
+        "pruned": len(found.deleted),
+        "unsourced": found.unsourced,
+        "stale_ids": found.stale,
     }
 
 

@@ -1,7 +1,8 @@
 """The CLI's contract: bad configuration exits non-zero naming the field; the demo tenant's key
 is generated once, stored, and not printed again; `querygate ingest` names a blank file (white
 space or invisible characters only, `gateway.text.is_blank`) and ingests nothing of it, names a
-missing path and ingests the rest (exit 1), and finds the same index from any folder."""
+missing path and ingests the rest (exit 1), finds the same index from any folder, and with
+`--prune` lists what a folder no longer has, deleting it only with `--apply`."""
 
 from __future__ import annotations
 
@@ -261,3 +262,33 @@ def test_an_ingest_into_an_opensearch_alias_no_gateway_made_says_so(
         assert "creating a new one" not in second.stderr
     finally:
         requests.delete(f"{opensearch_url}/{alias}*", timeout=60)
+
+
+def test_ingest_prune_lists_first_and_deletes_only_with_apply(tmp_path: Path) -> None:
+    """The CLI's side of a prune (what it decides: tests/integration/test_ingest_prune.py): a
+    dry run names each document it would delete on stderr and exits as the ingest does; bad
+    prune options exit 2 before anything is written."""
+    config = tmp_path / "config.yaml"
+    config.write_text(f"data_dir: {tmp_path / 'data'}\n")
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for name in ("warranty", "returns"):
+        (docs / f"{name}.md").write_text(f"# {name.title()}\n\nAcme's {name} policy.\n")
+    assert run_cli(config, "ingest", "--tenant", "t", str(docs)).returncode == 0
+    (docs / "returns.md").unlink()
+    for bad in (("--apply",), ("--prune", "--source", " "), ("--prune", "--sample-corpus")):
+        paths = () if "--sample-corpus" in bad else (str(docs),)
+        refused = run_cli(config, "ingest", "--tenant", "t", *bad, *paths)
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    runs = []
+    for flags in (("--prune",), ("--prune", "--apply")):
+        done = run_cli(config, "ingest", "--tenant", "t", *flags, str(docs), str(tmp_path / "no"))
+        assert done.returncode == 1, done.stderr[-2000:]  # the missing path, not the prune
+        runs.append((_report(done), done.stderr))
+    (dry, dry_err), (applied, applied_err) = runs
+    source = docs.resolve().as_posix()
+    assert (dry["stale"], dry["pruned"]) == (1, 0)
+    assert f"would delete, no longer in {source}: returns.md" in dry_err
+    assert "add --apply to delete" in dry_err
+    assert (applied["stale"], applied["pruned"]) == (1, 1)
+    assert f"deleted, no longer in {source}: returns.md" in applied_err

@@ -11,25 +11,21 @@ import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import promql_parser
 import pytest
-import yaml
 
 from gateway.obs.accounting import ANSWERING
 from gateway.obs.metrics import Metrics
 from scripts import make_alerts
 from scripts.make_dashboard import OUT as DASHBOARD
 from scripts.make_dashboard import render
+from tests import shipped_queries
 from tests.fixtures.app import Client, OpenClient, scrape
 from tests.fixtures.gateway import REPO_ROOT
 from tests.metrics import Scrape
+from tests.shipped_queries import GRAFANA_VARIABLES, RULES, dashboard_expressions, rules
 
-RULES = make_alerts.OUT
 RULE_TESTS = REPO_ROOT / "tests/alerts/querygate_test.yaml"
-# Grafana's variables, as Grafana would substitute them.
-GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$job": ".*"}
 _SUFFIXES = {
     "counter": ("_total", "_created"),
     "histogram": ("_bucket", "_count", "_sum", "_created"),
@@ -53,34 +49,8 @@ async def exported_names(gw: Client) -> set[str]:
 
 
 def selectors(expr: str) -> Iterator[str]:
-    """The metric names an expression reads (parsing it: an invalid expression fails here)."""
-    yield from _walk(promql_parser.parse(expr))
-
-
-def _walk(node: Any) -> Iterator[str]:
-    if type(node).__name__ == "VectorSelector":
-        yield node.name
-        return
-    for attribute in ("lhs", "rhs", "expr", "param", "vector_selector"):
-        child = getattr(node, attribute, None)
-        if child is not None and not isinstance(child, (str, int, float)):
-            yield from _walk(child)
-    for child in getattr(node, "args", None) or ():
-        yield from _walk(child)
-
-
-def dashboard_expressions() -> list[str]:
-    board = json.loads(DASHBOARD.read_text(encoding="utf-8"))
-    exprs = [t["expr"] for p in board["panels"] for t in p.get("targets", [])]
-    for variable in board["templating"]["list"]:
-        if variable["type"] == "query":
-            exprs.append(variable["query"].removeprefix("label_values(").split(",")[0])
-    out = []
-    for expr in exprs:
-        for name, value in GRAFANA_VARIABLES.items():
-            expr = expr.replace(name, value)
-        out.append(expr)
-    return out
+    """The metric names an expression reads."""
+    yield from (selector.name for selector in shipped_queries.selectors(expr))
 
 
 def _unit_kind(expr: str) -> str:
@@ -111,11 +81,6 @@ def test_each_panel_draws_one_unit_on_an_axis_labelled_with_it() -> None:
         unit = panel["fieldConfig"]["defaults"]["unit"]
         expected = {"s": "s", "bytes": "bytes"}.get(kinds.pop())
         assert expected is None or unit == expected, (panel["title"], unit)
-
-
-def rules() -> list[dict[str, Any]]:
-    groups = yaml.safe_load(RULES.read_text(encoding="utf-8"))["groups"]
-    return [rule for group in groups for rule in group["rules"]]
 
 
 def test_the_shipped_dashboard_is_the_generators_output() -> None:
@@ -159,7 +124,7 @@ async def test_every_dashboard_expression_reads_only_exported_metrics(gateway: C
 @pytest.mark.asyncio(loop_scope="session")
 async def test_every_rule_expression_reads_exported_or_recorded_series(gateway: Client) -> None:
     exported = await exported_names(gateway)
-    recorded = {rule["record"] for rule in rules() if "record" in rule}
+    recorded = shipped_queries.recorded()
     alerts = [rule for rule in rules() if "alert" in rule]
     assert len(alerts) >= 10
     for rule in rules():

@@ -43,6 +43,7 @@ from tests.fixtures.documents import chunk_ids, make_doc
 from tests.fixtures.embeddings import unit_vector as fixture_unit_vector
 from tests.fixtures.gateway import run_cli
 from tests.fixtures.opensearch import TEST_DIMENSION, RetrieverFactory, opensearch_request
+from tests.fixtures.provenance import check_provenance
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 
@@ -1210,3 +1211,26 @@ async def test_querygate_opensearch_migrate_tenancy_moves_the_chunks_and_prints_
 
 def replace_config(config: OpenSearchConfig, **changes: Any) -> OpenSearchConfig:
     return config.model_copy(update=changes)
+
+
+@pytest.mark.parametrize("tenancy_mode", ["shared", "index_per_tenant"])
+async def test_sources_follow_the_provenance_contract(
+    make_opensearch_retriever: RetrieverFactory,
+    tenancy_mode: Literal["shared", "index_per_tenant"],
+) -> None:
+    """tests/fixtures/provenance.py, and chunks written before the `source` field existed
+    (none on them) read as no source: listed under "", never under a folder's."""
+    retriever = await make_opensearch_retriever(tenancy=tenancy_mode)
+    await check_provenance(retriever, TEST_DIMENSION)
+    await retriever.upsert_document("a", replace(doc("old", ["old text"], [5]), source="x"))
+    await retriever._layout.client.update_by_query(  # as an index from before the field had it
+        index=retriever.config.tenant_alias("a"),
+        body={
+            "query": {"term": {"doc_id": "old"}},
+            "script": {"lang": "painless", "source": "ctx._source.remove('source')"},
+        },
+        refresh=True,
+    )
+    assert await retriever.sources("a", ["old"]) == {"old": ""}
+    assert "old" in await retriever.source_documents("a", "")
+    assert await retriever.source_documents("a", "x") == []

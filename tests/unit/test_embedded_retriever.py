@@ -29,6 +29,7 @@ from backends.retrieval.embedded import writes as embedded_writes
 from tests.fixtures import tenancy
 from tests.fixtures.documents import chunk_ids, make_doc
 from tests.fixtures.embeddings import unit_vector
+from tests.fixtures.provenance import check_provenance
 
 MODES: tuple[RetrievalMode, ...] = ("bm25", "dense", "hybrid")
 
@@ -419,6 +420,9 @@ async def test_a_shared_fts_table_is_migrated_to_per_tenant_tables_on_open(
         assert (await index.generation("a"), await index.generation("b")) == (3, 2)
         assert await index.upsert_document("b", doc("b2", ["apple juice"], [9]))
         assert await index.stats("b") == (2, 2)
+        # Written before sources were recorded: no source, so never pruned.
+        assert await index.sources("a", ["a1", "a2"]) == {"a1": "", "a2": ""}
+        assert await index.source_documents("a", "") == ["a1", "a2"]
 
     with closing(sqlite3.connect(path)) as db:
         tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
@@ -426,3 +430,8 @@ async def test_a_shared_fts_table_is_migrated_to_per_tenant_tables_on_open(
     assert {embedded.fts_table("a"), embedded.fts_table("b")} <= tables
     async with EmbeddedRetriever(path) as reopened:  # a second open has nothing to migrate
         assert await reopened.generation("a") == 3
+
+
+async def test_sources_follow_the_provenance_contract(index: EmbeddedRetriever) -> None:
+    """tests/fixtures/provenance.py; the OpenSearch twin is in test_opensearch_retriever.py."""
+    await check_provenance(index, 384)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -71,10 +72,12 @@ def test_reader_takes_jsonl_records_with_their_own_ids(tmp_path: Path) -> None:
     path = tmp_path / "docs.jsonl"
     rows = [{"id": "a", "title": "A", "text": "alpha"}, {"id": "b", "text": "beta"}]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
-    assert list(read_paths([path])) == [
-        RawDocument("a", "A", "alpha"),
-        RawDocument("b", "b", "beta"),
+    source = path.resolve().as_posix()  # the file's source, whichever way it was named
+    assert list(read_paths([path.parent / ".." / path.parent.name / path.name])) == [
+        RawDocument("a", "A", "alpha", source=source),
+        RawDocument("b", "b", "beta", source=source),
     ]
+    assert {d.source for d in read_paths([path], source="faq")} == {"faq"}
 
 
 @pytest.mark.parametrize("line", ["not json", '{"id": "a"}', '{"id": 1, "text": "x"}', "[1]"])
@@ -298,7 +301,7 @@ def test_reader_ids_and_texts_follow_the_api_s_rules(tmp_path: Path) -> None:
     (tmp_path / "cafe\u0301.md").write_text("# Cafe\u0301\n\nMenu\x00 and\r\nprices.")
     rows = [{"id": "re\u0301sume\u0301", "title": "T\x07", "text": "body\x1b"}]
     (tmp_path / "docs.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-    found = {d.doc_id: d for d in read_paths([tmp_path])}
+    found = {d.doc_id: replace(d, source="") for d in read_paths([tmp_path])}
     # The NFC ids `PUT /v1/documents/caf%C3%A9.md` (or its NFD spelling) reaches.
     assert found["caf\u00e9.md"] == RawDocument(
         "caf\u00e9.md", "Caf\u00e9", "# Caf\u00e9\n\nMenu and\nprices."

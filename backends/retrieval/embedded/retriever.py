@@ -137,6 +137,18 @@ class EmbeddedRetriever:
             lambda state: store.content_hashes(state.db, tenant, doc_ids),
         )
 
+    async def sources(self, tenant: str, doc_ids: Sequence[str]) -> dict[str, str]:
+        return await self._read(
+            tenant, "sources", lambda state: store.sources(state.db, tenant, doc_ids)
+        )
+
+    async def source_documents(self, tenant: str, source: str) -> list[str]:
+        return await self._read(
+            tenant,
+            "source_documents",
+            lambda state: store.source_documents(state.db, tenant, source),
+        )
+
     async def generation(self, tenant: str) -> int:
         return await self._read(
             tenant, "generation", lambda state: store.stored_generation(state.db, tenant)
@@ -168,6 +180,12 @@ class EmbeddedRetriever:
 
     async def delete_document(self, tenant: str, doc_id: str) -> bool:
         return await self._write("delete", lambda state: writes.delete(state, tenant, doc_id))
+
+    async def set_source(self, tenant: str, doc_ids: Sequence[str], source: str) -> None:
+        # The documents table only: no chunk row changes, so nothing for the change log.
+        await self._write(
+            "set_source", lambda state: writes.set_source(state.db, tenant, doc_ids, source)
+        )
 
     async def aclose(self) -> None:
         def close() -> None:

@@ -1,8 +1,9 @@
 """The SQLite file: its schema, the per-tenant FTS5 tables, opening it (WAL, the move from one
-shared FTS table), transactions, and the reads that are one statement each.
+shared FTS table, the `source` column added to a file without it), transactions, and the reads
+that are one statement each.
 
-Layout: `documents` (one row per document: title, content hash), `chunks` (metadata and the
-float32 embedding blob; its rowid is the chunk's key everywhere), one FTS5 table per tenant,
+Layout: `documents` (one row per document: title, content hash, source), `chunks` (metadata and
+the float32 embedding blob; its rowid is the chunk's key everywhere), one FTS5 table per tenant,
 `fts_t<hash of the tenant>` (title, section and text; rowid = the chunk's key), created by the
 tenant's first write, `tenants` (the generation counter), `changes` (which chunks each
 generation touched: see `changes`) and `document_groups` (one row per group of a document's
@@ -42,6 +43,7 @@ CREATE TABLE IF NOT EXISTS documents (
     doc_id TEXT NOT NULL,
     title TEXT NOT NULL,
     content_hash TEXT NOT NULL,
+    source TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (tenant, doc_id)
 );
 CREATE TABLE IF NOT EXISTS chunks (
@@ -97,6 +99,7 @@ def open_file(path: Path) -> sqlite3.Connection:
     # WAL + NORMAL: a crash may lose the last commits but never corrupts the file.
     db.execute("PRAGMA synchronous=NORMAL")
     db.executescript(_SCHEMA)
+    _add_source_column(db)
     _migrate_shared_fts(db)
     return db
 
@@ -170,6 +173,27 @@ def content_hashes(db: sqlite3.Connection, tenant: str, doc_ids: Sequence[str]) 
     return found
 
 
+def sources(db: sqlite3.Connection, tenant: str, doc_ids: Sequence[str]) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for start in range(0, len(doc_ids), IDS_PER_STATEMENT):
+        part = list(doc_ids[start : start + IDS_PER_STATEMENT])
+        marks = ",".join("?" * len(part))
+        rows = db.execute(
+            f"SELECT doc_id, source FROM documents WHERE tenant = ? AND doc_id IN ({marks})",
+            (tenant, *part),
+        )
+        found.update({str(doc_id): str(source) for doc_id, source in rows})
+    return found
+
+
+def source_documents(db: sqlite3.Connection, tenant: str, source: str) -> list[str]:
+    rows = db.execute(
+        "SELECT doc_id FROM documents WHERE tenant = ? AND source = ? ORDER BY doc_id",
+        (tenant, source),
+    )
+    return [str(doc_id) for (doc_id,) in rows]
+
+
 def counts(db: sqlite3.Connection, tenant: str) -> tuple[int, int]:
     """(documents, chunks) of the tenant."""
     (docs,) = db.execute("SELECT count(*) FROM documents WHERE tenant = ?", (tenant,)).fetchone()
@@ -188,6 +212,22 @@ def _enable_wal(db: sqlite3.Connection, attempts: int = 100) -> None:
             if "locked" not in str(exc) or attempt == attempts - 1:
                 raise
             time.sleep(0.02)
+
+
+def _add_source_column(db: sqlite3.Connection) -> None:
+    """Give a file written before sources were recorded its `source` column: every document
+    in it gets "" (no source), so no prune ever deletes it until an ingest records one.
+    Two processes opening the file at once serialise on the write lock; the second finds the
+    column there."""
+    if _has_source(db):
+        return
+    with transaction(db):
+        if not _has_source(db):
+            db.execute("ALTER TABLE documents ADD COLUMN source TEXT NOT NULL DEFAULT ''")
+
+
+def _has_source(db: sqlite3.Connection) -> bool:
+    return any(row[1] == "source" for row in db.execute("PRAGMA table_info(documents)"))
 
 
 def _migrate_shared_fts(db: sqlite3.Connection) -> None:

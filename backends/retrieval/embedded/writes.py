@@ -8,6 +8,7 @@ touched here: each process's next read of the tenant applies the logged rows (`c
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -42,9 +43,9 @@ def upsert(state: IndexState, tenant: str, document: Document) -> bool:
             create_fts(db, table)
         removed = _delete_chunks(db, tenant, document.doc_id)
         db.execute(
-            "INSERT OR REPLACE INTO documents (tenant, doc_id, title, content_hash)"
-            " VALUES (?, ?, ?, ?)",
-            (tenant, document.doc_id, document.title, document.content_hash),
+            "INSERT OR REPLACE INTO documents (tenant, doc_id, title, content_hash, source)"
+            " VALUES (?, ?, ?, ?, ?)",
+            (tenant, document.doc_id, document.title, document.content_hash, document.source),
         )
         added = _insert_chunks(db, tenant, document)
         _write_groups(db, tenant, document)
@@ -67,6 +68,15 @@ def delete(state: IndexState, tenant: str, doc_id: str) -> bool:
         db.execute("DELETE FROM document_groups WHERE tenant = ? AND doc_id = ?", (tenant, doc_id))
         log_change(db, tenant, _bump_generation(db, tenant), removed)
     return True
+
+
+def set_source(db: sqlite3.Connection, tenant: str, doc_ids: Sequence[str], source: str) -> None:
+    """Record `source` for those documents; their chunks and the generation stay as they are."""
+    with transaction(db):
+        db.executemany(
+            "UPDATE documents SET source = ? WHERE tenant = ? AND doc_id = ?",
+            [(source, tenant, doc_id) for doc_id in doc_ids],
+        )
 
 
 def _check_dimension(db: sqlite3.Connection, tenant: str, document: Document) -> None:

@@ -104,6 +104,7 @@ def index_template(config: OpenSearchConfig) -> Json:
                     "doc_id": {"type": "keyword"},
                     "chunk_id": {"type": "keyword"},
                     "content_hash": {"type": "keyword"},
+                    "source": {"type": "keyword"},
                     "generation": {"type": "long"},
                     "pending": {"type": "boolean"},
                     # The document's access list (absent: every user of the tenant may read it).
@@ -195,12 +196,17 @@ class IndexLayout:
             # Lookups and the template use the short read timeout, so a hung node fails the first
             # query fast; only index creation gets the write timeout.
             await self.client.indices.put_index_template(name=cfg.alias, body=index_template(cfg))
-            # Indices created before the `pending` and `groups` fields existed get them (adding
-            # a field is allowed; their chunks have neither, so they are visible and public).
+            # Indices created before the `pending`, `groups` and `source` fields existed get them
+            # (adding a field is allowed; their chunks have none, so they are visible, public,
+            # and of no source: never pruned).
             await self.client.indices.put_mapping(
                 index=f"{cfg.alias}-v*,{cfg.alias}-t*",
                 body={
-                    "properties": {"pending": {"type": "boolean"}, "groups": {"type": "keyword"}}
+                    "properties": {
+                        "pending": {"type": "boolean"},
+                        "groups": {"type": "keyword"},
+                        "source": {"type": "keyword"},
+                    }
                 },
                 allow_no_indices=True,
                 ignore_unavailable=True,

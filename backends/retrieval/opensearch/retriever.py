@@ -14,6 +14,7 @@ from backends.retrieval.opensearch.layout import IndexLayout
 from backends.retrieval.opensearch.migrate import migrate_shared_to_per_tenant
 from backends.retrieval.opensearch.queries import fusion_path
 from backends.retrieval.opensearch.search import Search
+from backends.retrieval.opensearch.sources import Sources
 from backends.retrieval.opensearch.writes import Writes
 
 
@@ -27,6 +28,7 @@ class OpenSearchRetriever:
         self._layout = IndexLayout(config)
         self._generations = Generations(self._layout.client, config)
         self._search = Search(self._layout)
+        self._sources = Sources(self._layout)
         self._writes = Writes(self._layout, Bulk(self._layout.client, config), self._generations)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -95,6 +97,12 @@ class OpenSearchRetriever:
     async def content_hashes(self, tenant: str, doc_ids: Sequence[str]) -> dict[str, str]:
         return await self._writes.content_hashes(tenant, doc_ids)
 
+    async def sources(self, tenant: str, doc_ids: Sequence[str]) -> dict[str, str]:
+        return await self._sources.sources(tenant, doc_ids)
+
+    async def source_documents(self, tenant: str, source: str) -> list[str]:
+        return await self._sources.source_documents(tenant, source)
+
     # -- writes ------------------------------------------------------------------------------
 
     async def upsert_document(self, tenant: str, document: Document) -> bool:
@@ -105,3 +113,6 @@ class OpenSearchRetriever:
 
     async def delete_document(self, tenant: str, doc_id: str) -> bool:
         return await self._writes.delete_document(tenant, doc_id)
+
+    async def set_source(self, tenant: str, doc_ids: Sequence[str], source: str) -> None:
+        await self._sources.set_source(tenant, doc_ids, source)

@@ -26,6 +26,7 @@ class Stored:
     visible: dict[str, list[str]] = field(default_factory=dict)
     stamps: dict[str, int] = field(default_factory=dict)
     hidden_hashes: set[str] = field(default_factory=set)
+    source: str = ""  # as its visible chunks record it ("": none, or chunks from before sources)
 
     @property
     def visible_keys(self) -> set[str]:
@@ -68,6 +69,7 @@ async def read_stored(
                 entry.hidden_hashes.add(content_hash)
             else:
                 entry.visible.setdefault(content_hash, []).append(key)
+                entry.source = str(source.get("source", ""))
                 stamp = int(source.get("generation", 0))
                 entry.stamps[content_hash] = max(entry.stamps.get(content_hash, 0), stamp)
     return found
@@ -79,7 +81,7 @@ async def _hits_of(
     """Every chunk of the documents, paged with search_after (no result-window limit)."""
     body: Json = {
         "size": _LOOKUP_PAGE,
-        "_source": ["doc_id", "content_hash", "pending", "generation"],
+        "_source": ["doc_id", "content_hash", "pending", "generation", "source"],
         "query": {
             "bool": {"filter": [{"term": {"tenant": tenant}}, {"terms": {"doc_id": doc_ids}}]}
         },

@@ -207,6 +207,7 @@ def _document_ops(
                 "section": chunk.section,
                 "text": chunk.text,
                 "content_hash": document.content_hash,
+                "source": document.source,
                 "generation": 0,  # stamped by the flip
                 "pending": True,
                 "embedding": chunk.embedding.astype(float).tolist(),
