@@ -112,6 +112,9 @@ class Document:
     # of the tenant.
     groups: tuple[str, ...] | None = None
     source: str = ""  # where it was ingested from ("": PUT by the API; see the module doc)
+    # The text the chunks were made from, kept beside them so that `querygate reindex` can chunk
+    # and embed the document again with no source folder; "" when the caller has none.
+    text: str = ""
 
 
 @dataclass(frozen=True, slots=True)

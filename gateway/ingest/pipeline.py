@@ -21,12 +21,13 @@ import asyncio
 import hashlib
 import logging
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from itertools import islice
+from typing import Protocol
 
 from backends.embeddings.base import Embedder, TokenWindow, token_window
-from backends.retrieval.base import Chunk, Document, Retriever, Vector
+from backends.retrieval.base import Chunk, Document, Vector
 from gateway.ingest.chunker import DEFAULT_CHUNKING, ChunkingConfig, TextChunk, iter_chunks
 from gateway.ingest.readers import RawDocument
 from gateway.text import is_blank
@@ -37,6 +38,16 @@ EMBED_BATCH = 256  # chunks per embedder call: enough to batch well, small enoug
 LOOKUP_BATCH = 500  # documents per lookup of stored content hashes
 
 log = logging.getLogger(__name__)
+
+
+class DocumentSink(Protocol):
+    """What an ingest writes to: a `Retriever`, or a reindex's building version."""
+
+    async def content_hashes(self, tenant: str, doc_ids: Sequence[str]) -> dict[str, str]: ...
+
+    async def upsert_documents(self, tenant: str, documents: Sequence[Document]) -> list[bool]: ...
+
+    async def delete_document(self, tenant: str, doc_id: str) -> bool: ...
 
 
 @dataclass(slots=True)
@@ -86,7 +97,7 @@ async def ingest_documents(
     tenant: str,
     raw_docs: Iterable[RawDocument],
     embedder: Embedder,
-    retriever: Retriever,
+    retriever: DocumentSink,
     progress: Progress | None = None,
     *,
     chunking: ChunkingConfig = DEFAULT_CHUNKING,
@@ -186,7 +197,7 @@ async def _prepare(
     tenant: str,
     raw: RawDocument,
     stored: str | None,
-    retriever: Retriever,
+    retriever: DocumentSink,
     report: IngestReport,
     chunking: ChunkingConfig,
     window: TokenWindow | None,
@@ -259,7 +270,7 @@ async def _write(
     tenant: str,
     pending: list[_Pending],
     vectors: Vector,
-    retriever: Retriever,
+    retriever: DocumentSink,
     report: IngestReport,
 ) -> int:
     """Write each document of an embedded batch; returns documents written."""
@@ -272,6 +283,7 @@ async def _write(
             tuple(Chunk(c.chunk_id, c.text, c.section, next(rows)) for c in item.chunks),
             item.raw.groups,
             source=item.raw.source,
+            text=item.raw.text,
         )
         for item in pending
     ]
@@ -295,7 +307,7 @@ async def _rechunk_still_current(
     tenant: str,
     pending: list[_Pending],
     documents: list[Document],
-    retriever: Retriever,
+    retriever: DocumentSink,
     report: IngestReport,
 ) -> list[tuple[_Pending, Document]]:
     """The batch's documents to write. A rechunk whose document a live PUT or DELETE changed

@@ -26,19 +26,21 @@ from backends.retrieval.base import (
     SearchRequest,
     refuse_empty,
 )
-from backends.retrieval.embedded import store, writes
+from backends.retrieval.embedded import store, versions, writes
 from backends.retrieval.embedded.lanes import ReadLanes
 from backends.retrieval.embedded.lexical import LEXICAL_ROW_BUDGET, query_terms
 from backends.retrieval.embedded.search import document_chunks, search_hits
 from backends.retrieval.embedded.state import IndexState, Shared
+from backends.retrieval.embedded.versioned import EmbeddedVersions
 
 T = TypeVar("T")
 # Read threads: a tenant holds at most one, so this many busy tenants before a read waits.
 READERS = 4
 
 
-class EmbeddedRetriever:
-    """A `Retriever` over one SQLite file; see `store` for the layout."""
+class EmbeddedRetriever(EmbeddedVersions):
+    """A `Retriever` over one SQLite file; see `store` for the layout, and `versioned` for its
+    index versions."""
 
     name = store.BACKEND
 
@@ -99,7 +101,9 @@ class EmbeddedRetriever:
 
     def _open(self) -> None:
         with store.translated("open"):
-            self._state = IndexState(store.open_file(self._path), self._shared)
+            db = store.open_file(self._path)
+            versions.create_tables(db)
+            self._state = IndexState(db, self._shared)
 
     def _open_reader(self) -> IndexState:
         self._opened.result()  # raises what opening the file raised
@@ -172,14 +176,19 @@ class EmbeddedRetriever:
             writes.check_chunks(document)
         # One transaction per document: a reader sees a document whole, old or new, and an
         # interrupted batch leaves whole documents only (a rolled-back one keeps its old hash, so
-        # a retry writes it). SQLite is local, so the per-document cost is no round trip.
+        # a retry writes it). SQLite is local, so the per-document cost is no round trip. Each
+        # kept version (a reindex's build, the previous version) gets the write too.
         return [
-            await self._write("upsert", partial(writes.upsert, tenant=tenant, document=document))
+            await self._write(
+                "upsert", partial(versions.upsert_everywhere, tenant=tenant, document=document)
+            )
             for document in documents
         ]
 
     async def delete_document(self, tenant: str, doc_id: str) -> bool:
-        return await self._write("delete", lambda state: writes.delete(state, tenant, doc_id))
+        return await self._write(
+            "delete", lambda state: versions.delete_everywhere(state, tenant, doc_id)
+        )
 
     async def set_source(self, tenant: str, doc_ids: Sequence[str], source: str) -> None:
         # The documents table only: no chunk row changes, so nothing for the change log.

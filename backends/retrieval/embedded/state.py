@@ -51,6 +51,11 @@ class IndexState:
         """Remember a table a committed write created."""
         self._shared.fts_tables.add(table)
 
+    def forget_tables(self) -> None:
+        """Forget which FTS tables exist: a transaction that rolled back after a part of it
+        had recorded a table it created (a savepoint of a larger write) left that unsure."""
+        self._shared.fts_tables.clear()
+
     def tenant_vectors(self, tenant: str) -> TenantVectors | None:
         """The tenant's vectors as of this connection's snapshot; None when it has no chunks.
 

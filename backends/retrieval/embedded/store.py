@@ -124,6 +124,18 @@ def table_exists(db: sqlite3.Connection, table: str) -> bool:
 
 @contextmanager
 def transaction(db: sqlite3.Connection) -> Iterator[None]:
+    if db.in_transaction:
+        # Part of a larger write (one document to every index version): a savepoint, which
+        # the enclosing transaction commits or rolls back with the rest.
+        db.execute("SAVEPOINT part")
+        try:
+            yield
+        except BaseException:
+            db.execute("ROLLBACK TO part")
+            db.execute("RELEASE part")
+            raise
+        db.execute("RELEASE part")
+        return
     # IMMEDIATE takes the write lock up front, so a concurrent writer process fails here,
     # before any work, instead of at commit.
     db.execute("BEGIN IMMEDIATE")

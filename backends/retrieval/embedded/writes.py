@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from backends.retrieval.base import Document
+from backends.retrieval.embedded import sources
 from backends.retrieval.embedded.changes import log_change
 from backends.retrieval.embedded.state import IndexState
 from backends.retrieval.embedded.store import create_fts, fts_table, transaction
@@ -49,6 +50,7 @@ def upsert(state: IndexState, tenant: str, document: Document) -> bool:
         )
         added = _insert_chunks(db, tenant, document)
         _write_groups(db, tenant, document)
+        sources.put(db, tenant, document)
         log_change(db, tenant, _bump_generation(db, tenant), removed + added)
     # Only after the commit: a failed transaction created no table.
     state.created_fts(table)
@@ -66,6 +68,7 @@ def delete(state: IndexState, tenant: str, doc_id: str) -> bool:
             return False
         removed = _delete_chunks(db, tenant, doc_id)
         db.execute("DELETE FROM document_groups WHERE tenant = ? AND doc_id = ?", (tenant, doc_id))
+        sources.remove(db, tenant, doc_id)
         log_change(db, tenant, _bump_generation(db, tenant), removed)
     return True
 
