@@ -10,7 +10,7 @@ atomic for every process and bump the tenant's generation, so cached answers ret
 Each backend keeps each document's text beside its chunks (`Document.text`): the reindex reads
 it back, chunks and embeds it again with the configuration it runs with, and needs no source
 folder. A document stored without its text (by a version that did not keep it) cannot be
-rebuilt; a build refuses to start while the tenant has any (`unsourced`).
+rebuilt; a build refuses to start while the tenant has any (`without_text`).
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ class StoredSource:
     text: str
     content_hash: str
     groups: tuple[str, ...] | None = None  # its access list; None: every user of the tenant
+    source: str = ""  # where it was ingested from (`Document.source`): a rebuild keeps it
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,21 +101,25 @@ class VersionedIndex(Protocol):
 
     async def versions(self, tenant: str) -> IndexVersions: ...
 
+    async def sources(self, tenant: str, doc_ids: Sequence[str]) -> dict[str, str]:
+        """Where the serving version's documents were ingested from (`Retriever.sources`)."""
+        ...
+
     async def begin_build(self, tenant: str, model: str, chunking: str) -> IndexVersions:
         """Start a new building version (empty); VersionError while a build or a previous
         version exists."""
         ...
 
-    async def sources(self, tenant: str, after: str, limit: int) -> list[StoredSource]:
+    async def stored_texts(self, tenant: str, after: str, limit: int) -> list[StoredSource]:
         """Stored documents of the serving version with their text, doc id above `after`, in
         doc id order, at most `limit`."""
         ...
 
-    async def sources_of(self, tenant: str, doc_ids: Sequence[str]) -> list[StoredSource]:
+    async def texts_of(self, tenant: str, doc_ids: Sequence[str]) -> list[StoredSource]:
         """Those of these documents the serving version holds, with their text."""
         ...
 
-    async def unsourced(self, tenant: str) -> int:
+    async def without_text(self, tenant: str) -> int:
         """Documents of the serving version stored without their text."""
         ...
 

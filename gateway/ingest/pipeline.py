@@ -49,6 +49,10 @@ class DocumentSink(Protocol):
 
     async def delete_document(self, tenant: str, doc_id: str) -> bool: ...
 
+    async def sources(self, tenant: str, doc_ids: Sequence[str]) -> dict[str, str]: ...
+
+    async def set_source(self, tenant: str, doc_ids: Sequence[str], source: str) -> None: ...
+
 
 @dataclass(slots=True)
 class IngestReport:
@@ -173,7 +177,7 @@ async def ingest_documents(
 
 
 async def _claim_unchanged(
-    tenant: str, docs: list[RawDocument], stored: dict[str, str], retriever: Retriever
+    tenant: str, docs: list[RawDocument], stored: dict[str, str], retriever: DocumentSink
 ) -> None:
     """Record this write's source on the documents stored with the same content, whose write
     is skipped: one lookup of their recorded sources, one update per source that differs."""

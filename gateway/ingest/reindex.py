@@ -66,6 +66,17 @@ class _Building:
     async def delete_document(self, tenant: str, doc_id: str) -> bool:
         return await self._index.delete_building(tenant, doc_id)
 
+    async def sources(self, tenant: str, doc_ids: Sequence[str]) -> dict[str, str]:
+        """Where the documents came from: the serving version's record, which every rebuilt
+        document carries over (`StoredSource.source`)."""
+        return await self._index.sources(tenant, doc_ids)
+
+    async def set_source(self, tenant: str, doc_ids: Sequence[str], source: str) -> None:
+        raise ReindexError(
+            f"tenant {tenant!r}: {len(doc_ids)} documents were moved to source {source!r} "
+            "while being rebuilt: run reindex again"
+        )
+
 
 async def reindex_tenant(
     tenant: str,
@@ -78,7 +89,7 @@ async def reindex_tenant(
     """Build a new version of the tenant's index and switch to it. A build that stopped before
     its switch is resumed: what it lacks is copied, then it switches. VersionError when a
     previous version is in the way, or documents were stored without their text."""
-    if unsourced := await index.unsourced(tenant):
+    if unsourced := await index.without_text(tenant):
         raise VersionError(
             f"tenant {tenant!r}: {unsourced} documents were stored without their text (by an "
             "older version of querygate), so they cannot be rebuilt from the index: ingest "
@@ -97,8 +108,8 @@ async def reindex_tenant(
     building = _Building(index)
     copied = IngestReport()
     after = ""
-    while not resumed and (page := await index.sources(tenant, after, SOURCE_PAGE)):
-        raw = [RawDocument(s.doc_id, s.title, s.text, s.groups) for s in page]
+    while not resumed and (page := await index.stored_texts(tenant, after, SOURCE_PAGE)):
+        raw = [RawDocument(s.doc_id, s.title, s.text, s.groups, s.source) for s in page]
         await ingest_documents(
             tenant, raw, embedder, building, chunking=chunking, parallel=parallel, report=copied
         )
@@ -148,11 +159,11 @@ async def _copy_again(
     """Make the building version hold what the serving one holds of these documents."""
     for start in range(0, len(doc_ids), SOURCE_PAGE):
         part = doc_ids[start : start + SOURCE_PAGE]
-        stored = {s.doc_id: s for s in await index.sources_of(tenant, part)}
+        stored = {s.doc_id: s for s in await index.texts_of(tenant, part)}
         for doc_id in part:
             if doc_id not in stored:
                 await index.delete_building(tenant, doc_id)
-        raw = [RawDocument(s.doc_id, s.title, s.text, s.groups) for s in stored.values()]
+        raw = [RawDocument(s.doc_id, s.title, s.text, s.groups, s.source) for s in stored.values()]
         await ingest_documents(tenant, raw, embedder, building, chunking=chunking)
 
 

@@ -407,38 +407,6 @@ async def test_generation_counts_concurrent_changes_exactly(
     assert await opensearch_retriever.generation("nobody") == 0
 
 
-@pytest.mark.parametrize("tenancy", ["shared", "index_per_tenant"])
-async def test_alias_swap_under_concurrent_queries_fails_no_query(
-    make_opensearch_retriever: RetrieverFactory, tenancy: str
-) -> None:
-    retriever = await make_opensearch_retriever(tenancy=tenancy)
-    tenant = "swap"
-    for n in range(20):
-        await retriever.upsert_document(tenant, doc(f"s{n}", [f"swap test {n}"], [200 + n]))
-    old = await retriever.current_index(tenant)
-    request = SearchRequest(tenant, "swap test", unit_vector(205), k=5)
-    stop = asyncio.Event()
-    results: list[int] = []
-
-    async def query_until_stopped() -> None:
-        while not stop.is_set():
-            results.append(len(await retriever.search(request)))
-
-    queriers = [asyncio.create_task(query_until_stopped()) for _ in range(4)]
-    try:
-        new, previous = await retriever.rebuild_index(tenant)
-        await asyncio.sleep(0.2)  # let queries run against the new index too
-    finally:
-        stop.set()
-        await asyncio.gather(*queriers)  # any failed query raises here
-
-    assert previous == old != new == await retriever.current_index(tenant)
-    assert new.endswith("-v2") and new.startswith(retriever.config.tenant_alias(tenant))
-    assert results and all(n == 5 for n in results)
-    await retriever.drop_index(old, tenant)
-    assert await retriever.stats(tenant) == (20, 20)
-
-
 async def test_identifier_is_found_exactly_by_bm25(
     opensearch_retriever: OpenSearchRetriever,
 ) -> None:

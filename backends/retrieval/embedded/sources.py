@@ -36,7 +36,8 @@ def remove(db: sqlite3.Connection, tenant: str, doc_id: str) -> None:
 
 
 _SELECT = (
-    "SELECT documents.doc_id, documents.title, sources.text, documents.content_hash"
+    "SELECT documents.doc_id, documents.title, sources.text, documents.content_hash,"
+    " documents.source"
     " FROM documents JOIN sources USING (tenant, doc_id) WHERE documents.tenant = ?"
 )
 # SQLite caps bound parameters per statement (32,766 since 3.32); stay well under.
@@ -63,7 +64,7 @@ def of(db: sqlite3.Connection, tenant: str, doc_ids: Sequence[str]) -> list[Stor
 
 
 def _with_groups(
-    db: sqlite3.Connection, tenant: str, rows: list[tuple[str, str, str, str]]
+    db: sqlite3.Connection, tenant: str, rows: list[tuple[str, str, str, str, str]]
 ) -> list[StoredSource]:
     """The sources of `rows` with each document's access list (a rebuild keeps it)."""
     groups: dict[str, list[str]] = {}
@@ -76,7 +77,10 @@ def _with_groups(
             (tenant, *part),
         ):
             groups.setdefault(doc_id, []).append(group)
-    return [StoredSource(*row, tuple(groups[row[0]]) if row[0] in groups else None) for row in rows]
+    return [
+        StoredSource(*row[:4], tuple(groups[row[0]]) if row[0] in groups else None, row[4])
+        for row in rows
+    ]
 
 
 def unsourced(db: sqlite3.Connection, tenant: str) -> int:

@@ -37,14 +37,14 @@ class EmbeddedVersions(ABC):
             "begin_build", lambda s: versions.begin(s.db, tenant, model, chunking)
         )
 
-    async def sources(self, tenant: str, after: str, limit: int) -> list[StoredSource]:
-        return await self._write("sources", lambda s: sources.page(s.db, tenant, after, limit))
+    async def stored_texts(self, tenant: str, after: str, limit: int) -> list[StoredSource]:
+        return await self._write("stored_texts", lambda s: sources.page(s.db, tenant, after, limit))
 
-    async def sources_of(self, tenant: str, doc_ids: Sequence[str]) -> list[StoredSource]:
-        return await self._write("sources_of", lambda s: sources.of(s.db, tenant, doc_ids))
+    async def texts_of(self, tenant: str, doc_ids: Sequence[str]) -> list[StoredSource]:
+        return await self._write("texts_of", lambda s: sources.of(s.db, tenant, doc_ids))
 
-    async def unsourced(self, tenant: str) -> int:
-        return await self._write("unsourced", lambda s: sources.unsourced(s.db, tenant))
+    async def without_text(self, tenant: str) -> int:
+        return await self._write("without_text", lambda s: sources.unsourced(s.db, tenant))
 
     async def version_diff(self, tenant: str) -> VersionDiff:
         return await self._write("version_diff", lambda s: versions.diff(s.db, tenant))

@@ -3,6 +3,8 @@ optimistic concurrency (sequence number and primary term), so no scripting is ne
 
 from __future__ import annotations
 
+import time
+
 from opensearchpy import AsyncOpenSearch
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 
@@ -25,6 +27,13 @@ class Generations:
     async def read(self, tenant: str) -> int:
         doc = await self._meta_doc(tenant)
         return int(doc["_source"]["generation"]) if doc else 0
+
+    async def changed_at(self, tenant: str) -> float | None:
+        """When the tenant's generation last moved (unix seconds); None: never, or before the
+        time was recorded."""
+        doc = await self._meta_doc(tenant)
+        value = doc["_source"].get("changed_at") if doc else None
+        return None if value is None else float(value)
 
     async def bump(self, tenant: str) -> int:
         """Increment the tenant's counter; a conflict with another writer reads it again."""
@@ -56,7 +65,7 @@ class Generations:
             response = await self._client.index(
                 index=self._config.meta_index,
                 id=tenant,
-                body={"generation": value},
+                body={"generation": value, "changed_at": time.time()},
                 params={**guard, "ignore": 409},
                 request_timeout=self._config.write_timeout_s,
             )

@@ -7,8 +7,8 @@ Layout in the cluster, all named from `OpenSearchConfig.alias` (say `qg`):
   ranking. `tenancy: shared`: one alias `qg` over `qg-v<N>` for every tenant; scales to any
   number of tenants, but BM25's document frequencies count every tenant's chunks, which lets a
   tenant probe whether a word occurs in others' documents (see docs/opensearch.md).
-- `rebuild_index` builds `<alias>-v<N+1>` aside and swaps the alias in one atomic `_aliases`
-  call, so readers never see a half-built index.
+- a reindex builds `<alias>-v<N+1>` aside, behind `<alias>-next`, and swaps the alias in one
+  atomic `_aliases` call, so readers never see a half-built index (`versions`, `targets`).
 - an index template `qg` (patterns `qg-v*`, `qg-t*`) carries settings and mappings for every
   version.
 - `qg-meta` holds one document per tenant with its generation counter.
@@ -45,7 +45,21 @@ log = logging.getLogger(__name__)
 # Tokens for the `.ids` subfields: runs of letters/digits/_ joined by inner `-` or `.`, so
 # "ERR-4471", "v1.2.3" and "SKU_88" stay whole instead of being split by the standard tokenizer.
 _IDENTIFIER_PATTERN = r"[^\p{L}\p{N}_.\-]+|(?<![\p{L}\p{N}_])[.\-]+|[.\-]+(?![\p{L}\p{N}_])"
-_META_MAPPINGS: Json = {"dynamic": "strict", "properties": {"generation": {"type": "long"}}}
+# Per tenant: the generation, and when it last moved (unix seconds: the index's freshness).
+_META_PROPERTIES: Json = {"generation": {"type": "long"}, "changed_at": {"type": "double"}}
+_META_MAPPINGS: Json = {"dynamic": "strict", "properties": _META_PROPERTIES}
+# Fields added since the first layout, put on indices made before them.
+_ADDED_FIELDS: Json = {
+    "pending": {"type": "boolean"},
+    # The document's access list (absent: every user of the tenant may read it).
+    "groups": {"type": "keyword"},
+    # Where the document was ingested from (`querygate ingest --prune`).
+    "source": {"type": "keyword"},
+    # A document's text, on its first chunk: kept for a reindex, never searched; `has_text`
+    # finds that chunk (an unindexed field matches no query).
+    "document_text": {"type": "text", "index": False},
+    "has_text": {"type": "boolean"},
+}
 
 
 class SharedChunksNotMigrated(UpstreamError):
@@ -104,11 +118,8 @@ def index_template(config: OpenSearchConfig) -> Json:
                     "doc_id": {"type": "keyword"},
                     "chunk_id": {"type": "keyword"},
                     "content_hash": {"type": "keyword"},
-                    "source": {"type": "keyword"},
                     "generation": {"type": "long"},
-                    "pending": {"type": "boolean"},
-                    # The document's access list (absent: every user of the tenant may read it).
-                    "groups": {"type": "keyword"},
+                    **_ADDED_FIELDS,
                     "title": {"type": "text", "analyzer": "english", "fields": {**ids, **raw}},
                     "section": {"type": "text", "analyzer": "english"},
                     "text": {"type": "text", "analyzer": "english", "fields": ids},
@@ -196,18 +207,12 @@ class IndexLayout:
             # Lookups and the template use the short read timeout, so a hung node fails the first
             # query fast; only index creation gets the write timeout.
             await self.client.indices.put_index_template(name=cfg.alias, body=index_template(cfg))
-            # Indices created before the `pending`, `groups` and `source` fields existed get them
-            # (adding a field is allowed; their chunks have none, so they are visible, public,
-            # and of no source: never pruned).
+            # Indices created before a field existed get it (adding one is allowed; their chunks
+            # have none, so they are visible, public, of no source (never pruned) and without
+            # their text (a reindex refuses them)).
             await self.client.indices.put_mapping(
                 index=f"{cfg.alias}-v*,{cfg.alias}-t*",
-                body={
-                    "properties": {
-                        "pending": {"type": "boolean"},
-                        "groups": {"type": "keyword"},
-                        "source": {"type": "keyword"},
-                    }
-                },
+                body={"properties": _ADDED_FIELDS},
                 allow_no_indices=True,
                 ignore_unavailable=True,
                 request_timeout=cfg.write_timeout_s,
@@ -220,6 +225,11 @@ class IndexLayout:
             }
             await self._create_index(
                 cfg.meta_index, {"settings": {"index": meta_settings}, "mappings": _META_MAPPINGS}
+            )
+            await self.client.indices.put_mapping(
+                index=cfg.meta_index,
+                body={"properties": _META_PROPERTIES},
+                request_timeout=cfg.write_timeout_s,
             )
             if await self.server_side():
                 await self.client.transport.perform_request(
@@ -347,7 +357,7 @@ class IndexLayout:
     # -- index versions ----------------------------------------------------------------------
 
     def _versioned_alias(self, tenant: str | None) -> str:
-        """The alias `current_index`/`rebuild_index`/`drop_index` act on."""
+        """The alias `current_index`/`drop_index` act on."""
         if self.config.tenancy == "shared":
             return self.config.alias
         if tenant is None:
@@ -360,37 +370,6 @@ class IndexLayout:
         with translated("current_index"):
             aliases = await self.client.indices.get_alias(name=alias)
         return str(next(iter(aliases)))
-
-    async def rebuild_index(self, tenant: str | None = None) -> tuple[str, str]:
-        """Copy the live index into a new version (current template) and swap the alias to it.
-
-        Returns (new index, old index). The old index is left in place so queries already running
-        against it finish; drop it with `drop_index` once drained. Writes made while the copy runs
-        land in the old index only, so callers pause ingestion around a rebuild.
-        """
-        await self.ensure_ready()
-        cfg = self.config
-        alias = self._versioned_alias(tenant)
-        old = await self.current_index(tenant)
-        new = cfg.version_index(int(old.rsplit("-v", 1)[1]) + 1, alias)
-        with translated("rebuild_index"):
-            await self._create_index(new)
-            await self.client.reindex(
-                body={"source": {"index": old}, "dest": {"index": new}},
-                refresh=True,
-                wait_for_completion=True,
-                request_timeout=cfg.write_timeout_s,
-            )
-            await self.client.indices.update_aliases(
-                body={
-                    "actions": [
-                        {"remove": {"index": old, "alias": alias}},
-                        {"add": {"index": new, "alias": alias}},
-                    ]
-                },
-                request_timeout=cfg.write_timeout_s,
-            )
-        return new, old
 
     async def drop_index(self, index: str, tenant: str | None = None) -> None:
         if index == await self.current_index(tenant):

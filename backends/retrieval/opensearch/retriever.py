@@ -15,21 +15,24 @@ from backends.retrieval.opensearch.migrate import migrate_shared_to_per_tenant
 from backends.retrieval.opensearch.queries import fusion_path
 from backends.retrieval.opensearch.search import Search
 from backends.retrieval.opensearch.sources import Sources
+from backends.retrieval.opensearch.versions import OpenSearchVersions
 from backends.retrieval.opensearch.writes import Writes
 
 
-class OpenSearchRetriever:
-    """`Retriever` over one OpenSearch cluster; one pooled async client per instance."""
+class OpenSearchRetriever(OpenSearchVersions):
+    """`Retriever` over one OpenSearch cluster; one pooled async client per instance. Its
+    index versions (`backends.retrieval.versions`) are `OpenSearchVersions`'."""
 
     name = "opensearch"
 
     def __init__(self, config: OpenSearchConfig) -> None:
         self.config = config
-        self._layout = IndexLayout(config)
-        self._generations = Generations(self._layout.client, config)
-        self._search = Search(self._layout)
-        self._sources = Sources(self._layout)
-        self._writes = Writes(self._layout, Bulk(self._layout.client, config), self._generations)
+        layout = IndexLayout(config)
+        generations = Generations(layout.client, config)
+        writes = Writes(layout, Bulk(layout.client, config), generations)
+        # Sets the parts every method below works with: _layout, _writes, _generations, _search.
+        super().__init__(layout, writes, generations, Search(layout))
+        self._sources = Sources(layout)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -57,10 +60,6 @@ class OpenSearchRetriever:
 
     async def current_index(self, tenant: str | None = None) -> str:
         return await self._layout.current_index(tenant)
-
-    async def rebuild_index(self, tenant: str | None = None) -> tuple[str, str]:
-        """(new index, old index); see `IndexLayout.rebuild_index`."""
-        return await self._layout.rebuild_index(tenant)
 
     async def drop_index(self, index: str, tenant: str | None = None) -> None:
         await self._layout.drop_index(index, tenant)

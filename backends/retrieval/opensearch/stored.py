@@ -53,13 +53,20 @@ class Stored:
 
 
 async def read_stored(
-    client: AsyncOpenSearch, config: OpenSearchConfig, tenant: str, doc_ids: Sequence[str]
+    client: AsyncOpenSearch,
+    config: OpenSearchConfig,
+    tenant: str,
+    doc_ids: Sequence[str],
+    index: str | None = None,
 ) -> dict[str, Stored]:
-    """What is stored of these documents, hidden chunks included, by doc id."""
+    """What is stored of these documents, hidden chunks included, by doc id: behind the
+    tenant's alias, or in `index` (one version of it)."""
     found: dict[str, Stored] = {}
     for start in range(0, len(doc_ids), _LOOKUP_DOCS):
         part = list(dict.fromkeys(doc_ids[start : start + _LOOKUP_DOCS]))
-        async for hit in _hits_of(client, config, tenant, part):
+        async for hit in _hits_of(
+            client, config, index or config.tenant_alias(tenant), tenant, part
+        ):
             source = hit["_source"]
             entry = found.setdefault(source["doc_id"], Stored())
             key = str(hit["_id"])
@@ -76,7 +83,7 @@ async def read_stored(
 
 
 async def _hits_of(
-    client: AsyncOpenSearch, config: OpenSearchConfig, tenant: str, doc_ids: list[str]
+    client: AsyncOpenSearch, config: OpenSearchConfig, index: str, tenant: str, doc_ids: list[str]
 ) -> AsyncIterator[Json]:
     """Every chunk of the documents, paged with search_after (no result-window limit)."""
     body: Json = {
@@ -90,7 +97,7 @@ async def _hits_of(
     while True:
         with translated("stored"):
             response = await client.search(
-                index=config.tenant_alias(tenant),
+                index=index,
                 body=body,
                 ignore_unavailable=True,
                 request_timeout=config.write_timeout_s,

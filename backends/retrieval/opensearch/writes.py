@@ -28,6 +28,7 @@ from backends.retrieval.opensearch.client import Json
 from backends.retrieval.opensearch.generations import Generations
 from backends.retrieval.opensearch.layout import IndexLayout
 from backends.retrieval.opensearch.stored import Stored, read_stored
+from backends.retrieval.opensearch.targets import write_targets
 
 # A document's chunks are listed in one search page when a new version replaces them.
 MAX_CHUNKS_PER_DOCUMENT = 10_000
@@ -51,19 +52,32 @@ class Writes:
         self._generations = generations
 
     async def upsert_documents(self, tenant: str, documents: Sequence[Document]) -> list[bool]:
-        """Many documents in few requests: one lookup of what is stored, shared `_bulk`
-        batches of hidden chunks, one un-hiding `_bulk` per document (several documents share
-        one when small), one generation bump."""
+        """Many documents in few requests, into the serving version and then each kept one
+        (`versions`): for each, one lookup of what is stored, shared `_bulk` batches of hidden
+        chunks, one un-hiding `_bulk` per document (several documents share one when small),
+        and for the serving version one generation bump."""
         refuse_empty(documents)
         for document in documents:
             self._check_document(document)
-        index = await self._layout.writable(tenant)
-        stored = await self._stored(tenant, [d.doc_id for d in documents])
+        await self._layout.writable(tenant)
+        serving, kept = await write_targets(self._layout, tenant)
+        changed = await self.upsert_into(serving, tenant, documents, bump=True)
+        for index in kept:
+            await self.upsert_into(index, tenant, documents, bump=False)
+        return changed
+
+    async def upsert_into(
+        self, index: str, tenant: str, documents: Sequence[Document], *, bump: bool
+    ) -> list[bool]:
+        """`upsert_documents` into one index (or alias); `bump`: the serving version, whose
+        changes bump the tenant's generation."""
+        stored = await self._stored(tenant, [d.doc_id for d in documents], index)
         old = [stored.get(d.doc_id, Stored()) for d in documents]
         changed = [o.content_hash != d.content_hash for o, d in zip(old, documents, strict=True)]
         if not any(changed):
-            # An earlier attempt's flip may have landed with its bump lost: make the bump.
-            await self._bump_if_behind(tenant, old)
+            if bump:
+                # An earlier attempt's flip may have landed with its bump lost: make the bump.
+                await self._bump_if_behind(tenant, old)
             return changed
         staged: list[Json] = []
         flips: list[list[Json]] = []
@@ -88,23 +102,33 @@ class Writes:
             written = [d.doc_id for d, c in zip(documents, changed, strict=True) if c]
             await self._settle(index, tenant, written)
         except BaseException:
-            # Part of a flip may be visible: retire the tenant's cached answers all the same.
-            await self._bump_after_failure(tenant)
+            if bump:
+                # Part of a flip may be visible: retire the tenant's cached answers all the same.
+                await self._bump_after_failure(tenant)
             raise
         # Bump only once the change is visible: an answer computed from the old content can then
         # never be cached under the new generation.
-        await self._generations.bump(tenant)
+        if bump:
+            await self._generations.bump(tenant)
         return changed
 
     async def delete_document(self, tenant: str, doc_id: str) -> bool:
+        """Delete from the serving version, then from each kept one (`versions`)."""
+        await self._layout.ensure_ready()
+        serving, kept = await write_targets(self._layout, tenant)
+        deleted = await self.delete_from(serving, tenant, doc_id, bump=True)
+        for index in kept:
+            await self.delete_from(index, tenant, doc_id, bump=False)
+        return deleted
+
+    async def delete_from(self, index: str, tenant: str, doc_id: str, *, bump: bool) -> bool:
         """Hide every visible chunk in one request, then delete every chunk, hidden ones too:
         readers lose the document at once, and a delete that failed part-way leaves hidden
         chunks that a retry finds. False when readers saw no chunk of it (the gateway's 404),
         even when hidden chunks (a failed staging, a half-done delete) were cleaned up."""
-        entry = (await self._stored(tenant, [doc_id])).get(doc_id)
+        entry = (await self._stored(tenant, [doc_id], index)).get(doc_id)
         if entry is None:
             return False
-        index = self._layout.config.tenant_alias(tenant)
         hide: list[Json] = []
         for key in sorted(entry.visible_keys):
             hide += [{"update": {"_index": index, "_id": key}}, {"doc": {"pending": True}}]
@@ -113,12 +137,19 @@ class Writes:
                 await self._bulk.send_whole(hide)
             await self._bulk.send(delete_ops(index, entry.chunk_keys))
         except BaseException:
-            await self._bump_after_failure(tenant)
+            if bump:
+                await self._bump_after_failure(tenant)
             raise
         # Also when only hidden chunks were left: they may be a half-done delete whose hide
         # was visible and whose bump was lost.
-        await self._generations.bump(tenant)
+        if bump:
+            await self._generations.bump(tenant)
         return bool(hide)
+
+    async def hashes_in(self, index: str, tenant: str, doc_ids: Sequence[str]) -> dict[str, str]:
+        """Content hashes of the documents stored whole in one index (no bump is made)."""
+        stored = await self._stored(tenant, doc_ids, index)
+        return {d: e.content_hash for d, e in stored.items() if e.visible_keys}
 
     async def content_hashes(self, tenant: str, doc_ids: Sequence[str]) -> dict[str, str]:
         stored = await self._stored(tenant, doc_ids)
@@ -130,9 +161,12 @@ class Writes:
             doc_id: entry.content_hash for doc_id, entry in stored.items() if entry.visible_keys
         }
 
-    async def _stored(self, tenant: str, doc_ids: Sequence[str]) -> dict[str, Stored]:
+    async def _stored(
+        self, tenant: str, doc_ids: Sequence[str], index: str | None = None
+    ) -> dict[str, Stored]:
         await self._layout.ensure_ready()
-        return await read_stored(self._layout.client, self._layout.config, tenant, doc_ids)
+        client, config = self._layout.client, self._layout.config
+        return await read_stored(client, config, tenant, doc_ids, index)
 
     def _check_document(self, document: Document) -> None:
         if len(document.chunks) > MAX_CHUNKS_PER_DOCUMENT:
@@ -161,7 +195,7 @@ class Writes:
     async def _settle(self, index: str, tenant: str, doc_ids: Sequence[str]) -> None:
         """Leave one version of each document visible: two writers of one document can both
         flip; both settle on the same deterministic winner, so the last to settle converges."""
-        stored = await self._stored(tenant, doc_ids)
+        stored = await self._stored(tenant, doc_ids, index)
         losers = [key for entry in stored.values() for key in entry.losers()]
         if losers:
             await self._bulk.send(delete_ops(index, losers))
@@ -192,7 +226,7 @@ def _document_ops(
     flip: list[Json] = []
     new_keys: set[str] = set()
     visible = previous.visible_keys
-    for chunk in document.chunks:
+    for n, chunk in enumerate(document.chunks):
         key = chunk_key(tenant, document.doc_id, document.content_hash, chunk.chunk_id)
         new_keys.add(key)
         if key in visible:
@@ -213,6 +247,12 @@ def _document_ops(
                 "embedding": chunk.embedding.astype(float).tolist(),
                 # No field for a document without an access list: `readable` reads its absence.
                 **({} if document.groups is None else {"groups": list(document.groups)}),
+                # The document's text, on its first chunk only: what a reindex rebuilds from.
+                **(
+                    {"document_text": document.text, "has_text": True}
+                    if n == 0 and document.text
+                    else {}
+                ),
             },
         ]
         flip += [{"update": {"_index": index, "_id": key}}, {"doc": {"pending": False}}]
