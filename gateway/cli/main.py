@@ -1,6 +1,6 @@
-"""`querygate`: serve, ingest, route, eval, config, opensearch. Argument parsing and what each
-command prints; the work is `gateway/server`'s (run, commands), `gateway/eval`'s and the
-backends'. Every command reads the same configuration (`config` reads the file it is given, or
+"""`querygate`: serve, ingest, reindex, route, eval, config, opensearch. Argument parsing and
+what each command prints; the work is `gateway/server`'s (run, commands), `gateway/eval`'s and
+the backends'. Every command reads the same configuration (`config` reads the file it is given, or
 none)."""
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     handler = {
         "serve": _serve,
         "ingest": _ingest,
+        "reindex": _reindex,
         "route": _route,
         "eval": _eval,
         "opensearch": _opensearch,
@@ -100,6 +101,23 @@ def _parser() -> argparse.ArgumentParser:
         "never pruned",
     )
     ingest.add_argument("--apply", action="store_true", help="with --prune: delete what it lists")
+
+    reindex = sub.add_parser(
+        "reindex",
+        help="rebuild a tenant's index with the configured chunker and embedding model while "
+        "it serves, then switch to it (the old version is kept for --rollback)",
+    )
+    who = reindex.add_mutually_exclusive_group(required=True)
+    who.add_argument("--tenant")
+    who.add_argument("--all", action="store_true", help="every configured tenant")
+    step = reindex.add_mutually_exclusive_group()
+    for flag, text in (
+        ("--status", "print the versions: serving, building, previous"),
+        ("--rollback", "serve the previous version again (the current one becomes previous)"),
+        ("--drop-old", "delete the previous version: no rollback after this"),
+        ("--abort", "delete a building version (a build that was stopped)"),
+    ):
+        step.add_argument(flag, action="store_true", help=text)
 
     route = sub.add_parser("route", help="explain the routing decision for a question")
     route.add_argument("question")
@@ -285,6 +303,29 @@ def _print_prune(
             "or stored before sources were recorded) and are never pruned",
             file=sys.stderr,
         )
+
+
+def _reindex(settings: Settings, args: argparse.Namespace) -> int:
+    """One JSON line per tenant. Exit 0: done for every tenant; 2: a step the versions do not
+    allow (its reason on stderr), or a backend without versions; 1: the backend failed."""
+    from backends.errors import BackendError
+    from backends.retrieval.versions import VersionError
+    from gateway.ingest.reindex import ReindexError
+    from gateway.server import commands
+
+    step = next(
+        (s for s in ("status", "rollback", "drop_old", "abort") if getattr(args, s)), "build"
+    )
+    try:
+        for line in asyncio.run(commands.reindex(settings, args.tenant, step)):
+            print(json.dumps(line))
+    except VersionError as exc:
+        print(f"cannot reindex: {exc}", file=sys.stderr)
+        return 2
+    except (BackendError, ReindexError) as exc:
+        print(f"cannot reindex: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _route(settings: Settings, args: argparse.Namespace) -> int:

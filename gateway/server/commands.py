@@ -12,13 +12,15 @@ from backends.embeddings.bulk import bulk_embedder
 from backends.embeddings.config import build_embedder
 from backends.retrieval.base import Retriever
 from backends.retrieval.opensearch.client import open_client
+from backends.retrieval.versions import VersionedIndex, VersionError
 from gateway.core.routing import configured_routes, policy_for
-from gateway.core.runtime import build_classifier
+from gateway.core.runtime import build_classifier, effective_tenants
 from gateway.http.wire import decision_body
 from gateway.ingest.background import ingest_shown
 from gateway.ingest.progress import IngestProgress, ProgressDisplay
 from gateway.ingest.prune import prune_sources
 from gateway.ingest.readers import RawDocument, read_paths, source_of
+from gateway.ingest.reindex import describe, reindex_tenant
 from gateway.ingest.shared_progress import ProgressFile
 from gateway.ingest.wiki_sample import load_in_ingest_order
 from gateway.server.services import build_retriever, embedded_index_path
@@ -146,6 +148,38 @@ async def _prune(
         "unsourced": found.unsourced,
         "stale_ids": found.stale,
     }
+
+
+async def reindex(settings: Settings, tenant: str | None, step: str) -> list[dict[str, Any]]:
+    """`querygate reindex`: `step` ("build", "status", "rollback", "drop_old", "abort") for
+    `tenant`, or every configured tenant (None); one result per tenant, in order. A build
+    stops at the first tenant that fails: those before it are switched."""
+    embedder = build_embedder(settings.embeddings)
+    retriever = build_retriever(settings, embedder.dimension)
+    bulk, parallel = bulk_embedder(embedder)
+    tenants = [tenant] if tenant is not None else [t.id for t in effective_tenants(settings)]
+    try:
+        if not isinstance(retriever, VersionedIndex):
+            raise VersionError(f"the {retriever.name} backend has no index versions")
+        results: list[dict[str, Any]] = []
+        for name in tenants:
+            if step == "build":
+                report = await reindex_tenant(name, retriever, bulk, parallel=parallel)
+                results.append(report.as_dict())
+                continue
+            operation = {
+                "status": retriever.versions,
+                "rollback": retriever.rollback,
+                "drop_old": retriever.drop_previous,
+                "abort": retriever.abort_build,
+            }[step]
+            results.append({"tenant": name, **describe(await operation(name))})
+        return results
+    finally:
+        if bulk is not embedder:
+            await bulk.aclose()
+        await retriever.aclose()
+        await embedder.aclose()
 
 
 async def explain_route(settings: Settings, tenant: str, question: str) -> dict[str, Any]:
