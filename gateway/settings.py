@@ -185,6 +185,11 @@ class TenantConfig(BaseModel):
     # USD of model calls per UTC day, checked before each call; spent: 429 naming it until
     # 00:00 UTC. None: no budget.
     daily_budget_usd: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    # Seconds within which the tenant's index is expected to change (a source synced daily:
+    # 86400 and some): exported as querygate_index_expect_writes_within_seconds, and the
+    # QuerygateIndexStale alert fires when the index went longer without a write. None: no
+    # expectation, no alert.
+    expect_writes_within_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod

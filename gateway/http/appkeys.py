@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from gateway.core.freshness import FreshnessBoard
 from gateway.core.health import Readiness
 from gateway.core.runtime import Runtime
 from gateway.core.scope import RequestScope
@@ -29,6 +30,7 @@ METRICS = web.AppKey("metrics", Metrics)
 SERVICES = web.AppKey("services", Services)
 RUNTIME = web.AppKey("runtime", RuntimeHolder)
 READINESS = web.AppKey("readiness", Readiness)
+FRESHNESS = web.AppKey("freshness", FreshnessBoard)
 # Present while an ingest runs inside this process (`serve --sample-corpus`).
 INGEST = web.AppKey("ingest", BackgroundIngest)
 

@@ -1,7 +1,8 @@
 """Every Prometheus metric the gateway exports, declared once, on a registry per app.
 
 Labels take values from small closed sets (routes, stages, tiers, outcomes, configured model
-names): never a tenant id, a query or a document id, which would grow without bound. Because the
+names): never a query or a document id, which would grow without bound, and a tenant id only on
+the index freshness gauges (`index_metrics`), whose tenants are the configured ones. Because the
 sets are closed, `initialise` makes every family's known series at 0 when a process starts
 (`gateway.server.metric_series` names them), so a panel or an alert reads 0 from the first
 scrape rather than nothing until the first event.
@@ -30,6 +31,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from gateway.obs import pool
+from gateway.obs.index_metrics import INFO, IndexMetrics
 
 # Set by `serve --workers N` for every worker: metrics then live in files there, and a scrape
 # of any worker reports the sum over all of them.
@@ -265,6 +267,7 @@ class Metrics:
             multiprocess_mode="livemin",
             registry=r,
         )
+        self.index = IndexMetrics(r)
         self._multiprocess_dir = os.environ.get(MULTIPROC_ENV)
         self._resources = None if self._multiprocess_dir is None else WorkerResources(r)
         if self._multiprocess_dir is None:
@@ -312,17 +315,17 @@ class Metrics:
 
 
 class _WorkerFiles:
-    """Every worker's metric files, summed, less the config versions no live worker runs: a
-    worker's file keeps every label set it ever wrote (remove() cannot take one out of it),
-    so each reload left its old version behind at 0, one more series per distinct version
-    until a restart. Only the value 1 means a version is active."""
+    """Every worker's metric files, summed, less the config versions (and index models) no
+    live worker reports: a worker's file keeps every label set it ever wrote (remove() cannot
+    take one out of it), so each reload left its old version behind at 0, one more series per
+    distinct version until a restart. Only the value 1 means a version is active."""
 
     def __init__(self, path: str) -> None:
         self._files = MultiProcessCollector(None, path)  # type: ignore[no-untyped-call]
 
     def collect(self) -> Iterator[Metric]:
         for family in self._files.collect():  # type: ignore[no-untyped-call]
-            if family.name == "querygate_config_info":
+            if family.name in ("querygate_config_info", INFO):
                 family.samples = [s for s in family.samples if s.value == 1]
             yield family
 

@@ -10,10 +10,19 @@ from pathlib import Path
 
 from aiohttp import web
 
+from gateway.core.freshness import FreshnessBoard, watch_freshness
 from gateway.core.health import Readiness, watch_dependencies
 from gateway.core.runtime import Runtime, build_runtime
 from gateway.core.services import Services
-from gateway.http.appkeys import INGEST, METRICS, READINESS, RUNTIME, SERVICES, RuntimeHolder
+from gateway.http.appkeys import (
+    FRESHNESS,
+    INGEST,
+    METRICS,
+    READINESS,
+    RUNTIME,
+    SERVICES,
+    RuntimeHolder,
+)
 from gateway.http.failures import endpoints
 from gateway.http.handlers.chat import handle_chat_completions
 from gateway.http.handlers.completions import handle_completions
@@ -103,6 +112,12 @@ def create_app(
             metrics.config_info.labels(settings.version).set(1)
             metrics.initialise(initial_series(settings, live, endpoints(app)))
             health = asyncio.create_task(watch_dependencies(live, metrics, HEALTH_EVERY_S))
+            app[FRESHNESS] = FreshnessBoard()
+            freshness = asyncio.create_task(
+                watch_freshness(
+                    live, metrics, lambda: app[RUNTIME].current.settings, app[FRESHNESS]
+                )
+            )
             ingest = None
             if startup_ingest is not None:
                 app[INGEST] = startup_ingest
@@ -114,6 +129,7 @@ def create_app(
             log.info("ready", extra={"config_version": settings.version})
             yield
             health.cancel()
+            freshness.cancel()
             if ingest is not None:
                 ingest.cancel()  # whole documents only are written: the next start resumes
                 await asyncio.gather(ingest, return_exceptions=True)

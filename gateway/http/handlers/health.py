@@ -5,7 +5,8 @@ from __future__ import annotations
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from gateway.http.appkeys import INGEST, METRICS, READINESS, RUNTIME, SERVICES
+from gateway.errors import Forbidden, Unauthorized
+from gateway.http.appkeys import FRESHNESS, INGEST, METRICS, READINESS, RUNTIME, SERVICES
 from gateway.obs.pool import pool_counts
 
 
@@ -36,7 +37,13 @@ async def handle_readyz(request: web.Request) -> web.Response:
     Under `serve --workers N`, `"workers": {"serving", "expected"}` as the supervisor counts
     them: fewer than N serving (one crashed, or failing to start) is `degraded`, still ready
     (the others answer); none is not ready (a worker answering this has not been counted yet,
-    for at most 0.2 s, or the pod is draining)."""
+    for at most 0.2 s, or the pod is draining).
+
+    `"index"`: how many configured tenants there are and how many have a stale index (no change
+    within their `expect_writes_within_s`), naming none, since anyone may call this; called with
+    the admin key (`Authorization: Bearer <admin key>`), `"index"` also has `"tenants_detail"`:
+    each tenant's documents, chunks, last write, serving version, model and staleness, as read
+    at most `gateway.core.freshness.EVERY_S` ago."""
     checks = await request.app[READINESS].checks()
     pool = pool_counts()
     ready = checks["retrieval"] != "unavailable" and (pool is None or pool[0] > 0)
@@ -53,10 +60,27 @@ async def handle_readyz(request: web.Request) -> web.Response:
     }
     if pool is not None:
         body["workers"] = {"serving": pool[0], "expected": pool[1]}
+    if (board := request.app.get(FRESHNESS)) is not None:
+        index: dict[str, object] = dict(board.summary())
+        if _is_admin(request):
+            index["tenants_detail"] = board.per_tenant()
+        body["index"] = index
     if (ingest := request.app.get(INGEST)) is not None:
         body["ingest"] = ingest.progress.snapshot()
     headers = None if ready else {"Retry-After": "5"}
     return web.json_response(body, status=200 if ready else 503, headers=headers)
+
+
+def _is_admin(request: web.Request) -> bool:
+    """Whether the request carries the admin key; any other (or none) sees the summary only."""
+    authorization = request.headers.get("Authorization")
+    if authorization is None:
+        return False
+    try:
+        request.app[RUNTIME].current.check_admin(authorization)
+    except (Forbidden, Unauthorized):
+        return False
+    return True
 
 
 async def handle_metrics(request: web.Request) -> web.Response:
