@@ -7,11 +7,14 @@ import asyncio
 import time
 from typing import Any
 
+import pytest
 from aiohttp.test_utils import TestClient
 
 from gateway.settings import hash_api_key
 from tests.fixtures.app import OpenClient, auth, scrape
 from tests.fixtures.gateway import ADMIN_KEY, KEYS
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 Client = TestClient[Any, Any]
 # acme expects a write within the hour (it had one: ingested just now); globex within 1 ms.
