@@ -300,6 +300,23 @@ def dependency_alerts() -> list[dict[str, Any]]:
     ]
 
 
+def index_alerts() -> list[dict[str, Any]]:
+    return [
+        alert(
+            "QuerygateIndexStale",
+            # Only tenants with tenants[].expect_writes_within_s set export a value above 0.
+            "time() - max by (job, tenant) (querygate_index_last_write_timestamp_seconds)\n"
+            "  > on (job, tenant)\n"
+            "max by (job, tenant) (querygate_index_expect_writes_within_seconds > 0)",
+            "15m",
+            "ticket",
+            "a tenant's index has not changed for longer than its source is expected to write",
+            "{{ $labels.tenant }}: no change for {{ $value | humanizeDuration }}, past its "
+            "expect_writes_within_s. The sync feeding it (ingest, PUTs) has stopped.",
+        ),
+    ]
+
+
 def rules() -> dict[str, Any]:
     recording = (
         [{"record": f"{AVAILABILITY_RECORD}{w}", "expr": availability_ratio(w)} for w in WINDOWS]
@@ -315,6 +332,7 @@ def rules() -> dict[str, Any]:
             {"name": "querygate-slo-recording", "rules": recording},
             {"name": "querygate-slo-alerts", "rules": slo_alerts()},
             {"name": "querygate-dependencies", "rules": dependency_alerts()},
+            {"name": "querygate-index", "rules": index_alerts()},
         ]
     }
 

@@ -227,6 +227,35 @@ ROWS: list[tuple[str, list[Panel]]] = [
         ],
     ),
     (
+        "Index freshness",
+        [
+            Panel(
+                "Time since each tenant's index last changed",
+                [
+                    (
+                        "time() - max by (tenant) "
+                        f"(querygate_index_last_write_timestamp_seconds{{{SEL}}})",
+                        "{{tenant}}",
+                    ),
+                    (
+                        "max by (tenant) "
+                        f"(querygate_index_expect_writes_within_seconds{{{SEL}}} > 0)",
+                        "{{tenant}} expected within",
+                    ),
+                ],
+                unit="s",
+                description="Against tenants[].expect_writes_within_s where it is set: a line "
+                "above its expectation is a source that stopped syncing "
+                "(QuerygateIndexStale, docs/runbook.md).",
+            ),
+            Panel(
+                "Documents per tenant",
+                [(f"max by (tenant) (querygate_index_documents{{{SEL}}})", "{{tenant}}")],
+                description="What each tenant's serving index holds; a reindex keeps it level.",
+            ),
+        ],
+    ),
+    (
         "Tenants' quotas",
         [
             Panel(

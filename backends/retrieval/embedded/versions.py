@@ -10,7 +10,8 @@ file sees it at its next statement: the FTS table it knows as T's is the new one
 vectors of T reload because the generation moved. Version numbers only grow (`last_version`),
 so a name once dropped is never reused by a process that remembers it.
 
-The `index_versions` row of a tenant also holds when it last changed, for `Freshness`.
+The `index_versions` row of a tenant also holds when it last changed (a write, a switch or a
+rollback: whatever bumps its generation), for `Freshness`.
 """
 
 from __future__ import annotations
@@ -168,6 +169,7 @@ def switch(state: IndexState, tenant: str) -> IndexVersions:
         versions = IndexVersions(building, None, versions.serving)
         _store(db, tenant, versions, last)
         _bump(db, tenant)
+        touch(db, tenant)
     return versions
 
 
@@ -182,6 +184,7 @@ def rollback(state: IndexState, tenant: str) -> IndexVersions:
         versions = IndexVersions(previous, versions.building, versions.serving)
         _store(db, tenant, versions, last)
         _bump(db, tenant)
+        touch(db, tenant)
     return versions
 
 
