@@ -1,5 +1,6 @@
 """Each tenant's generation counter: one document per tenant in `<alias>-meta`, bumped with
-optimistic concurrency (sequence number and primary term), so no scripting is needed."""
+optimistic concurrency (sequence number and primary term), so no scripting is needed. Each
+bump also records when it was made (`changed_at`): when the tenant's index last changed."""
 
 from __future__ import annotations
 
