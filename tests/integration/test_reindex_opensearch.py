@@ -8,6 +8,7 @@ import asyncio
 
 import pytest
 
+from backends.retrieval.access import access_list
 from backends.retrieval.base import SearchRequest
 from backends.retrieval.opensearch import OpenSearchRetriever
 from backends.retrieval.versions import VersionError
@@ -118,6 +119,21 @@ async def test_rollback_and_drop_old(make_opensearch_retriever: RetrieverFactory
     freshness = await index.freshness(TENANT)
     assert (freshness.documents, freshness.version) == (6, 1)
     assert freshness.last_write is not None
+
+
+async def test_a_rebuilt_document_keeps_its_access_list(
+    make_opensearch_retriever: RetrieverFactory,
+) -> None:
+    index = await make_opensearch_retriever()
+    private = RawDocument("private", "Private", raw(50).text, access_list(["staff", "admins"]))
+    await ingest_documents(TENANT, [private, raw(1)], embedder(), index)
+
+    report = await reindex.reindex_tenant(TENANT, index, embedder(), chunking=SMALL_CHUNKS)
+
+    assert report.switched and report.caught_up == 0  # the same hashes: groups hash too
+    by_id = {s.doc_id: s for s in await index.sources_of(TENANT, ["private", "doc-1"])}
+    assert by_id["private"].groups == ("admins", "staff")
+    assert by_id["doc-1"].groups is None
 
 
 async def test_shared_tenancy_refuses_versions(make_opensearch_retriever: RetrieverFactory) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from backends.retrieval.access import access_list
 from backends.retrieval.base import Chunk, Document, SearchRequest
 from backends.retrieval.embedded import EmbeddedRetriever
 from backends.retrieval.versions import VersionError
@@ -161,4 +162,18 @@ async def test_a_document_stored_without_its_text_refuses_the_build(
         await reindex.reindex_tenant(TENANT, index, HashedWordsEmbedder())
 
     assert (await index.versions(TENANT)).building is None
+    await index.aclose()
+
+
+async def test_a_rebuilt_document_keeps_its_access_list(index: EmbeddedRetriever) -> None:
+    kept = RawDocument("private", "Private", text_of(50), access_list(["staff", "admins"]))
+    await ingest_documents(TENANT, [kept], HashedWordsEmbedder(), index)
+
+    report = await reindex.reindex_tenant(TENANT, index, HashedWordsEmbedder())
+
+    assert report.switched and report.caught_up == 0  # the same hashes: groups hash too
+    (stored,) = await index.sources_of(TENANT, ["private"])
+    assert stored.groups == ("admins", "staff")
+    (public,) = await index.sources_of(TENANT, ["doc-1"])
+    assert public.groups is None
     await index.aclose()
