@@ -131,7 +131,7 @@ async def test_a_rebuilt_document_keeps_its_access_list(
     report = await reindex.reindex_tenant(TENANT, index, embedder(), chunking=SMALL_CHUNKS)
 
     assert report.switched and report.caught_up == 0  # the same hashes: groups hash too
-    by_id = {s.doc_id: s for s in await index.sources_of(TENANT, ["private", "doc-1"])}
+    by_id = {s.doc_id: s for s in await index.texts_of(TENANT, ["private", "doc-1"])}
     assert by_id["private"].groups == ("admins", "staff")
     assert by_id["doc-1"].groups is None
 

@@ -165,15 +165,21 @@ async def test_a_document_stored_without_its_text_refuses_the_build(
     await index.aclose()
 
 
-async def test_a_rebuilt_document_keeps_its_access_list(index: EmbeddedRetriever) -> None:
-    kept = RawDocument("private", "Private", text_of(50), access_list(["staff", "admins"]))
+async def test_a_rebuilt_document_keeps_its_access_list_and_source(
+    index: EmbeddedRetriever,
+) -> None:
+    kept = RawDocument(
+        "private", "Private", text_of(50), access_list(["staff", "admins"]), source="/docs/hr"
+    )
     await ingest_documents(TENANT, [kept], HashedWordsEmbedder(), index)
 
     report = await reindex.reindex_tenant(TENANT, index, HashedWordsEmbedder())
 
     assert report.switched and report.caught_up == 0  # the same hashes: groups hash too
-    (stored,) = await index.sources_of(TENANT, ["private"])
+    (stored,) = await index.texts_of(TENANT, ["private"])
     assert stored.groups == ("admins", "staff")
-    (public,) = await index.sources_of(TENANT, ["doc-1"])
+    # Its recorded source too: `ingest --prune` still knows where it came from.
+    assert await index.sources(TENANT, ["private"]) == {"private": "/docs/hr"}
+    (public,) = await index.texts_of(TENANT, ["doc-1"])
     assert public.groups is None
     await index.aclose()
