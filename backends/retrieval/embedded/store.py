@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Literal
 
 from backends.errors import BackendUnavailable
 
@@ -173,28 +174,29 @@ def content_hash(db: sqlite3.Connection, tenant: str, doc_id: str) -> str | None
 
 
 def content_hashes(db: sqlite3.Connection, tenant: str, doc_ids: Sequence[str]) -> dict[str, str]:
-    found: dict[str, str] = {}
-    for start in range(0, len(doc_ids), IDS_PER_STATEMENT):
-        part = list(doc_ids[start : start + IDS_PER_STATEMENT])
-        marks = ",".join("?" * len(part))
-        rows = db.execute(
-            f"SELECT doc_id, content_hash FROM documents WHERE tenant = ? AND doc_id IN ({marks})",
-            (tenant, *part),
-        )
-        found.update({str(doc_id): str(digest) for doc_id, digest in rows})
-    return found
+    return _by_document(db, tenant, doc_ids, "content_hash")
 
 
 def sources(db: sqlite3.Connection, tenant: str, doc_ids: Sequence[str]) -> dict[str, str]:
+    return _by_document(db, tenant, doc_ids, "source")
+
+
+def _by_document(
+    db: sqlite3.Connection,
+    tenant: str,
+    doc_ids: Sequence[str],
+    column: Literal["content_hash", "source"],
+) -> dict[str, str]:
+    """`column` of each of `doc_ids` the tenant holds, by doc id."""
     found: dict[str, str] = {}
     for start in range(0, len(doc_ids), IDS_PER_STATEMENT):
         part = list(doc_ids[start : start + IDS_PER_STATEMENT])
         marks = ",".join("?" * len(part))
         rows = db.execute(
-            f"SELECT doc_id, source FROM documents WHERE tenant = ? AND doc_id IN ({marks})",
+            f"SELECT doc_id, {column} FROM documents WHERE tenant = ? AND doc_id IN ({marks})",
             (tenant, *part),
         )
-        found.update({str(doc_id): str(source) for doc_id, source in rows})
+        found.update({str(doc_id): str(value) for doc_id, value in rows})
     return found
 
 
