@@ -1,7 +1,8 @@
 """The index freshness gauges, one series per configured tenant (`gateway.core.freshness`
 sets them). Tenants are configured, so the label set is closed; what the series show (how many
-documents a tenant holds, when it last wrote) is for the operator: /metrics must not be reachable
-by tenants (docs/operations.md, "Index freshness").
+documents a tenant holds, when it last wrote) is for the operator, so a scrape of /metrics gets
+them only with the admin key (`TENANT_FAMILIES`): without it, /metrics names no tenant
+(docs/operations.md, "Index freshness").
 
 Every worker reads the same index, so with several workers each gauge is the maximum over the
 live ones (`livemax`): a sum would count each tenant's documents once per worker."""
@@ -12,6 +13,17 @@ from prometheus_client import CollectorRegistry, Gauge
 
 # A series whose value 1 says which embedding model built the tenant's serving version.
 INFO = "querygate_index_info"
+# The families labelled by tenant: in a scrape only with the admin key.
+TENANT_FAMILIES = frozenset(
+    {
+        "querygate_index_documents",
+        "querygate_index_chunks",
+        "querygate_index_last_write_timestamp_seconds",
+        "querygate_index_version",
+        "querygate_index_expect_writes_within_seconds",
+        INFO,
+    }
+)
 
 
 class IndexMetrics:

@@ -31,7 +31,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from gateway.obs import pool
-from gateway.obs.index_metrics import INFO, IndexMetrics
+from gateway.obs.index_metrics import INFO, TENANT_FAMILIES, IndexMetrics
 
 # Set by `serve --workers N` for every worker: metrics then live in files there, and a scrape
 # of any worker reports the sum over all of them.
@@ -303,15 +303,28 @@ class Metrics:
             self._resources.refresh()
             await asyncio.sleep(every_s)
 
-    def exposition(self) -> bytes:
-        """The text a scrape gets: this process's registry, or the sum over every worker."""
+    def exposition(self, tenants: bool = False) -> bytes:
+        """The text a scrape gets: this process's registry, or the sum over every worker;
+        the families labelled by tenant only when `tenants` (an admin's scrape)."""
+        hidden = frozenset() if tenants else TENANT_FAMILIES
         if self._multiprocess_dir is None:
-            return generate_latest(self.registry)
+            return generate_latest(_Without(self.registry, hidden))
         registry = CollectorRegistry()
         registry.register(_WorkerFiles(self._multiprocess_dir))
         registry.register(_WorkerPool())
         PlatformCollector(registry=registry)
-        return generate_latest(registry)
+        return generate_latest(_Without(registry, hidden))
+
+
+class _Without:
+    """A registry's families but those named in `hidden`."""
+
+    def __init__(self, registry: CollectorRegistry, hidden: frozenset[str]) -> None:
+        self._registry = registry
+        self._hidden = hidden
+
+    def collect(self) -> Iterator[Metric]:
+        return (f for f in self._registry.collect() if f.name not in self._hidden)
 
 
 class _WorkerFiles:

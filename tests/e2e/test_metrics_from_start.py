@@ -52,7 +52,7 @@ def without_series(scrape: Scrape) -> list[tuple[str, Selector]]:
 
 
 def test_every_shipped_selector_has_a_series_before_any_request(fresh: GatewayProcess) -> None:
-    scrape = fresh.metrics()
+    scrape = fresh.metrics(admin=True)  # the operator's scrape: the tenants' families too
     assert scrape.value("querygate_requests_total") == 0  # nothing answered
     assert scrape.value("querygate_http_requests_total", endpoint="POST /v1/query") == 0
     assert without_series(scrape) == []
@@ -71,7 +71,7 @@ def test_every_shipped_selector_still_has_a_series_after_a_worker_is_replaced(
         time.sleep(0.2)
     assert victim not in _children(fresh.proc.pid)
     # The supervisor counts it serving once it has said so (shared memory), just after the log.
-    while (scrape := fresh.metrics()).value("querygate_workers", state="serving") < 2:
+    while (scrape := fresh.metrics(admin=True)).value("querygate_workers", state="serving") < 2:
         assert time.monotonic() < deadline, scrape.series("querygate_workers")
         time.sleep(0.2)
     assert without_series(scrape) == []

@@ -38,10 +38,10 @@ async def gateway(app_client: OpenClient) -> Client:
 
 
 async def exported_names(gw: Client) -> set[str]:
-    """Every series name the live gateway's /metrics declares (a family with no sample yet
-    still names its series through its type)."""
+    """Every series name the live gateway's /metrics declares to Prometheus, which scrapes with
+    the admin key (a family with no sample yet still names its series through its type)."""
     names: set[str] = set()
-    for family in (await scrape(gw)).families:
+    for family in (await scrape(gw, admin=True)).families:
         names.add(family.name)
         names.update(family.name + suffix for suffix in _SUFFIXES.get(family.type, ()))
         names.update(sample.name for sample in family.samples)

@@ -57,7 +57,10 @@ async def test_freshness_on_readyz_and_metrics(app_client: OpenClient) -> None:
     assert 0 < time.time() - acme["last_write"] < 3600
     assert detail["globex"]["stale"] is True
 
-    metrics = await scrape(client)
+    # /metrics names tenants only to the admin key's scrape.
+    public = await scrape(client)
+    assert not any(dict(labels).get("tenant") for _, labels in public.samples())
+    metrics = await scrape(client, admin=True)
     assert metrics.value("querygate_index_documents", tenant="acme") == acme["documents"]
     assert metrics.value("querygate_index_chunks", tenant="acme") == acme["chunks"]
     assert metrics.value("querygate_index_version", tenant="acme") == 1

@@ -639,7 +639,22 @@ def test_the_service_monitor_scrapes_metrics_on_the_gateway_port() -> None:
     assert monitor["metadata"]["labels"]["release"] == "prometheus"
     (endpoint,) = monitor["spec"]["endpoints"]
     assert (endpoint["port"], endpoint["path"]) == ("http", "/metrics")
+    assert "authorization" not in endpoint
     assert not find(render(), "ServiceMonitor")
+
+
+def test_the_service_monitor_sends_the_admin_key_when_given_its_secret() -> None:
+    """Only an admin's scrape gets the families labelled by tenant (index freshness)."""
+    secret = {"adminKeySecret": {"name": "qg-admin", "key": "key"}}
+    values = {
+        **FLEET,
+        "metrics": {"serviceMonitor": {**FLEET["metrics"]["serviceMonitor"], **secret}},
+    }
+    (endpoint,) = one(render(values), "ServiceMonitor")["spec"]["endpoints"]
+    assert endpoint["authorization"] == {
+        "type": "Bearer",
+        "credentials": {"name": "qg-admin", "key": "key"},
+    }
 
 
 def test_the_network_policy_admits_the_listed_peers_and_reaches_only_the_dependencies() -> None:

@@ -84,5 +84,7 @@ def _is_admin(request: web.Request) -> bool:
 
 
 async def handle_metrics(request: web.Request) -> web.Response:
-    payload = request.app[METRICS].exposition()
+    """Every family; those labelled by tenant (index freshness) only for the admin key, so an
+    unauthenticated scrape names no tenant."""
+    payload = request.app[METRICS].exposition(tenants=_is_admin(request))
     return web.Response(body=payload, headers={"Content-Type": CONTENT_TYPE_LATEST})
