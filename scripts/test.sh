@@ -17,8 +17,9 @@ export OPENSEARCH_URL="http://127.0.0.1:$OPENSEARCH_PORT"
 
 # The Go tools (helm for the chart, promtool for the alert rules, Jaeger's all-in-one for the
 # traces) are built once per machine from the Go module proxy, then cached: minutes each on a
-# fresh machine, so they build in the background while Python and OpenSearch are set up. The
-# tests that need them fail rather than skip without them (QUERYGATE_REQUIRE_*).
+# fresh machine, so they build in the background while Python and OpenSearch are set up and the
+# tests that do not need them run. The tests that need them fail rather than skip without them
+# (QUERYGATE_REQUIRE_*).
 TOOLS="$(mktemp -d)"
 declare -A BUILDING
 for tool in helm promtool jaeger; do
@@ -39,14 +40,6 @@ scripts/setup.sh --test
 # QUERYGATE_OPENSEARCH_CLUSTER_PORTS (9230-9232); that test fails when they cannot start.
 scripts/opensearch.sh start
 OPENSEARCH_VERSION=2.19.1 OPENSEARCH_PORT="$RRF_PORT" scripts/opensearch.sh start
-built helm
-QUERYGATE_HELM="$(cat "$TOOLS/helm")"
-export QUERYGATE_HELM QUERYGATE_REQUIRE_HELM=1
-"$QUERYGATE_HELM" lint --strict helm/querygate
-# promtool checks the alert rules and runs their unit tests (tests/alerts/).
-built promtool
-QUERYGATE_PROMTOOL="$(cat "$TOOLS/promtool")"
-export QUERYGATE_PROMTOOL QUERYGATE_REQUIRE_PROMTOOL=1
 # bubblewrap runs the gateway under the chart's pod conditions (tests/e2e/test_pod_conditions.py).
 if ! command -v bwrap >/dev/null; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null
@@ -56,25 +49,54 @@ export QUERYGATE_REQUIRE_BWRAP=1
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
+
+# pytest in two phases, so that a fresh machine tests while the Go tools build. The first runs
+# every test not marked `gotools`; the tools' variables name a file that does not exist during
+# it, so a test that needs a Go tool and lacks the mark fails instead of finding a cached binary
+# on one machine and not on another. The second waits for the tools and runs the marked tests.
+# QUERYGATE_TEST_WORKERS=N runs the first phase on N pytest-xdist workers, one file to a
+# worker; one process is the default, since several of the process tier's tests (timeouts of
+# 0.2 s, a burst past a pool) are still sized for a core of their own (docs/testing.md).
+WORKERS="${QUERYGATE_TEST_WORKERS:-1}"
+PARALLEL=()
+[ "$WORKERS" -gt 1 ] && PARALLEL=(-n "$WORKERS" --dist loadfile)
+FAILED=0
+COLLECTED=0
+run_pytest() {  # nothing collected (exit 5) is fine for one phase, a broken suite for both
+  set +e
+  .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+  local status=$?
+  set -e
+  case "$status" in
+    0) COLLECTED=1 ;;
+    5) ;;
+    *) COLLECTED=1; FAILED=1 ;;
+  esac
+}
+
+NOT_BUILT="$TOOLS/not-built-yet"
+before_tools() {  # run_pytest with each Go tool's variable naming a file that does not exist
+  QUERYGATE_HELM="$NOT_BUILT/helm" QUERYGATE_PROMTOOL="$NOT_BUILT/promtool" \
+    QUERYGATE_JAEGER="$NOT_BUILT/jaeger" QUERYGATE_REQUIRE_HELM=1 QUERYGATE_REQUIRE_PROMTOOL=1 \
+    QUERYGATE_REQUIRE_JAEGER=1 run_pytest "$@"
+}
+OPENSEARCH_URL="http://127.0.0.1:$RRF_PORT" before_tools tests/integration/test_opensearch_retriever.py
+before_tools "${PARALLEL[@]}" -m "not gotools" "$@"
+
+built helm
+QUERYGATE_HELM="$(cat "$TOOLS/helm")"
+export QUERYGATE_HELM QUERYGATE_REQUIRE_HELM=1
+"$QUERYGATE_HELM" lint --strict helm/querygate
+# promtool checks the alert rules and runs their unit tests (tests/alerts/).
+built promtool
+QUERYGATE_PROMTOOL="$(cat "$TOOLS/promtool")"
+export QUERYGATE_PROMTOOL QUERYGATE_REQUIRE_PROMTOOL=1
 # Jaeger receives the gateway's traces and serves them back to tests/e2e/test_tracing.py.
 built jaeger
 QUERYGATE_JAEGER="$(cat "$TOOLS/jaeger")"
 export QUERYGATE_JAEGER QUERYGATE_REQUIRE_JAEGER=1
 rm -rf "$TOOLS"
+run_pytest -m gotools "$@"
 
-# One pytest process, not pytest-xdist: tests assert behaviour under load they make themselves
-# (admission floods, worker capacity, chaos), which a second worker's load on a 2-core runner
-# would skew; every worker would start its own session gateways, fake upstream and embedder;
-# and ports are picked free then bound (a race between workers).
-run_pytest() {
-  set +e
-  .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
-  local status=$?
-  set -e
-  # pytest exits 5 when it collected nothing: that is a broken suite, not a pass.
-  [ "$status" -eq 5 ] && { echo "pytest collected no tests" >&2; return 1; }
-  return "$status"
-}
-
-OPENSEARCH_URL="http://127.0.0.1:$RRF_PORT" run_pytest tests/integration/test_opensearch_retriever.py
-run_pytest "$@"
+[ "$COLLECTED" -eq 1 ] || { echo "pytest collected no tests" >&2; exit 1; }
+exit "$FAILED"

@@ -31,6 +31,9 @@ import yaml
 from tests.fixtures.gateway import free_port
 from tests.helm_chart import REPO, Doc, render
 
+# Needs a Go tool that scripts/test.sh builds (helm or Jaeger): it runs these once it is built.
+pytestmark = pytest.mark.gotools
+
 DATA_DIR = "/var/lib/querygate"
 # /etc/querygate cannot be made inside a read-only /etc; the path does not matter to the gateway.
 CONFIG_DIR = "/var/lib/querygate-config"

@@ -22,6 +22,9 @@ from tests.fixtures.gateway import GatewayProcess, start_gateway, stop_gateway
 from tests.fixtures.jaeger import Jaeger, tags
 from tests.fixtures.upstream import upstream_stats
 
+# Needs a Go tool that scripts/test.sh builds (helm or Jaeger): it runs these once it is built.
+pytestmark = pytest.mark.gotools
+
 QUESTION = "How long is the Acme warranty?"
 # Every string attribute is cut to this (the `tracing.max_attribute_length` default).
 MAX_ATTRIBUTE = 256

@@ -154,6 +154,7 @@ def promtool() -> Path | None:
     return None
 
 
+@pytest.mark.gotools
 def test_promtool_checks_the_rules_and_their_unit_tests(promtool: Path | None) -> None:
     if promtool is None:
         pytest.skip("no promtool (scripts/promtool.sh builds it; scripts/test.sh requires it)")

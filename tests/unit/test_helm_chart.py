@@ -24,6 +24,9 @@ from gateway.server.reload import fingerprint
 from gateway.settings import Settings, hash_api_key, load_settings
 from tests.helm_chart import CHART, REPO, Doc, HelmFailed, notes, render, run_helm
 
+# Needs a Go tool that scripts/test.sh builds (helm or Jaeger): it runs these once it is built.
+pytestmark = pytest.mark.gotools
+
 RELEASE = "rel"
 NAMESPACE = "qg"
 FULLNAME = f"{RELEASE}-querygate"

@@ -11,6 +11,9 @@ import yaml
 
 from tests.helm_chart import HelmFailed, render
 
+# Needs a Go tool that scripts/test.sh builds (helm or Jaeger): it runs these once it is built.
+pytestmark = pytest.mark.gotools
+
 Doc = dict[str, Any]
 
 

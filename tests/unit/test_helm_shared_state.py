@@ -13,6 +13,9 @@ import yaml
 from gateway.settings import hash_api_key
 from tests.helm_chart import HelmFailed, notes, render
 
+# Needs a Go tool that scripts/test.sh builds (helm or Jaeger): it runs these once it is built.
+pytestmark = pytest.mark.gotools
+
 Doc = dict[str, Any]
 
 # Several pods on a shared OpenSearch, tenants with limits: what would get N times its quota.
