@@ -28,6 +28,7 @@ import json
 import os
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,11 +53,14 @@ from bench.rerank_candidates import (  # noqa: E402
 )
 from bench.retrieval_eval import interval  # noqa: E402
 from routers.policy import lexical_reason  # noqa: E402
+from routers.rerank import final_order, title_matches  # noqa: E402
+from routers.titles import base_name  # noqa: E402
 
 CANDIDATE_COUNTS = (10, 20, 50)
 CUTS = (64, 128, 256)
 MARGINS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 1.01)  # 1.01: every query (margins are <= 1)
 BLENDS = (0.0, 0.5, 1.0, 2.0)
+TITLE_WEIGHTS = (0.0, 0.25, 0.5, 1.0)
 COST_QUERIES = 6  # queries timed per (candidates, cut) cell
 DEPTH = 10
 
@@ -69,10 +73,16 @@ class Policy:
     blend: float  # final = minmax(reranker) + blend x minmax(fused), over the candidates
     # Leave keyword and identifier queries (`routers.policy.lexical_reason`) in fused order.
     skip_lexical: bool = False
+    # What a candidate whose title the query names adds (`routers.rerank.title_matches`), on
+    # reranked queries and, with fused scores alone, on the others, as the rerank stage does.
+    title_weight: float = 0.0
 
     def label(self) -> str:
         skip = "skip" if self.skip_lexical else "-"
-        return f"{self.candidates:>5}{self.cut:>5}{self.margin:>7.2f}{self.blend:>6.1f}{skip:>6}"
+        return (
+            f"{self.candidates:>5}{self.cut:>5}{self.margin:>7.2f}{self.blend:>6.1f}{skip:>6}"
+            f"{self.title_weight:>6.2f}"
+        )
 
     def reranks(self, listed: Listed) -> bool:
         if self.skip_lexical and lexical_reason(listed.query):
@@ -103,12 +113,14 @@ def _minmax(values: Sequence[float]) -> np.ndarray:
     return (v - v.min()) / span if span > 0 else np.ones_like(v)
 
 
-def reranked_docs(listed: Listed, scores: Sequence[float], policy: Policy) -> list[str]:
+def reranked_docs(listed: Listed, scores: Sequence[float] | None, policy: Policy) -> list[str]:
+    """The documents in the policy's order: reranked (`scores`) or, with None, the fused scores
+    with the title term alone."""
     head = listed.candidates[: policy.candidates]
-    final = _minmax(scores[: len(head)])
-    if policy.blend:
-        final = final + policy.blend * _minmax([c.score for c in head])
-    order = sorted(range(len(head)), key=lambda i: (-final[i], i))
+    fused = _minmax([c.score for c in head])
+    final = fused if scores is None else _minmax(scores[: len(head)]) + policy.blend * fused
+    named = title_matches(listed.query, [c.doc_id for c in head])  # the doc id is the title
+    order = final_order([float(f) for f in final], named, policy.title_weight)
     rest = listed.candidates[policy.candidates :]
     return [head[i].doc_id for i in order] + [c.doc_id for c in rest]
 
@@ -116,14 +128,10 @@ def reranked_docs(listed: Listed, scores: Sequence[float], policy: Policy) -> li
 def ranks(
     split: list[Listed], scores: list[list[float]] | None, policy: Policy | None
 ) -> list[int | None]:
-    out = []
-    for i, listed in enumerate(split):
-        if scores is not None and policy is not None and policy.reranks(listed):
-            docs = reranked_docs(listed, scores[i], policy)
-        else:
-            docs = [c.doc_id for c in listed.candidates]
-        out.append(page_rank(docs, listed.page))
-    return out
+    if scores is None:
+        return [page_rank([c.doc_id for c in x.candidates], x.page) for x in split]
+    pairs = zip(split, scores, strict=True)
+    return [page_rank(_ordered_docs(x, s, policy), x.page) for x, s in pairs]
 
 
 def metrics(r: list[int | None]) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
@@ -190,17 +198,18 @@ def tuning(args: argparse.Namespace) -> None:
             scores[(b, cut)] = score_all(encoder, split, args.depth, f"{b}-calibration")
             print(f"  scored {b} at cut {cut} in {time.perf_counter() - start:.0f} s", flush=True)
     print(
-        f"\n{'bench':<10}{'cands':>5}{'cut':>5}{'margin':>7}{'blend':>6}{'lex':>6}{'reranked':>9}"
+        f"\n{'bench':<10}{'cands':>5}{'cut':>5}{'margin':>7}{'blend':>6}{'lex':>6}{'title':>6}"
+        f"{'reranked':>9}"
         f"{'R@1':>7}{'MRR@10':>8}{'dR@1 vs fused [95% CI]':>28}{'dMRR@10':>9}"
     )
     counts = [n for n in CANDIDATE_COUNTS if n <= args.depth]
     for b, split in splits.items():
         groups = [x.group for x in split]
         f1, frr = metrics(ranks(split, None, None))
-        print(f"{b:<10}{'fused':>39}{f1.mean():>7.3f}{frr.mean():>8.3f}")
-        cells = itertools.product(counts, args.cuts, MARGINS, BLENDS, (False, True))
-        for n, cut, margin, blend, skip in cells:
-            policy = Policy(n, cut, margin, blend, skip)
+        print(f"{b:<10}{'fused':>45}{f1.mean():>7.3f}{frr.mean():>8.3f}")
+        cells = itertools.product(counts, args.cuts, MARGINS, BLENDS, (False, True), TITLE_WEIGHTS)
+        for n, cut, margin, blend, skip, title in cells:
+            policy = Policy(n, cut, margin, blend, skip, title)
             r1, rr = metrics(ranks(split, scores[(b, cut)], policy))
             share = np.mean([policy.reranks(x) for x in split])
             print(
@@ -214,9 +223,71 @@ def tuning(args: argparse.Namespace) -> None:
     print("\n".join(cost_table(splits)))
 
 
+def category(listed: Listed, docs: list[str], candidates: int) -> str:
+    """Why the page is not first in `docs` (the module docstring lists the categories)."""
+    pages = list(dict.fromkeys(docs))
+    if listed.page not in pages:
+        return "absent"
+    chunk = next(i for i, c in enumerate(listed.candidates) if c.doc_id == listed.page)
+    if chunk >= candidates:
+        return "beyond the candidates"
+    winner = pages[0]
+    page_named, winner_named = title_matches(listed.query, [listed.page, winner])
+    if page_named and winner_named:
+        same = base_name(listed.page) == base_name(winner)
+        return "both named, same name" if same else "both named"
+    if page_named:
+        return "page named, winner not"
+    return "winner named, page not" if winner_named else "neither named"
+
+
+def errors(args: argparse.Namespace) -> None:
+    """Every tuning query whose page is not first, fused and under the policy, by category."""
+    encoder = LocalCrossEncoder(delta_path=args.delta, cut=args.cut, threads=args.threads)
+    plain = Policy(args.candidates, args.cut, args.margin, args.blend, args.skip_lexical)
+    titled = Policy(
+        args.candidates, args.cut, args.margin, args.blend, args.skip_lexical, args.title_weight
+    )
+    for b in BENCHMARKS:
+        split = load_split(b, tuning=True)[: args.limit]
+        scores = score_all(encoder, split, args.candidates, f"{b}-tuning")
+        for name, p in (("fused", None), ("policy", plain), ("policy+titles", titled)):
+            counts: dict[str, Counter[str]] = {"training": Counter(), "calibration": Counter()}
+            for i, listed in enumerate(split):
+                docs = _ordered_docs(listed, scores[i], p)
+                if page_rank(docs, listed.page) == 1:
+                    continue
+                fold = "training" if in_training_fold(listed.group) else "calibration"
+                cat = category(listed, docs, args.candidates)
+                counts[fold][cat] += 1
+                if args.verbose:
+                    print(
+                        f"  {b} {name} {fold} {cat}: {listed.query!r} page {listed.page!r} "
+                        f"first {docs[0]!r}"
+                    )
+            for fold, c in counts.items():
+                n = sum(in_training_fold(x.group) == (fold == "training") for x in split)
+                print(
+                    f"{b} {name} {fold} ({n} queries): {sum(c.values())} not first: "
+                    + ", ".join(f"{k} {v}" for k, v in c.most_common())
+                )
+
+
+def _ordered_docs(listed: Listed, scores: list[float], policy: Policy | None) -> list[str]:
+    if policy is not None and policy.reranks(listed):
+        return reranked_docs(listed, scores, policy)
+    if policy is not None and policy.title_weight > 0:
+        return reranked_docs(listed, None, policy)
+    return [c.doc_id for c in listed.candidates]
+
+
 def held_out(args: argparse.Namespace) -> None:
-    policy = Policy(args.candidates, args.cut, args.margin, args.blend, args.skip_lexical)
+    policy = Policy(
+        args.candidates, args.cut, args.margin, args.blend, args.skip_lexical, args.title_weight
+    )
     always = Policy(args.candidates, args.cut, 1.01, args.blend)
+    # Margin 0 reranks nothing: the fused order with the title term alone.
+    titles = Policy(args.candidates, args.cut, 0.0, args.blend, title_weight=args.title_weight)
     encoder = LocalCrossEncoder(delta_path=args.delta, cut=args.cut, threads=args.threads)
     print(f"policy (cands cut margin blend): {policy.label()}")
     print(
@@ -233,7 +304,10 @@ def held_out(args: argparse.Namespace) -> None:
             f"{b:<10}{'fused':<9}{0:>9.2f}{with_interval(f1, groups):>24}"
             f"{with_interval(frr, groups):>24}"
         )
-        for name, p in (("always", always), ("policy", policy)):
+        variants: list[tuple[str, Policy]] = [("always", always), ("policy", policy)]
+        if args.title_weight > 0:
+            variants = [("titles", titles), *variants]
+        for name, p in variants:
             r1, rr = metrics(ranks(split, scores, p))
             share = float(np.mean([p.reranks(x) for x in split]))
             print(
@@ -245,7 +319,7 @@ def held_out(args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("split", choices=("tuning", "held-out"))
+    parser.add_argument("split", choices=("tuning", "held-out", "errors"))
     parser.add_argument("--cuts", type=int, nargs="+", default=[64, 128], help="tuning")
     parser.add_argument("--depth", type=int, default=20, help="tuning: candidates scored")
     parser.add_argument("--candidates", type=int, default=20, help="held-out policy")
@@ -253,14 +327,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--margin", type=float, default=1.01, help="held-out policy")
     parser.add_argument("--blend", type=float, default=0.0, help="held-out policy")
     parser.add_argument("--skip-lexical", action="store_true", help="held-out policy")
+    parser.add_argument("--title-weight", type=float, default=0.0, help="held-out policy")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--delta", type=Path, default=DELTA_PATH, help="the reranker's delta")
     parser.add_argument("--no-cost", action="store_true", help="tuning: skip the CPU table")
+    parser.add_argument("--verbose", action="store_true", help="errors: every query")
     parser.add_argument("--limit", type=int, default=None, help="at most N queries per bench")
     args = parser.parse_args(argv)
     print(f"command: python {' '.join(sys.argv)}")
     started = time.perf_counter()
-    (tuning if args.split == "tuning" else held_out)(args)
+    {"tuning": tuning, "held-out": held_out, "errors": errors}[args.split](args)
     print(f"\nwall time {time.perf_counter() - started:.0f} s")
 
 

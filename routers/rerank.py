@@ -13,8 +13,13 @@ so both follow one policy (`retrieval.rerank`):
   queries (`skip_keyword_queries`, `routers.policy.lexical_reason`), where BM25 already ranks
   well and the cross-encoder ranks worse; `when: always`: every time;
 - otherwise the top `candidates` fused hits, each cut at `passage_chars`, are scored and
-  reordered by minmax(reranker) + `blend` x minmax(fused) over them (ties keep the fused
-  order), the rest follow in fused order, and `k` are kept.
+  reordered by minmax(reranker) + `blend` x minmax(fused) + `title_weight` x named over them
+  (ties keep the fused order), the rest follow in fused order, and `k` are kept; named is 1 for
+  a hit whose title the query names (`routers.titles`), 0 otherwise, and 0 for every hit of a
+  keyword or identifier query;
+- a search skipped as confident is still reordered by minmax(fused) + `title_weight` x named
+  over its top `candidates` when the query names one of their titles: a string match, no
+  reranker call.
 
 The defaults are the policy chosen on the tuning split by bench/rerank_eval.py for the local
 reranker (docs/reranking.md, "The default policy, measured").
@@ -41,6 +46,7 @@ from backends.rerank.config import OpenSearchRerankConfig, RemoteRerankConfig
 from backends.retrieval.base import Hit
 from backends.sections import SECTION
 from routers.policy import lexical_reason
+from routers.titles import names_title
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +79,10 @@ class RerankConfig(BaseModel):
     # The final order: minmax(reranker scores) + blend x minmax(fused scores), over the
     # candidates; 0 orders by the reranker alone.
     blend: float = Field(default=1.0, ge=0, le=10)
+    # What a hit whose title the query names adds to its final score (both terms above are in
+    # [0, 1]), reranked or skipped as confident; never for keyword or identifier queries, where
+    # it lost on the lexical benchmark. 0: titles are not read.
+    title_weight: float = Field(default=0.5, ge=0, le=10)
     # How many of the top fused hits are scored (the lookup fetches this many, keeps `k`).
     candidates: int = Field(default=10, ge=2, le=100)
     # Each passage is cut at this many characters (~4 a token: 1024 ~ 256) before the reranker
@@ -160,6 +170,19 @@ def blended(scores: Sequence[float], fused: Sequence[float], blend: float) -> li
     return [r + blend * f for r, f in zip(_minmax(scores), _minmax(fused), strict=True)]
 
 
+def title_matches(query: str, titles: Sequence[str]) -> list[bool]:
+    """Per title, whether the query names it; none for a keyword or identifier query."""
+    if lexical_reason(query):
+        return [False] * len(titles)
+    return [names_title(query, t) for t in titles]
+
+
+def final_order(base: Sequence[float], named: Sequence[bool], title_weight: float) -> list[int]:
+    """Indices by base score + title_weight for a named hit, best first; ties keep the order."""
+    final = [b + (title_weight if n else 0.0) for b, n in zip(base, named, strict=True)]
+    return sorted(range(len(final)), key=lambda i: (-final[i], i))
+
+
 def _minmax(values: Sequence[float]) -> list[float]:
     low, high = min(values), max(values)
     span = high - low
@@ -211,25 +234,43 @@ class RerankStage:
         margin = fused_margin(call.hits)
         decision = self.decide(call.hits, margin, call.query)
         reranker = self._reranker
+        c = self._config
+        head = list(call.hits[: c.candidates])
+        fused = [h.score for h in head]
+        reads_titles = c.title_weight > 0 and decision in (None, "skipped_confident")
+        named = title_matches(call.query, [h.title for h in head]) if reads_titles else []
+        if decision == "skipped_confident" and any(named):
+            order = final_order(_minmax(fused), named, c.title_weight)
+            kept, moved = self._reordered(call, head, order)
+            self._record(call, self._trace(call, decision, margin, fused_ranks=moved))
+            return kept
         if decision is not None or reranker is None:
             self._record(call, self._trace(call, decision or "skipped_off", margin))
             return list(call.hits[: call.k])
-        head = list(call.hits[: self._config.candidates])
         titled = reranker.kind != "local"
-        passages = [rerank_passage(h, self._config.passage_chars, titled) for h in head]
+        passages = [rerank_passage(h, c.passage_chars, titled) for h in head]
         started = time.perf_counter()
         scores = await self._scores_or_none(reranker, call, passages, margin, started)
         if scores is None:
             return list(call.hits[: call.k])
-        final = blended(scores, [h.score for h in head], self._config.blend)
-        order = sorted(range(len(head)), key=lambda i: (-final[i], i))
-        kept = ([head[i] for i in order] + list(call.hits[len(head) :]))[: call.k]
-        rest = range(len(head) + 1, len(call.hits) + 1)
-        ranks = (*(i + 1 for i in order), *rest)[: call.k]
-        moved = ranks if ranks != tuple(range(1, len(ranks) + 1)) else ()
+        order = final_order(
+            blended(scores, fused, c.blend), named or [False] * len(head), c.title_weight
+        )
+        kept, moved = self._reordered(call, head, order)
         trace = self._trace(call, "reranked", margin, len(head), started, moved)
         self._record(call, trace)
         return kept
+
+    @staticmethod
+    def _reordered(
+        call: RerankCall, head: list[Hit], order: list[int]
+    ) -> tuple[list[Hit], tuple[int, ...]]:
+        """The `k` hits to keep, the head in `order` then the rest in fused order, and their
+        fused ranks (1-based) in that order, empty when none moved."""
+        kept = ([head[i] for i in order] + list(call.hits[len(head) :]))[: call.k]
+        rest = range(len(head) + 1, len(call.hits) + 1)
+        ranks = (*(i + 1 for i in order), *rest)[: call.k]
+        return kept, ranks if ranks != tuple(range(1, len(ranks) + 1)) else ()
 
     async def sentence_scores(
         self, call: RerankCall, sentences: Sequence[str]

@@ -311,3 +311,64 @@ def test_the_local_reranker_reads_the_text_alone_as_it_was_trained() -> None:
     h = hit(1, "The tower is 330 m tall.", 1.0)
     assert rerank_passage(h, 1024, titled=False) == "The tower is 330 m tall."
     assert rerank_passage(h, 1024) == "Title 1: The tower is 330 m tall."
+
+
+# A confident fused ranking whose third hit is the page the question names.
+NAMED = [
+    Hit("d1", "d1#0", "Madrid", "", "Madrid is the capital of Spain.", BEST * 0.9),
+    Hit("d2", "d2#0", "Valencia", "", "Valencia is a city in Spain.", BEST * 0.5),
+    Hit("d3", "d3#0", "Spain", "", "Spain is a country in Europe.", BEST * 0.45),
+]
+SPAIN = "What is the population of Spain?"
+
+
+async def named_run(stage: RerankStage, query: str = SPAIN) -> tuple[list[Hit], Recorder]:
+    recorder = Recorder()
+    return await stage.rerank(RerankCall("acme", query, NAMED, 3, "lookup", recorder)), recorder
+
+
+async def test_a_confident_ranking_puts_the_page_the_query_names_first_without_a_call() -> None:
+    """minmax(fused) + title_weight: Spain's 0 passes Madrid's 1 only with a weight above 1;
+    with 0.5 it still passes Valencia's 0.11."""
+    fake = FakeReranker()
+    kept, recorder = await named_run(RerankStage(config(title_weight=1.5), fake))
+    assert [h.doc_id for h in kept] == ["d3", "d1", "d2"]
+    (trace,) = recorder.traces
+    assert (trace.decision, trace.fused_ranks, trace.candidates) == (
+        "skipped_confident",
+        (3, 1, 2),
+        0,
+    )
+    assert fake.requests == []
+    kept, _ = await named_run(RerankStage(config(title_weight=0.5), fake))
+    assert [h.doc_id for h in kept] == ["d1", "d3", "d2"]  # named, but not by enough
+
+
+async def test_titles_are_not_read_with_weight_0_for_keyword_queries_or_with_the_reranker_off() -> (
+    None
+):
+    for stage, query in (
+        (RerankStage(config(title_weight=0.0), FakeReranker()), SPAIN),
+        (RerankStage(config(title_weight=5.0), FakeReranker()), "Spain population"),
+        (RerankStage(RerankConfig(title_weight=5.0), FakeReranker()), SPAIN),
+    ):
+        kept, recorder = await named_run(stage, query)
+        assert [h.doc_id for h in kept] == ["d1", "d2", "d3"]
+        assert recorder.traces[0].fused_ranks == ()
+
+
+async def test_a_reranked_order_adds_the_title_term() -> None:
+    """The reranker prefers Valencia; the named page comes first only with the title term."""
+    fake = FakeReranker(score=lambda q, p: float(p.startswith("Valencia")))
+    stage = RerankStage(config(when="always", blend=0.0, title_weight=0.0), fake)
+    kept, _ = await named_run(stage)
+    assert kept[0].doc_id == "d2"
+    stage = RerankStage(config(when="always", blend=0.0, title_weight=1.5), fake)
+    kept, recorder = await named_run(stage)
+    assert [h.doc_id for h in kept] == ["d3", "d2", "d1"]
+    assert recorder.traces[0].decision == "reranked"
+
+
+def test_the_title_weight_default_is_the_measured_one() -> None:
+    """docs/reranking.md, "The title signal": 0.5 on the calibration fold."""
+    assert RerankConfig().title_weight == 0.5
