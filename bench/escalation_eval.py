@@ -3,11 +3,17 @@ multihop questions the classifier sends to lookup, without escalating answerable
 
     python bench/escalation_eval.py [route_eval's price and token options]
     python bench/escalation_eval.py --final-test   # once, at the end: the FanOutQA test file
+    python bench/escalation_eval.py --rerank local # the lookup's rerank stage on
 
 Every question of the dev split made by `scripts/train_router.py` (val and test parts) runs the
 lookup path's real retrieval: the embedded index over the 10,033 Wikipedia lead sections built by
 `bench/retrieval_eval.py`, k and candidates from `RetrievalConfig`, arm weights from the route
-policy (identifiers raise the lexical weight). Two grading methods (`routers.grading.assess`):
+policy (identifiers raise the lexical weight), through `routers.lookup.gather_evidence` itself.
+`--rerank local` puts the local cross-encoder behind the shipped rerank policy in its stage, as
+`retrieval.rerank.reranker: local` does, so every grade reads the reranked hits the answer would
+cite (its timeout raised to the maximum: a bench run's figures must not depend on the machine's
+load; a failed rerank stops the run); the ACME check stays on fused evidence.
+Two grading methods (`routers.grading.assess`):
 - signals: coverage of the question's content words and agreement of the two arms, two
   thresholds tuned here on val;
 - learned: `routers.sufficiency`'s model, fitted on the tuning part (train+val) with its
@@ -53,6 +59,7 @@ import itertools
 import json
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,7 +73,8 @@ if str(REPO) not in sys.path:  # run as a file, the repo's packages are not on t
     sys.path.insert(0, str(REPO))
 
 from backends.embeddings.minilm import MiniLMEmbedder  # noqa: E402
-from backends.retrieval.base import Hit, Retriever, SearchRequest, Vector  # noqa: E402
+from backends.rerank.local import LocalCrossEncoder  # noqa: E402
+from backends.retrieval.base import Hit, Retriever, Vector  # noqa: E402
 from backends.retrieval.embedded import EmbeddedRetriever  # noqa: E402
 from bench.retrieval_eval import (  # noqa: E402
     TENANT,
@@ -95,10 +103,18 @@ from routers.grading import (  # noqa: E402
     grade,
 )
 from routers.learned import CLASSES, LearnedClassifier  # noqa: E402
+from routers.lookup import LookupParams, gather_evidence  # noqa: E402
 from routers.policy import PolicyConfig, decide  # noqa: E402
+from routers.rerank import (  # noqa: E402
+    RERANK_OFF,
+    RerankConfig,
+    RerankRecorder,
+    RerankStage,
+    RerankTrace,
+)
 from routers.rules import EscalationConfig  # noqa: E402
 from routers.sufficiency import SufficiencyModel, use_model  # noqa: E402
-from routers.types import Classification, Route  # noqa: E402
+from routers.types import Classification, Route, RouteContext  # noqa: E402
 from scripts.train_router import (  # noqa: E402
     Example,
     fanoutqa_path,
@@ -114,6 +130,8 @@ F64 = npt.NDArray[np.float64]
 Bools = npt.NDArray[np.bool_]
 BOOTSTRAP_NOTE = "95% bootstrap resampling parents (route_eval's seed), gains paired"
 LOOKUP, MULTIHOP = CLASSES.index(Route.LOOKUP), CLASSES.index(Route.MULTIHOP)
+RERANK_TIMEOUT_S = 30.0  # the configuration's maximum
+RERANKERS = ("off", "local")
 
 # Out of domain: the suite's support corpus, two short documents unlike Wikipedia leads, with
 # questions written by hand before any model was fitted to them. Each single-hop question is
@@ -173,9 +191,15 @@ def evidence_pages() -> dict[str, str]:
 
 
 async def run_lookup(
-    retriever: Retriever, example: Example, vector: Vector, population: str
+    retriever: Retriever,
+    example: Example,
+    vector: Vector,
+    population: str,
+    rerank: RerankStage = RERANK_OFF,
+    decisions: RerankRecorder | None = None,
 ) -> Graded:
-    """The lookup route's retrieval and grade signals, as `routers.lookup.gather_evidence` runs."""
+    """The lookup route's evidence through `routers.lookup.gather_evidence` itself (the search,
+    then `rerank`'s stage: the hits the gateway grades and cites), and its grade signals."""
     config = RetrievalConfig()
     policy = PolicyConfig(
         tenant=TENANT,
@@ -186,20 +210,43 @@ async def run_lookup(
         executable=frozenset(Route),
     )
     decision = decide(Classification(Route.LOOKUP, 1.0), "auto", example.text, policy)
-    request = SearchRequest(
-        tenant=TENANT,
-        text=example.text,
-        vector=vector,
-        k=config.k,
-        candidates=config.candidates,
-        lexical_weight=decision.lexical_weight,
-        dense_weight=decision.dense_weight,
-    )
-    hits = await retriever.search(request)
+    ctx = RouteContext(TENANT, example.text, vector, (), decision, reranks=decisions)
+    # No grading: the evidence comes back whatever it holds; the bench grades it below.
+    params = LookupParams(k=config.k, candidates=config.candidates, grading=None)
+    evidence = await gather_evidence(ctx, retriever, params, rerank)
+    hits = evidence if isinstance(evidence, list) else []  # an Answer: the search found nothing
     best = best_possible_score(decision.lexical_weight, decision.dense_weight)
     # Zero thresholds: every grade is "sufficient", so this reads the two signals only.
     signals = grade(example.text, hits, GradeThresholds(0.0, 0.0), best)
     return Graded(example, population, hits, best, signals.coverage, signals.agreement)
+
+
+class Decisions:
+    """The rerank stage's recorder for a bench run: its decisions counted. A failed rerank
+    stops the run: a fused order scored as a reranked one would measure nothing."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+
+    def record(self, trace: RerankTrace) -> None:
+        if trace.decision == "failed":
+            raise SystemExit(f"rerank failed: {trace.detail}")
+        self.counts[trace.decision] += 1
+
+    def spend(self, usd: float) -> None:
+        return None
+
+
+def rerank_stage(reranker: str) -> tuple[RerankStage, LocalCrossEncoder | None]:
+    """The lookup's rerank stage for `--rerank`: off, or the local cross-encoder behind the
+    shipped policy (`RerankConfig`'s defaults, as `retrieval.rerank.reranker: local` builds it)
+    with the longest timeout: here it bounds nothing, and on a shared machine it would turn
+    load into failed reranks."""
+    if reranker == "off":
+        return RERANK_OFF, None
+    model = LocalCrossEncoder()
+    config = RerankConfig(reranker="local", timeout_s=RERANK_TIMEOUT_S)
+    return RerankStage(config, model), model
 
 
 def escalates(item: Graded, thresholds: GradeThresholds) -> bool:
@@ -398,17 +445,18 @@ async def acme_grades(
         await embedder.aclose()
 
 
-def print_style_report() -> None:
+def print_style_report(reranker: str) -> None:
     """The style-shifted held-out set through the classifier and the lookup path's grade."""
     style = style_shift_examples()
     print_routes_report(
         f"STYLE-SHIFTED held-out set ({len(style)} questions, other templates and entities; "
         "each its own bootstrap group)",
         style,
+        reranker,
     )
 
 
-def print_final_test_report() -> None:
+def print_final_test_report(reranker: str) -> None:
     """FanOutQA test (questions only, all multi-hop), once, untuned: the shipped classifier and
     escalation. Its evidence pages were never checked against the corpus, so a question the
     corpus cannot answer may escalate for that reason alone, as on the dev split's lookup-out."""
@@ -418,14 +466,15 @@ def print_final_test_report() -> None:
         f"FanOutQA TEST ({len(examples)} questions, reserved split, untuned; each its own "
         "bootstrap group)",
         examples,
+        reranker,
     )
 
 
-def print_routes_report(title: str, examples: Sequence[Example]) -> None:
+def print_routes_report(title: str, examples: Sequence[Example], reranker: str) -> None:
     """Share of each label ending on the multihop route, classifier alone and with the lookup
     path's learned escalation."""
     vectors, model_id = asyncio.run(embed([e.text for e in examples]))
-    items = asyncio.run(grade_all(examples, vectors))
+    items = asyncio.run(grade_all(examples, vectors, reranker))
     use_model(model_id)  # the learned grade's artifact, for this embedder
     classifier = LearnedClassifier.load(embedding_model_id=model_id)
     classifications = [
@@ -524,21 +573,30 @@ def print_test_report(
     print_table(subset, y[keep], {n: p[keep] for n, p in preds.items()}, costs)
 
 
-async def grade_all(examples: Sequence[Example], vectors: Vector) -> list[Graded]:
+async def grade_all(
+    examples: Sequence[Example], vectors: Vector, reranker: str = "off"
+) -> list[Graded]:
+    """Every example through the lookup path, with `reranker`'s stage (see `rerank_stage`)."""
     docs = load_wiki_sample()
     corpus = {d.doc_id for d in docs}
     pages = evidence_pages()
     embedder = open_embedder()
     retriever = open_embedded()
+    rerank, model = rerank_stage(reranker)
+    decisions = Decisions()
     try:
         print(await ensure_corpus("embedded", retriever, docs, embedder))
-        return [
-            await run_lookup(retriever, e, v, population(e, pages, corpus))
+        graded = [
+            await run_lookup(retriever, e, v, population(e, pages, corpus), rerank, decisions)
             for e, v in zip(examples, vectors, strict=True)
         ]
     finally:
         await retriever.aclose()
         await embedder.aclose()
+        if model is not None:
+            await model.aclose()
+    print(f"rerank stage ({reranker}): {dict(sorted(decisions.counts.items()))}")
+    return graded
 
 
 async def embed(texts: Sequence[str]) -> tuple[Vector, str]:
@@ -574,14 +632,17 @@ def compared(tuned: GradeThresholds) -> dict[str, GradeThresholds]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = parse_args(argv)
+    rerank = argparse.ArgumentParser(add_help=False)
+    rerank.add_argument("--rerank", choices=RERANKERS, default="off")
+    known, rest = rerank.parse_known_args(argv)
+    args = parse_args(rest)
     print(f"command: python {' '.join(sys.argv)}")
     if args.final_test:
-        print_final_test_report()
+        print_final_test_report(known.rerank)
         return
     examples = [e for e in load_examples() if e.split in ("val", "test")]
     vectors, model_id = asyncio.run(embed([e.text for e in examples]))
-    graded = asyncio.run(grade_all(examples, vectors))
+    graded = asyncio.run(grade_all(examples, vectors, known.rerank))
     val_rows = [i for i, g in enumerate(graded) if g.example.split == "val"]
     val = [graded[i] for i in val_rows]
     test_rows = [i for i, g in enumerate(graded) if g.example.split == "test"]
@@ -612,7 +673,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     print(f"  {json.dumps(tuned['out_of_fold_flagged_multihop'])}")
     print_test_report(args, test, vectors[test_rows], model_id, best, model)
-    print_style_report()
+    print_style_report(known.rerank)
     print_acme_report()
 
 

@@ -1,7 +1,7 @@
 """Sufficiency grade ablation: what each feature choice does to the operating point, out of fold
 on the tuning part only (the dev test part and the FanOutQA test file are never read).
 
-    python bench/sufficiency_ablation.py
+    python bench/sufficiency_ablation.py [--rerank local]   # local: the grade on reranked hits
 
 The figures behind the choices recorded in `routers/sufficiency.py` and docs/benchmarks.md
 ("The router, measured"). Data and router outputs are `scripts/train_sufficiency.py`'s
@@ -29,6 +29,7 @@ tallest") or a plural target ("the teams that") indicator.
 
 from __future__ import annotations
 
+import argparse
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -42,7 +43,7 @@ if str(REPO) not in sys.path:  # run as a file, the repo's packages are not on t
     sys.path.insert(0, str(REPO))
 
 from backends.retrieval.base import Hit  # noqa: E402
-from bench.escalation_eval import Graded  # noqa: E402
+from bench.escalation_eval import RERANKERS, Graded  # noqa: E402
 from routers.learned import CLASSES  # noqa: E402
 from routers.sufficiency import _NAME_OR_NUMBER, _TOKEN, SUFFICIENCY_FEATURES  # noqa: E402
 from routers.types import Route  # noqa: E402
@@ -77,8 +78,8 @@ _PLURAL_TARGET = re.compile(
 class Rows:
     """The tuning rows as the trainer builds them, and what every variant shares."""
 
-    def __init__(self) -> None:
-        graded, logits, router, _, twins = tuning_data()
+    def __init__(self, reranker: str) -> None:
+        graded, logits, router, _, twins = tuning_data(reranker)
         self.graded: list[Graded] = graded
         self.margin = float(router["decision"]["multihop_margin"])
         self.outputs = [_classification(row, self.margin) for row in logits]
@@ -197,9 +198,12 @@ def plus_indicator(rows: Rows, x: F64, pattern: re.Pattern[str]) -> F64:
     return np.column_stack([x, np.array(extra)])
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rerank", choices=RERANKERS, default="off")
+    args = parser.parse_args(argv)
     print(f"command: python {' '.join(sys.argv)}")
-    rows = Rows()
+    rows = Rows(args.rerank)
     shipped = rows.shipped()
     lookup_in = int((rows.population[rows.question] == "lookup-in").sum())
     variants = {

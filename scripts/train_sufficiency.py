@@ -2,6 +2,7 @@
 
     python scripts/train_sufficiency.py [--out PATH]
     python scripts/train_sufficiency.py --check    # retrain in memory, diff against the artifact
+    python scripts/train_sufficiency.py --rerank local --out PATH   # on reranked evidence
 
 Run it after `scripts/train_router.py`: it reads the router artifact (its L2, temperature and
 multihop margin) and records its digest.
@@ -11,7 +12,9 @@ parent; the dev test part is held out for `bench/escalation_eval.py`, the FanOut
 never read). Each question runs the lookup path's real retrieval over the 10,033 Wikipedia lead
 sections in the embedded index, with the committed retrieval defaults (`bench/escalation_eval.py`'s
 `run_lookup`; the index is built and cached by `bench/retrieval_eval.py`'s helpers on the first
-run). Labels: parent questions = insufficient (1); leaf sub-questions whose evidence page is in
+run). `--rerank local` grades the hits the lookup's rerank stage leaves with the local
+cross-encoder behind the shipped policy (the artifact records it under `training.retrieval`).
+Labels: parent questions = insufficient (1); leaf sub-questions whose evidence page is in
 the corpus ("lookup-in") = sufficient (0). Sub-questions whose page the corpus lacks are left out
 of the fit (their evidence is thin for a reason no feature of the question can know) and
 reported.
@@ -65,7 +68,7 @@ if str(REPO) not in sys.path:  # run as a file, the repo's packages are not on t
 
 from backends.embeddings.minilm import MiniLMEmbedder  # noqa: E402
 from backends.retrieval.base import Vector  # noqa: E402
-from bench.escalation_eval import Graded, auc, grade_all  # noqa: E402
+from bench.escalation_eval import RERANKERS, Graded, auc, grade_all  # noqa: E402
 from bench.retrieval_eval import corpus_digest  # noqa: E402
 from gateway.ingest.wiki_sample import load_wiki_sample  # noqa: E402
 from gateway.settings import RetrievalConfig  # noqa: E402
@@ -257,20 +260,22 @@ def padded(example: Example) -> Example:
     return replace(example, text=PADDING[int(digest[:8], 16) % len(PADDING)].format(example.text))
 
 
-def tuning_data() -> tuple[list[Graded], F64, dict[str, Any], str, int]:
+def tuning_data(reranker: str = "off") -> tuple[list[Graded], F64, dict[str, Any], str, int]:
     """Every tuning question (and the padded twins of its lookup-in ones, last) through the
-    lookup path, with its out-of-fold router logits; the router artifact; the embedding model."""
+    lookup path (`reranker`: its rerank stage), with its out-of-fold router logits; the router
+    artifact; the embedding model."""
     router = json.loads(ROUTER_MODEL_PATH.read_text("utf-8"))
     examples = training_examples()
     embedder = MiniLMEmbedder()
     vectors = embedder.embed_sync([e.text for e in examples])
     dev = [i for i, e in enumerate(examples) if e.weight == 1.0 and e.split in ("train", "val")]
-    graded = asyncio.run(grade_all([examples[i] for i in dev], vectors[dev]))
+    graded = asyncio.run(grade_all([examples[i] for i in dev], vectors[dev], reranker))
     sources = [g for g in graded if g.population == "lookup-in"]
     twins = [padded(g.example) for g in sources]
     twin_vectors = embedder.embed_sync([t.text for t in twins])
     graded += [
-        replace(g, population="lookup-in") for g in asyncio.run(grade_all(twins, twin_vectors))
+        replace(g, population="lookup-in")
+        for g in asyncio.run(grade_all(twins, twin_vectors, reranker))
     ]
     logits, twin_logits = router_logits(router, examples, vectors, twins, twin_vectors)
     return graded, np.concatenate([logits[dev], twin_logits]), router, embedder.model_id, len(twins)
@@ -310,8 +315,8 @@ def fit_sufficiency(
     return model, oof_by_l2[best], auc_by_l2
 
 
-def train() -> dict[str, Any]:
-    graded, logits, router, model_id, twins = tuning_data()
+def train(reranker: str = "off") -> dict[str, Any]:
+    graded, logits, router, model_id, twins = tuning_data(reranker)
     margin = float(router["decision"]["multihop_margin"])
     outputs = [_classification(row, margin) for row in logits]
     x = feature_rows(graded, outputs)
@@ -350,7 +355,7 @@ def train() -> dict[str, Any]:
             "bias": model["bias"],
             "threshold": threshold,
             "training": {
-                "command": TRAIN_COMMAND,
+                "command": TRAIN_COMMAND + (f" --rerank {reranker}" if reranker != "off" else ""),
                 "data_sha256": {
                     "fanoutqa/data/fanout-final-dev.json": _sha256(dev.read_bytes()),
                     "corpus": corpus_digest(load_wiki_sample(), model_id),
@@ -363,6 +368,8 @@ def train() -> dict[str, Any]:
                     "fusion": str(config.fusion),
                     "k": config.k,
                     "candidates": config.candidates,
+                    # Named only when on: the fused-evidence artifact's bytes stay as they are.
+                    **({"rerank": reranker} if reranker != "off" else {}),
                 },
                 "labels": "multihop parent = 1 (insufficient), lookup-in sub-question = 0",
                 "fitted_on": "train+val of the dev split (scripts/train_router.py's), with twins",
@@ -398,8 +405,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--check", action="store_true", help="retrain in memory and diff against --out"
     )
+    parser.add_argument(
+        "--rerank",
+        choices=RERANKERS,
+        default="off",
+        help="the lookup's rerank stage the grade reads behind (bench/escalation_eval.py's)",
+    )
     args = parser.parse_args(argv)
-    artifact = train()
+    artifact = train(args.rerank)
     produced = render(artifact)
     if args.check:
         raise SystemExit(check(args.out.read_bytes(), produced, args.out))
