@@ -1,11 +1,20 @@
 """The fused candidates the reranker is trained on and evaluated on: one list per query.
 
-Each query of a benchmark split (bench/retrieval_eval.py's FanOutQA dev sub-questions and the
-lexical benchmark, `is_tuning` split by group) is searched once on the embedded index of the
-Wikipedia sample in hybrid mode, `CANDIDATES` deep, with the gateway's default fusion and its
-per-query weights (`routers.policy.lexical_reason` raising the lexical weight to 4, as
-`identifier_lexical_weight` does). The lists are cached as JSON under .cache/bench/rerank/, so
-mining training pairs (scripts/rerank_pairs.py) and bench/rerank_eval.py read the same ones.
+Each query of a benchmark split is searched once in hybrid mode, `CANDIDATES` deep, with the
+gateway's default fusion and its per-query weights (`routers.policy.lexical_reason` raising the
+lexical weight to 4, as `identifier_lexical_weight` does). Benchmarks: bench/retrieval_eval.py's
+FanOutQA dev sub-questions and lexical benchmark (`is_tuning` split by group), and the style
+benchmark (bench/data/style_queries.jsonl, scripts/make_style_benchmark.py; grouped by page),
+which is held out whole: it has no tuning split.
+
+Backends: the embedded index of the Wikipedia sample (.cache/bench/retrieval/), and an OpenSearch
+node (`load_split(..., opensearch=OpenSearchSource(url, alias))`), into which the sample is
+ingested behind that alias, its corpus manifest named by node version and alias, the chunk
+embeddings read from the same cache. The lists are cached as JSON under .cache/bench/rerank/
+(`candidates-<bench>-<split>.json` for the embedded index,
+`candidates-opensearch-<version>-<bench>-<split>.json` for a node), so mining training pairs
+(scripts/rerank_pairs.py) and bench/rerank_eval.py read the same ones; only missing lists are
+retrieved.
 
 The tuning split is cut once more, by group: the training fold (about 3/4) is what the
 reranker learns from, the calibration fold (the rest) is what the policy's curves are measured
@@ -22,16 +31,20 @@ from pathlib import Path
 
 from backends.embeddings.onnx_minilm import OnnxMiniLMEmbedder
 from backends.retrieval.base import Retriever, SearchRequest
+from backends.retrieval.opensearch import OpenSearchConfig, OpenSearchRetriever
 from bench.retrieval_eval import (
     CACHE_DIR,
     CANDIDATES,
+    REPO,
     TENANT,
     CachedEmbedder,
     Query,
     ensure_corpus,
     load_lexical,
     load_queries,
+    node_version,
     open_embedded,
+    read_page_queries,
     split,
 )
 from gateway.ingest.wiki_sample import load_wiki_sample
@@ -39,7 +52,10 @@ from routers.policy import lexical_reason
 
 RERANK_CACHE = CACHE_DIR.parent / "rerank"
 IDENTIFIER_LEXICAL_WEIGHT = 4.0  # the gateway's default `identifier_lexical_weight`
-BENCHMARKS = ("fanoutqa", "lexical")
+BENCHMARKS = ("fanoutqa", "lexical", "style")
+TUNED = ("fanoutqa", "lexical")  # the benchmarks with a tuning split
+STYLE_FILE = REPO / "bench" / "data" / "style_queries.jsonl"
+EMBEDDED = "embedded"
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,15 +81,36 @@ def in_training_fold(group: str) -> bool:
     return int(hashlib.sha256(f"fold\x00{group}".encode()).hexdigest()[0], 16) >= 4
 
 
-def _path(bench: str, split_name: str) -> Path:
-    return RERANK_CACHE / f"candidates-{bench}-{split_name}.json"
+@dataclass(frozen=True, slots=True)
+class OpenSearchSource:
+    """A node to retrieve from, and the alias the sample is ingested behind there."""
+
+    url: str
+    alias: str
+
+    @property
+    def backend(self) -> str:
+        return f"opensearch-{node_version(self.url)}"
 
 
-def load_split(bench: str, tuning: bool) -> list[Listed]:
-    """The cached lists of one benchmark split, retrieved (and cached) when missing."""
-    path = _path(bench, "tuning" if tuning else "held-out")
+def list_name(backend: str, bench: str, part: str) -> str:
+    """Names a backend's list of one benchmark split (the embedded index's carry no prefix)."""
+    return f"{bench}-{part}" if backend == EMBEDDED else f"{backend}-{bench}-{part}"
+
+
+def _path(backend: str, bench: str, part: str) -> Path:
+    return RERANK_CACHE / f"candidates-{list_name(backend, bench, part)}.json"
+
+
+def load_split(
+    bench: str, tuning: bool, opensearch: OpenSearchSource | None = None
+) -> list[Listed]:
+    """The cached lists of one benchmark split, on the embedded index or `opensearch`,
+    retrieved (and cached) when missing."""
+    backend = opensearch.backend if opensearch else EMBEDDED
+    path = _path(backend, bench, "tuning" if tuning else "held-out")
     if not path.exists():
-        asyncio.run(_retrieve_all())
+        asyncio.run(_retrieve_missing(backend, opensearch))
     rows = json.loads(path.read_text("utf-8"))
     return [
         Listed(r["query"], r["page"], r["group"], [Candidate(**c) for c in r["candidates"]])
@@ -81,19 +118,34 @@ def load_split(bench: str, tuning: bool) -> list[Listed]:
     ]
 
 
-async def _retrieve_all() -> None:
+def benchmark_parts(bench: str, corpus_ids: set[str]) -> dict[str, list[Query]]:
+    """A benchmark's splits by name: tuning and held-out, or held-out alone (style)."""
+    if bench == "style":
+        return {"held-out": read_page_queries([STYLE_FILE], corpus_ids)}
+    queries = load_queries(corpus_ids) if bench == "fanoutqa" else load_lexical(corpus_ids)
+    return {"tuning": split(queries, True, None), "held-out": split(queries, False, None)}
+
+
+def _open(opensearch: OpenSearchSource | None) -> Retriever:
+    if opensearch is None:
+        return open_embedded()
+    return OpenSearchRetriever(OpenSearchConfig(hosts=(opensearch.url,), alias=opensearch.alias))
+
+
+async def _retrieve_missing(backend: str, opensearch: OpenSearchSource | None) -> None:
     docs = load_wiki_sample()
     corpus_ids = {d.doc_id for d in docs}
-    queries = {"fanoutqa": load_queries(corpus_ids), "lexical": load_lexical(corpus_ids)}
     embedder = CachedEmbedder(OnnxMiniLMEmbedder(), CACHE_DIR / "embeddings.npz")
-    retriever = open_embedded()
+    retriever = _open(opensearch)
+    label = f"{backend}-{opensearch.alias}" if opensearch else backend
     try:
-        print(await ensure_corpus("embedded", retriever, docs, embedder), flush=True)
+        print(await ensure_corpus(label, retriever, docs, embedder), flush=True)
         for bench in BENCHMARKS:
-            for tuning in (True, False):
-                part = split(queries[bench], tuning, None)
-                listed = await _retrieve(retriever, embedder, part)
-                path = _path(bench, "tuning" if tuning else "held-out")
+            for part, queries in benchmark_parts(bench, corpus_ids).items():
+                path = _path(backend, bench, part)
+                if path.exists():
+                    continue
+                listed = await _retrieve(retriever, embedder, queries)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(json.dumps([asdict(x) for x in listed]) + "\n", "utf-8")
         embedder.save()

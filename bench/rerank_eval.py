@@ -1,23 +1,29 @@
 """Fused vs fused + local rerank: quality (R@1, MRR@10) and CPU cost, tuning split first.
 
     nice -n 10 python bench/rerank_eval.py tuning      # curves: candidates x cut x margin x blend
-    nice -n 10 python bench/rerank_eval.py held-out --candidates 10 --cut 64 --margin 0.3
+    nice -n 10 python bench/rerank_eval.py held-out --candidates 10 --cut 64 --margin 0.2 \
+        --blend 1.0 --skip-lexical [--opensearch-url URL --opensearch-alias ALIAS]
 
-Candidates: bench/rerank_candidates.py (the embedded index of the Wikipedia sample, hybrid,
-the gateway's default fusion and per-query weights, 50 deep). Metrics are document level as in
+Candidates: bench/rerank_candidates.py (the Wikipedia sample on the embedded index, and on each
+`--opensearch-url` node behind `--opensearch-alias`; hybrid, the gateway's default fusion and
+per-query weights, 50 deep). Metrics are document level as in
 bench/retrieval_eval.py: a page's rank is that of its best chunk; R@1 is the share of queries
 whose page ranks first, MRR@10 the mean of 1/rank (0 below 10). Reranking re-orders the top
 `candidates` chunks by `LocalCrossEncoder` score and leaves the rest in fused order. A policy
 reranks a query only when the fused margin, (s1 - s2) / s1 over the two best pages' fused
 scores, is below `margin` (1 = always). Intervals: 95% bootstrap resampling whole groups
-(FanOutQA parent question, lexical page); differences are paired.
+(FanOutQA parent question, lexical and style page); differences are paired.
 
 `tuning` reads the calibration fold of the tuning split (the groups the reranker was not
-trained on, bench/rerank_candidates.py), scores each query's top `--depth` candidates once per
-cut in `--cuts`, prints every (candidates, cut, margin, blend) cell, then the CPU cost per query
-on one onnxruntime thread for 10/20/50 candidates x cuts 64/128/256. `held-out` reads the
-held-out split once, for the policy given, and prints fused, always-rerank and the policy with
-intervals. The held-out split is never used to choose anything.
+trained on, bench/rerank_candidates.py) of FanOutQA and the lexical benchmark, on the embedded
+index, scores each query's top `--depth` candidates once per cut in `--cuts`, prints every
+(candidates, cut, margin, blend) cell, then the CPU cost per query on one onnxruntime thread for
+10/20/50 candidates x cuts 64/128/256. `held-out` reads the held-out split of the three
+benchmarks (the style benchmark is held out whole) once per backend, for the policy given, and
+prints fused, always-rerank and the policy with intervals, then whether the policy is below
+fusion alone anywhere (a negative mean paired difference in R@1 or MRR@10). The held-out splits
+are never used to choose anything; nor is a backend: the policy is the one chosen on the
+embedded calibration fold.
 """
 
 from __future__ import annotations
@@ -46,12 +52,16 @@ from backends.rerank.graph import DELTA_PATH  # noqa: E402
 from backends.rerank.local import LocalCrossEncoder  # noqa: E402
 from bench.rerank_candidates import (  # noqa: E402
     BENCHMARKS,
+    EMBEDDED,
     RERANK_CACHE,
+    TUNED,
     Listed,
+    OpenSearchSource,
     in_training_fold,
+    list_name,
     load_split,
 )
-from bench.retrieval_eval import interval  # noqa: E402
+from bench.retrieval_eval import OPENSEARCH_ALIAS, interval  # noqa: E402
 from routers.policy import lexical_reason  # noqa: E402
 from routers.rerank import final_order, title_matches  # noqa: E402
 from routers.titles import base_name  # noqa: E402
@@ -186,7 +196,7 @@ def cost_table(splits: dict[str, list[Listed]]) -> list[str]:
 def tuning(args: argparse.Namespace) -> None:
     splits = {
         b: [x for x in load_split(b, tuning=True) if not in_training_fold(x.group)][: args.limit]
-        for b in BENCHMARKS
+        for b in TUNED
     }
     for b, s in splits.items():
         print(f"{b} tuning, calibration fold: {len(s)} queries, {len({x.group for x in s})} groups")
@@ -289,19 +299,25 @@ def held_out(args: argparse.Namespace) -> None:
     # Margin 0 reranks nothing: the fused order with the title term alone.
     titles = Policy(args.candidates, args.cut, 0.0, args.blend, title_weight=args.title_weight)
     encoder = LocalCrossEncoder(delta_path=args.delta, cut=args.cut, threads=args.threads)
+    sources: list[OpenSearchSource | None] = [None]
+    sources += [OpenSearchSource(url, args.opensearch_alias) for url in args.opensearch_url]
     print(f"policy (cands cut margin blend): {policy.label()}")
     print(
-        f"{'bench':<10}{'variant':<9}{'reranked':>9}{'R@1 [95% CI]':>24}{'MRR@10 [95% CI]':>24}"
-        f"{'dR@1 vs fused':>26}{'dMRR@10 vs fused':>26}"
+        f"{'bench':<10}{'backend':<18}{'variant':<9}{'reranked':>9}{'R@1 [95% CI]':>24}"
+        f"{'MRR@10 [95% CI]':>24}{'dR@1 vs fused':>26}{'dMRR@10 vs fused':>26}"
     )
-    for b in BENCHMARKS:
-        split = load_split(b, tuning=False)[: args.limit]
+    verdicts = []
+    for b, source in itertools.product(BENCHMARKS, sources):
+        backend = source.backend if source else EMBEDDED
+        split = load_split(b, tuning=False, opensearch=source)[: args.limit]
         groups = [x.group for x in split]
-        print(f"{b} held-out: {len(split)} queries, {len(set(groups))} groups", flush=True)
-        scores = score_all(encoder, split, args.candidates, f"{b}-held-out")
+        print(
+            f"{b} {backend} held-out: {len(split)} queries, {len(set(groups))} groups", flush=True
+        )
+        scores = score_all(encoder, split, args.candidates, list_name(backend, b, "held-out"))
         f1, frr = metrics(ranks(split, None, None))
         print(
-            f"{b:<10}{'fused':<9}{0:>9.2f}{with_interval(f1, groups):>24}"
+            f"{b:<10}{backend:<18}{'fused':<9}{0:>9.2f}{with_interval(f1, groups):>24}"
             f"{with_interval(frr, groups):>24}"
         )
         variants: list[tuple[str, Policy]] = [("always", always), ("policy", policy)]
@@ -311,10 +327,28 @@ def held_out(args: argparse.Namespace) -> None:
             r1, rr = metrics(ranks(split, scores, p))
             share = float(np.mean([p.reranks(x) for x in split]))
             print(
-                f"{b:<10}{name:<9}{share:>9.2f}{with_interval(r1, groups):>24}"
+                f"{b:<10}{backend:<18}{name:<9}{share:>9.2f}{with_interval(r1, groups):>24}"
                 f"{with_interval(rr, groups):>24}{with_interval(r1 - f1, groups, True):>26}"
                 f"{with_interval(rr - frr, groups, True):>26}"
             )
+        verdicts.append(f"  {b:<10}{backend:<18}{verdict(r1 - f1, rr - frr, groups)}")
+    print("\nthe policy against fusion alone (paired, 95% CI by group):")
+    print("\n".join(verdicts))
+
+
+def verdict(d_r1: np.ndarray[Any, Any], d_rr: np.ndarray[Any, Any], groups: list[str]) -> str:
+    """Whether the policy's mean paired difference is negative on R@1 or MRR@10, and whether an
+    interval lies wholly below 0 (a loss the resampling does not explain away)."""
+    # The differences are sums of reciprocals: a tie can come out a rounding error below 0.
+    below = [m for m, d in (("R@1", d_r1), ("MRR@10", d_rr)) if round(d.mean(), 9) < 0]
+    surely = [m for m, d in (("R@1", d_r1), ("MRR@10", d_rr)) if interval(d, groups)[1] < 0]
+    said = f"below fusion on {', '.join(below)}" if below else "not below fusion"
+    if surely:
+        said += f" (interval below 0 on {', '.join(surely)})"
+    return (
+        f"dR@1 {with_interval(d_r1, groups, True)}, dMRR@10 {with_interval(d_rr, groups, True)}: "
+        f"{said}"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -328,6 +362,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--blend", type=float, default=0.0, help="held-out policy")
     parser.add_argument("--skip-lexical", action="store_true", help="held-out policy")
     parser.add_argument("--title-weight", type=float, default=0.0, help="held-out policy")
+    parser.add_argument(
+        "--opensearch-url", action="append", default=[], help="held-out: a node, repeatable"
+    )
+    parser.add_argument("--opensearch-alias", default=OPENSEARCH_ALIAS, help="held-out")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--delta", type=Path, default=DELTA_PATH, help="the reranker's delta")
     parser.add_argument("--no-cost", action="store_true", help="tuning: skip the CPU table")

@@ -468,8 +468,13 @@ def is_tuning(key: str) -> bool:
 
 
 def load_lexical(corpus_ids: set[str]) -> list[Query]:
+    return read_page_queries(LEXICAL_FILES, corpus_ids)
+
+
+def read_page_queries(paths: Sequence[Path], corpus_ids: set[str]) -> list[Query]:
+    """The {"query", "page"} lines of JSONL files whose page is in the corpus."""
     queries = []
-    for path in LEXICAL_FILES:
+    for path in paths:
         if not path.exists():
             continue
         for line in path.read_text("utf-8").splitlines():
@@ -619,11 +624,11 @@ def open_backends(args: argparse.Namespace) -> dict[str, Retriever]:
     if not args.skip_opensearch:
         for url in args.opensearch_url or [DEFAULT_OPENSEARCH_URL]:
             config = OpenSearchConfig(hosts=(url,), alias=OPENSEARCH_ALIAS)
-            backends[f"opensearch-{_node_version(url)}"] = OpenSearchRetriever(config)
+            backends[f"opensearch-{node_version(url)}"] = OpenSearchRetriever(config)
     return backends
 
 
-def _node_version(url: str) -> str:
+def node_version(url: str) -> str:
     """The node's version, which labels its rows and its corpus manifest."""
     with urllib.request.urlopen(url, timeout=10) as response:
         return str(json.load(response)["version"]["number"])

@@ -190,7 +190,7 @@ SMALL_TALK: dict[str, tuple[str, ...]] = {
 
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
 _TOKEN = re.compile(r"[A-Za-z][\w-]+")
-_DESCRIPTION = re.compile(r"\b(?:is|was|are|were) (?:an?|the) ([^,;(.]+)")
+DESCRIPTION = re.compile(r"\b(?:is|was|are|were) (?:an?|the) ([^,;(.]+)")
 _PRONOUN_SUBJECT = re.compile(
     r"^(?:(?:it|he|she|they|this|these|its|his|her|their)\b(?: (?:is|was|are|were|has|had))?"
     r"(?: also)?\s+)",
@@ -245,7 +245,7 @@ def make_keywords(doc: RawDocument, rng: random.Random) -> str | None:
 
 def make_noun_phrase(doc: RawDocument, rng: random.Random) -> str | None:
     first = sentences(doc.text)[:1]
-    found = _DESCRIPTION.search(first[0]) if first else None
+    found = DESCRIPTION.search(first[0]) if first else None
     if found is None:
         return None
     words = found.group(1).split()[:10]

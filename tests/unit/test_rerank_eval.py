@@ -1,0 +1,29 @@
+"""bench/rerank_eval.py's verdict and bench/rerank_candidates.py's list names; nothing is run."""
+
+import numpy as np
+
+from bench.rerank_candidates import EMBEDDED, list_name
+from bench.rerank_eval import verdict
+
+
+def test_the_embedded_lists_keep_their_names_and_a_nodes_carry_its_backend() -> None:
+    assert list_name(EMBEDDED, "fanoutqa", "held-out") == "fanoutqa-held-out"
+    assert list_name("opensearch-3.5.0", "style", "held-out") == "opensearch-3.5.0-style-held-out"
+
+
+def test_a_policy_that_changes_nothing_is_not_below_fusion() -> None:
+    zeros = np.zeros(4)
+    assert verdict(zeros, zeros, ["a", "b", "c", "d"]).endswith(": not below fusion")
+
+
+def test_a_negative_mean_difference_is_below_fusion_whatever_its_interval() -> None:
+    d_r1 = np.array([-1.0, 1.0, 0.0, -1.0])
+    d_rr = np.array([0.5, 0.0, 0.0, 0.0])
+    said = verdict(d_r1, d_rr, ["a", "b", "c", "d"])
+    assert said.endswith("below fusion on R@1")
+
+
+def test_a_loss_in_every_group_has_its_interval_below_zero() -> None:
+    loss = np.array([-1.0, -0.5, -1.0, -0.5])
+    said = verdict(loss, loss, ["a", "b", "c", "d"])
+    assert said.endswith("below fusion on R@1, MRR@10 (interval below 0 on R@1, MRR@10)")

@@ -1,0 +1,81 @@
+"""The style benchmark's rules (scripts/make_style_benchmark.py) on hand-made lead sections."""
+
+from gateway.ingest.readers import RawDocument
+from scripts.make_lexical_benchmark import Index
+from scripts.make_style_benchmark import generate, make_query
+
+
+def doc(title: str, text: str) -> RawDocument:
+    return RawDocument(doc_id=title, title=title, text=text)
+
+
+GRAIL = doc(
+    "Holy Grail",
+    "The Holy Grail is a treasure that serves as an important motif in Arthurian literature. "
+    "It is often guarded in the custody of the Fisher King. "
+    "Various traditions describe the Holy Grail as a cup.",
+)
+TSINGHUA = doc(
+    "Tsinghua University",
+    "Tsinghua University is a public research university in Haidian, Beijing. "
+    "It is affiliated with and funded by the Ministry of Education of China. "
+    "It is also a member of the C9 League.",
+)
+KEATS = doc(
+    "John Keats",
+    "John Keats was an English poet of the second generation of Romantic poets. "
+    "His poems had been in publication for less than four years when he died.",
+)
+POET = doc("Percy Shelley", "Percy Shelley was an English poet of the Romantic generation.")
+DOCS = [GRAIL, TSINGHUA, KEATS, POET]
+INDEX = Index(DOCS)
+
+
+def test_which_asks_for_the_first_sentences_description_its_relative_pronoun_dropped() -> None:
+    assert make_query("which", GRAIL, INDEX) == (
+        "Which treasure serves as an important motif in Arthurian literature?"
+    )
+
+
+def test_which_skips_a_description_holding_a_title_word() -> None:
+    # "public research university in Haidian": "university" is the title's.
+    assert make_query("which", TSINGHUA, INDEX) is None
+
+
+def test_which_skips_a_description_another_page_holds_every_content_word_of() -> None:
+    # Shelley's lead holds english, poet, generation and romantic too, but not "second".
+    assert make_query("which", KEATS, INDEX) == (
+        "Which English poet of the second generation of Romantic poets?"
+    )
+    assert make_query("which", POET, INDEX) is None  # Keats's lead holds all of its words
+
+
+def test_clue_turns_a_later_sentences_pronoun_into_a_question_word() -> None:
+    assert make_query("clue", TSINGHUA, INDEX) == (
+        "What is affiliated with and funded by the Ministry of Education of China?"
+    )
+    assert make_query("clue", KEATS, INDEX) == (
+        "Whose poems had been in publication for less than four years when he died?"
+    )
+
+
+def test_clue_skips_sentences_naming_the_page_and_the_first_sentence() -> None:
+    grail = doc(
+        "Holy Grail", "It is a treasure in legends. Various traditions describe the Holy Grail."
+    )
+    assert make_query("clue", grail, Index([grail])) is None
+
+
+def test_clue_drops_an_also_after_the_verb() -> None:
+    member = doc("Tsinghua", "Tsinghua is old. It is also a member of the C9 League of China.")
+    assert make_query("clue", member, Index([member])) == (
+        "What is a member of the C9 League of China?"
+    )
+
+
+def test_generate_numbers_each_kind_in_page_order_at_most_once_per_page() -> None:
+    rows = list(generate(DOCS, per_kind=10))
+    assert [r["id"] for r in rows] == ["which-001", "which-002", "clue-001", "clue-002", "clue-003"]
+    pages = ["Holy Grail", "John Keats", "Holy Grail", "John Keats", "Tsinghua University"]
+    assert [r["page"] for r in rows] == pages
+    assert rows == list(generate(list(reversed(DOCS)), per_kind=10))
