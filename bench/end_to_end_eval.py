@@ -268,8 +268,9 @@ def target_lines(
 ) -> list[str]:
     lines = []
     for config, by_set in results.items():
-        for name, target in TARGETS.items():
-            r1 = recall_values(by_set[name], sets[name], 1)
+        for name, served in by_set.items():
+            target = TARGETS[name]
+            r1 = recall_values(served, sets[name], 1)
             low, high = interval(r1, [c.group for c in sets[name]])
             met = "met" if r1.mean() >= target else "not met"
             lines.append(
@@ -279,14 +280,18 @@ def target_lines(
     return lines
 
 
+SETS = ("fanoutqa", "direct")
+
+
 async def evaluate(args: argparse.Namespace) -> None:
     docs = load_wiki_sample()
     corpus_ids = {d.doc_id for d in docs}
     tuning = args.part == "tune"
-    sets = {
-        "fanoutqa": fanoutqa_cases(corpus_ids, tuning, args.limit),
-        "direct": direct_cases(args.part, args.limit),
+    every = {
+        "fanoutqa": lambda: fanoutqa_cases(corpus_ids, tuning, args.limit),
+        "direct": lambda: direct_cases(args.part, args.limit),
     }
+    sets = {name: every[name]() for name in args.sets}
     corpus_embedder, index = open_embedder(), open_embedded()
     try:  # the bench's index, as bench/retrieval_eval.py built it (ingested only if missing)
         print(await ensure_corpus("embedded", index, docs, corpus_embedder))
@@ -312,6 +317,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=("tune", "heldout"), default="tune")
     parser.add_argument("--configs", nargs="+", choices=CONFIGS, default=list(CONFIGS))
+    parser.add_argument("--sets", nargs="+", choices=SETS, default=list(SETS))
     parser.add_argument("--limit", type=int, default=None, help="at most N queries per set")
     args = parser.parse_args(argv)
     print(f"command: python {' '.join(sys.argv)}")

@@ -57,6 +57,7 @@ LIVE: tuple[str, ...] = (
     "retrieval.rerank.skip_when_arms_agree",
     "retrieval.rerank.skip_keyword_queries",
     "retrieval.rerank.blend",
+    "retrieval.rerank.title_weight",
     "retrieval.rerank.candidates",
     "retrieval.rerank.passage_chars",
     "retrieval.rerank.timeout_s",
