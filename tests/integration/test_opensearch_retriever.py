@@ -19,7 +19,7 @@ import pytest
 from aiohttp import web
 from pydantic import ValidationError
 
-from backends.errors import BackendError, BackendUnavailable, UpstreamError
+from backends.errors import BackendError, BackendUnavailable
 from backends.retrieval.base import (
     MAX_DOCUMENT_CHUNKS,
     RRF_K,
@@ -1084,12 +1084,52 @@ async def test_two_writers_of_one_document_settle_on_one_whole_version(
                 second.upsert_document("t", b),
                 return_exceptions=True,
             )
-            # A writer may fail when the other deleted its hidden chunks (a retry converges).
-            assert all(r is True or isinstance(r, UpstreamError) for r in results), results
+            # Neither fails: a writer whose staged chunks the other deleted writes again.
+            assert results == [True, True], results
             texts = sorted(h.text for h in await first.document_chunks("t", "d"))
             assert texts in (sorted(c.text for c in a.chunks), sorted(c.text for c in b.chunks))
             stored = await first.content_hash("t", "d")
             assert stored == (a.content_hash if texts[0].startswith("a") else b.content_hash)
+    finally:
+        await second.aclose()
+
+
+async def test_a_writer_whose_staged_chunks_another_flip_deleted_writes_again_whole(
+    make_opensearch_retriever: RetrieverFactory,
+) -> None:
+    """Step by step: the first writer stages its chunks and stops before its flip; the second
+    writes the document whole, deleting those staged chunks as stale; the first's flip then
+    finds them gone and writes again from a fresh read, so it is the last and whole version."""
+    first = await make_opensearch_retriever(server_side_fusion="off")
+    second = OpenSearchRetriever(first.config)
+    a = doc("d", ["a one", "a two"], [1, 2], rev="a")
+    b = doc("d", ["b one", "b two", "b three"], [3, 4, 5], rev="b")
+    staged, go_on = asyncio.Event(), asyncio.Event()
+    flip = first._writes._flip
+    flips = 0
+
+    async def paused_flip(*args: Any) -> None:
+        nonlocal flips
+        flips += 1
+        if flips == 1:
+            staged.set()
+            await go_on.wait()
+        await flip(*args)
+
+    first._writes._flip = paused_flip  # type: ignore[method-assign]
+    try:
+        writing = asyncio.ensure_future(first.upsert_document("t", a))
+        await staged.wait()
+        index = await first.current_index("t")
+        await first._layout.client.indices.refresh(index=index)  # the second's read sees them
+        assert await second.upsert_document("t", b) is True
+        go_on.set()
+
+        assert await writing is True
+        assert flips == 2  # the flip that found its chunks gone, and the whole write again
+        texts = sorted(h.text for h in await first.document_chunks("t", "d"))
+        assert texts == sorted(c.text for c in a.chunks)
+        assert await second.content_hash("t", "d") == a.content_hash
     finally:
         await second.aclose()
 

@@ -72,16 +72,20 @@ async def test_reindex_under_queries_and_writes_of_another_client(
         finally:
             done.set()
 
+    originals = {f"doc-{n}": content_hash(raw(n).title, raw(n).text) for n in range(30)}
     try:
         report, *_ = await asyncio.gather(build(), write_until_done(), query_until_done())
-        stored = await other.content_hashes(TENANT, list(acknowledged))
+        expected = {**originals, **acknowledged}  # each document's last acknowledged state
+        stored = await other.content_hashes(TENANT, list(expected))
     finally:
         await other.aclose()
 
-    assert report.switched and report.version == 2 and report.documents >= 30
+    # What the copy wrote depends on how far the other client got first (a document it wrote
+    # to both versions is already there); what the new version holds does not.
+    assert report.switched and report.version == 2 and report.documents + report.caught_up > 0
     assert searches and all(n == 5 for n in searches)  # no query failed or came back short
-    for doc_id, digest in acknowledged.items():
-        assert stored.get(doc_id) == digest, doc_id
+    assert stored == {d: h for d, h in expected.items() if h is not None}
+    assert (await index.stats(TENANT))[0] == len(stored)
     new = await index.current_index(TENANT)
     assert new == f"{index.config.tenant_alias(TENANT)}-v2" != old
     assert await index.generation(TENANT) > generation

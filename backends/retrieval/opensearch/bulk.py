@@ -1,7 +1,9 @@
 """`_bulk` requests: bounded batches, and bounded retries of the items a busy node rejects.
 
 A batch never splits an operation (an index or update line and its body). Items rejected with
-429/5xx go again, alone; any other rejection fails the write with `UpstreamError`.
+429/5xx go again, alone; an update of a chunk that is gone or changed under it (404, 409) fails
+the write with `WriteRaced` (a concurrent writer of the same document deleted or flipped it); any
+other rejection fails the write with `UpstreamError`.
 """
 
 from __future__ import annotations
@@ -27,6 +29,13 @@ class _RetryableBulk(Exception):
     def __init__(self, pending: list[Json]) -> None:
         super().__init__(f"{len(pending)} bulk lines to retry")
         self.pending = pending
+
+
+class WriteRaced(UpstreamError):
+    """An update found its chunk deleted (404: another writer of the same document flipped
+    between this write's staging and its flip, and removed the staged chunk as stale) or
+    changed while it applied (409). The write is retried from a fresh read of what is stored
+    (`Writes`)."""
 
 
 class Bulk:
@@ -83,6 +92,8 @@ class Bulk:
             if is_transient(status):
                 retry += op
                 continue
+            if status in (404, 409) and "update" in item:
+                raise WriteRaced(BACKEND, f"bulk update raced another write: {result.get('error')}")
             raise UpstreamError(BACKEND, f"bulk item rejected: {result.get('error')}")
         if retry:
             raise _RetryableBulk(retry)

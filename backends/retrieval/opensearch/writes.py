@@ -1,18 +1,21 @@
 """Writing and deleting documents: each write replaces a document whole, then bumps the
 tenant's generation.
 
-Writes replace a document whole, with a short window (docs/opensearch.md, "Writes"): a new
-version's chunks are indexed hidden (`pending: true`, under `_id`s that include its content hash,
-so they never overwrite the old version's), then one `_bulk` per document (the flip) un-hides them
-and deletes every other chunk of the document. A `_bulk` is applied item by item, not as a
-transaction: a scheduled refresh that lands while the flip runs shows readers old and new chunks
-together (or a document short of some chunks) until the flip's own refresh, milliseconds later.
-Two processes writing one document at once can both flip; each then settles the document on one
-deterministic winner (highest flip stamp, then content hash) and deletes the other's visible
-chunks, so both versions are visible only between the second flip and its settling. A document
-counts as stored with hash H only when every chunk it has is visible and carries H, so a write
-that failed anywhere is written again by a retry, never "unchanged"; a retry that finds the
-flip applied but its generation bump lost makes the bump.
+Writes replace a document whole, with a short window (docs/opensearch.md, "Writes"): a new version's
+chunks are indexed hidden (`pending: true`, under `_id`s that include its content hash, so they
+never overwrite the old version's), then one `_bulk` per document (the flip) un-hides them and
+deletes every other chunk of the document. A `_bulk` is applied item by item, not as a transaction:
+a scheduled refresh that lands while the flip runs shows readers old and new chunks together (or a
+document short of some chunks) until the flip's own refresh, milliseconds later. Two processes
+writing one document at once can both flip; each then settles the document on one deterministic
+winner (highest flip stamp, then content hash) and deletes the other's visible chunks, so both
+versions are visible only between the second flip and its settling. A writer whose flip runs between
+another's staging and flip deletes the other's staged chunks as stale; the other's flip then finds
+them gone (`WriteRaced`) and writes again from a fresh read, so a write is never refused for a
+concurrent one (a reindex copying a document that a gateway writes). A document counts as stored
+with hash H only when every chunk it has is visible and carries H, so a write that failed anywhere
+is written again by a retry, never "unchanged"; a retry that finds the flip applied but its
+generation bump lost makes the bump.
 """
 
 from __future__ import annotations
@@ -20,10 +23,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
+
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_random
 
 from backends.retrieval.base import Document, refuse_empty
-from backends.retrieval.opensearch.bulk import Bulk, delete_ops
+from backends.retrieval.opensearch.bulk import Bulk, WriteRaced, delete_ops
 from backends.retrieval.opensearch.client import Json
 from backends.retrieval.opensearch.generations import Generations
 from backends.retrieval.opensearch.layout import IndexLayout
@@ -34,6 +40,25 @@ from backends.retrieval.opensearch.targets import write_targets
 MAX_CHUNKS_PER_DOCUMENT = 10_000
 # Operations per un-hide (flip) request; a document's flip is never split across two.
 _FLIP_BATCH = 5000
+# Attempts of a write whose chunks a concurrent writer of the same document removed; the random
+# pause keeps two writers from meeting again in step.
+_CONCURRENT_ATTEMPTS = 4
+_CONCURRENT_PAUSE_S = 0.05
+
+_T = TypeVar("_T")
+
+
+async def _again_when_raced(write: Callable[[], Awaitable[_T]]) -> _T:
+    """`write()`, again from the start while a concurrent writer removes its chunks."""
+    async for attempt in AsyncRetrying(
+        retry=retry_if_exception_type(WriteRaced),
+        stop=stop_after_attempt(_CONCURRENT_ATTEMPTS),
+        wait=wait_random(0, _CONCURRENT_PAUSE_S),
+        reraise=True,
+    ):
+        with attempt:
+            return await write()
+    raise AssertionError("unreachable: tenacity re-raises the last attempt's error")
 
 
 def chunk_key(tenant: str, doc_id: str, content_hash: str, chunk_id: str) -> str:
@@ -71,6 +96,11 @@ class Writes:
     ) -> list[bool]:
         """`upsert_documents` into one index (or alias); `bump`: the serving version, whose
         changes bump the tenant's generation."""
+        return await _again_when_raced(lambda: self._upsert_once(index, tenant, documents, bump))
+
+    async def _upsert_once(
+        self, index: str, tenant: str, documents: Sequence[Document], bump: bool
+    ) -> list[bool]:
         stored = await self._stored(tenant, [d.doc_id for d in documents], index)
         old = [stored.get(d.doc_id, Stored()) for d in documents]
         changed = [o.content_hash != d.content_hash for o, d in zip(old, documents, strict=True)]
@@ -126,6 +156,9 @@ class Writes:
         readers lose the document at once, and a delete that failed part-way leaves hidden
         chunks that a retry finds. False when readers saw no chunk of it (the gateway's 404),
         even when hidden chunks (a failed staging, a half-done delete) were cleaned up."""
+        return await _again_when_raced(lambda: self._delete_once(index, tenant, doc_id, bump))
+
+    async def _delete_once(self, index: str, tenant: str, doc_id: str, bump: bool) -> bool:
         entry = (await self._stored(tenant, [doc_id], index)).get(doc_id)
         if entry is None:
             return False
