@@ -46,7 +46,8 @@ import json
 import re
 import sys
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -162,30 +163,37 @@ def _order(kind: str, page: str) -> str:
     return hashlib.sha256(f"{kind}\x00{page}".encode()).hexdigest()
 
 
-def generate(docs: Sequence[RawDocument], per_kind: int) -> Iterator[dict[str, str]]:
-    df = document_frequencies(docs)
-    index = Index(docs)
-    texts = {d.doc_id: d.text.casefold() for d in docs}
-    for kind in KINDS:
-        kept: list[dict[str, str]] = []
-        for doc in sorted(docs, key=lambda d: _order(kind, d.doc_id)):
-            if len(kept) == per_kind:
-                break
-            if kind == "title":
-                query = title_query(doc, texts)
-            else:
-                made = sentence_query(doc, kind, df, index)
-                query = made[0] if made else None
-            if query:
-                kept.append({"kind": kind, "query": query, "page": doc.doc_id})
-        for n, row in enumerate(sorted(kept, key=lambda r: r["page"]), start=1):
-            yield {"id": f"{kind}-{n:03d}", **row}
+def pick_rows(
+    kind: str,
+    docs: Sequence[RawDocument],
+    order: Callable[[RawDocument], str],
+    per_kind: int,
+    make: Callable[[RawDocument], str | None],
+) -> Iterator[dict[str, str]]:
+    """The rows of one kind: the first `per_kind` documents in `order` whose query `make`
+    makes, numbered `<kind>-001`... by page. Shared by the generated benchmarks."""
+    kept: list[dict[str, str]] = []
+    for doc in sorted(docs, key=order):
+        if len(kept) == per_kind:
+            break
+        if query := make(doc):
+            kept.append({"kind": kind, "query": query, "page": doc.doc_id})
+    for n, row in enumerate(sorted(kept, key=lambda r: r["page"]), start=1):
+        yield {"id": f"{kind}-{n:03d}", **row}
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--per-kind", type=int, default=100)
-    parser.add_argument("--out", type=Path, default=OUT)
+def write_benchmark(
+    argv: Sequence[str] | None,
+    description: str,
+    generate: Callable[[Sequence[RawDocument], int], Iterator[dict[str, str]]],
+    per_kind: int,
+    out: Path,
+) -> None:
+    """A generated benchmark's command line: the rows of the Wikipedia sample, one JSON line
+    each, to `--out`."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--per-kind", type=int, default=per_kind)
+    parser.add_argument("--out", type=Path, default=out)
     args = parser.parse_args(argv)
     rows = list(generate(load_wiki_sample(), args.per_kind))
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -193,6 +201,29 @@ def main(argv: Sequence[str] | None = None) -> None:
         for row in rows:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
     print(f"{len(rows)} queries -> {args.out} {dict(Counter(r['kind'] for r in rows))}")
+
+
+def generate(docs: Sequence[RawDocument], per_kind: int) -> Iterator[dict[str, str]]:
+    df = document_frequencies(docs)
+    index = Index(docs)
+    texts = {d.doc_id: d.text.casefold() for d in docs}
+
+    def make(kind: str, doc: RawDocument) -> str | None:
+        if kind == "title":
+            return title_query(doc, texts)
+        made = sentence_query(doc, kind, df, index)
+        return made[0] if made else None
+
+    for kind in KINDS:
+        yield from pick_rows(kind, docs, partial(_by_order, kind), per_kind, partial(make, kind))
+
+
+def _by_order(kind: str, doc: RawDocument) -> str:
+    return _order(kind, doc.doc_id)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    write_benchmark(argv, __doc__.splitlines()[0], generate, 100, OUT)
 
 
 if __name__ == "__main__":

@@ -46,13 +46,11 @@ Groups: bench/rerank_candidates.py groups the queries by page, as the lexical be
 
 from __future__ import annotations
 
-import argparse
 import hashlib
-import json
 import re
 import sys
-from collections import Counter
 from collections.abc import Iterator, Sequence
+from functools import partial
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,9 +58,14 @@ if str(REPO) not in sys.path:  # run as a file, the repo's packages are not on t
     sys.path.insert(0, str(REPO))
 
 from gateway.ingest.readers import RawDocument  # noqa: E402
-from gateway.ingest.wiki_sample import load_wiki_sample  # noqa: E402
 from scripts.make_direct_benchmark import DESCRIPTION, sentences  # noqa: E402
-from scripts.make_lexical_benchmark import Index, is_content, tokens  # noqa: E402
+from scripts.make_lexical_benchmark import (  # noqa: E402
+    Index,
+    is_content,
+    pick_rows,
+    tokens,
+    write_benchmark,
+)
 
 OUT = REPO / "bench" / "data" / "style_queries.jsonl"
 KINDS = ("which", "clue")
@@ -135,28 +138,21 @@ def make_query(kind: str, doc: RawDocument, index: Index) -> str | None:
 def generate(docs: Sequence[RawDocument], per_kind: int) -> Iterator[dict[str, str]]:
     index = Index(docs)
     for kind in KINDS:
-        kept: list[dict[str, str]] = []
-        for doc in sorted(docs, key=lambda d: _order(kind, d.doc_id)):
-            if len(kept) == per_kind:
-                break
-            query = make_query(kind, doc, index)
-            if query:
-                kept.append({"kind": kind, "query": query, "page": doc.doc_id})
-        for n, row in enumerate(sorted(kept, key=lambda r: r["page"]), start=1):
-            yield {"id": f"{kind}-{n:03d}", **row}
+        yield from pick_rows(
+            kind,
+            docs,
+            partial(_by_order, kind),
+            per_kind,
+            partial(make_query, kind, index=index),
+        )
+
+
+def _by_order(kind: str, doc: RawDocument) -> str:
+    return _order(kind, doc.doc_id)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--per-kind", type=int, default=300)
-    parser.add_argument("--out", type=Path, default=OUT)
-    args = parser.parse_args(argv)
-    rows = list(generate(load_wiki_sample(), args.per_kind))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    print(f"{len(rows)} queries -> {args.out} {dict(Counter(r['kind'] for r in rows))}")
+    write_benchmark(argv, __doc__.splitlines()[0], generate, 300, OUT)
 
 
 if __name__ == "__main__":
