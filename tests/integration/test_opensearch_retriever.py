@@ -42,7 +42,12 @@ from tests.fixtures import tenancy
 from tests.fixtures.documents import chunk_ids, make_doc
 from tests.fixtures.embeddings import unit_vector as fixture_unit_vector
 from tests.fixtures.gateway import run_cli
-from tests.fixtures.opensearch import TEST_DIMENSION, RetrieverFactory, opensearch_request
+from tests.fixtures.opensearch import (
+    CI_TIMEOUTS,
+    TEST_DIMENSION,
+    RetrieverFactory,
+    opensearch_request,
+)
 from tests.fixtures.provenance import check_provenance
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
@@ -103,6 +108,7 @@ async def test_first_use_creates_the_index_layout(
         alias=f"qgtest-lazy-{uuid.uuid4().hex[:8]}",
         dimension=16,
         tenancy=tenancy,
+        **CI_TIMEOUTS,
     )
     async with OpenSearchRetriever(config) as retriever:
         try:
@@ -696,7 +702,7 @@ async def retriever_via(
         dimension=TEST_DIMENSION,
         bulk_max_attempts=attempts,
         server_side_fusion="off",
-        **overrides,
+        **(CI_TIMEOUTS | overrides),
     )
     async with OpenSearchRetriever(config) as retriever:
         try:
