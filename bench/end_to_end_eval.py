@@ -16,10 +16,10 @@ answer is computed for its own question and never served from a neighbour's.
 
 Configurations (both with no model configured, so every lookup answers extractively:
 routers/extractive.py):
-- `default`: the first-run default, reranking off;
-- `rerank`: `retrieval.rerank.reranker: local` with the shipped default policy
+- `default`: the first-run default: the local reranker with the shipped policy
   (docs/reranking.md), its `timeout_s` raised to `RERANK_TIMEOUT_S` so that the shared
-  machine's load does not turn a rerank into a `failed` one (failures are still counted).
+  machine's load does not turn a rerank into a `failed` one (failures are still counted);
+- `fused`: the same with `retrieval.rerank.reranker: off` (fusion alone).
 
 Query sets:
 - `fanoutqa`: FanOutQA dev leaf sub-questions whose evidence page is in the sample
@@ -91,7 +91,7 @@ DIRECT_DATA = REPO / "bench" / "data" / "direct_routing.jsonl"
 VECTORS = CACHE_DIR / "end_to_end_vectors.npz"
 API_KEY = "end-to-end-eval-key"
 RERANK_TIMEOUT_S = 30.0
-CONFIGS = ("default", "rerank")
+CONFIGS = ("default", "fused")
 ROUTES = ("direct", "lookup", "multihop")
 TARGETS = {"fanoutqa": 0.85, "direct": 0.90}  # R@1 of the first citation, held out
 PROGRESS_EVERY = 100
@@ -160,8 +160,8 @@ def direct_cases(part: str, limit: int | None, path: Path = DIRECT_DATA) -> list
 
 def settings_for(config: str, data_dir: Path) -> Settings:
     """The first-run default for one tenant (no model, `model: auto`), the response cache off;
-    `rerank`: the local reranker with the shipped policy."""
-    rerank = {"reranker": "local", "timeout_s": RERANK_TIMEOUT_S} if config == "rerank" else {}
+    `fused`: with the reranker off."""
+    rerank = {"reranker": "off"} if config == "fused" else {"timeout_s": RERANK_TIMEOUT_S}
     return Settings.model_validate(
         {
             "data_dir": data_dir,

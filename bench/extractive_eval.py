@@ -171,7 +171,7 @@ async def run_cases(
                     fusion=config.fusion,
                 )
             )
-            scored = await extractor.score(TENANT, query.text, vector, hits)
+            scored = await extractor.score(query.text, vector, hits)
             _, answer = leaves.get(normalised(query.text), (None, None))
             cases.append(Case(query, gold_answers(answer), answerable, tuple(hits), scored))
     finally:
@@ -284,7 +284,7 @@ async def timing(cases: Sequence[Case], extractor: Extractor, embedder: CachedEm
     took, counts = [], []
     for case, vector in zip(chosen, vectors, strict=True):
         start = time.perf_counter()
-        scored = await extractor.score(TENANT, case.query.text, vector, case.hits)
+        scored = await extractor.score(case.query.text, vector, case.hits)
         took.append((time.perf_counter() - start) * 1000)
         counts.append(len(scored.candidates))
     p50, p95 = np.percentile(took, [50, 95])

@@ -116,9 +116,9 @@ def unsampled_params(ctx: RouteContext) -> str:
 
 def build_registry(deps: AgentDeps, config: RegistryConfig) -> dict[Route, Executor]:
     """The executor of every route the configuration can run; `deps.rerank` is the second
-    stage of every search and orders an extractive answer's sentences."""
+    stage of every search, and the order an extractive answer cites a reranked search in."""
     tiers = route_tiers(config, deps.llm.has_tier)
-    extractor = Extractor(deps.embedder, deps.rerank)
+    extractor = Extractor(deps.embedder, search_order=deps.rerank.enabled)
     lookup = LookupExecutor(
         deps.retriever, config.lookup, tiers[Route.LOOKUP], extractor, deps.rerank
     )

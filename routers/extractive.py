@@ -13,16 +13,18 @@ How a sentence is chosen:
    holds every identifier the question names ("ERR-4471": a code's embedding says little),
    so a passage none of whose sentences clears it is not cited; with none clearing it, the
    answer says the documents did not give one;
-4. the rest are ordered by the reranker when one is configured (its scores are comparable
-   within one call only, so the floor stays the embedder's; the call is the rerank stage's,
-   within its timeout and the request's deadline, recorded as site `extractive`, and a failed
-   one leaves the cosine order), else by their cosine, and the
+4. the rest are ordered by their cosine, and the
    best are taken while they fit: at most `MAX_SENTENCES` sentences and `MAX_CHARS` characters,
    and the client's `max_tokens` (counted by the embedder's tokenizer, else estimated at
    `CHARS_PER_TOKEN`).
 
-The answer groups the quoted sentences by passage, each passage's best first, its sentences in
-reading order followed by its citation `[i]`. Figures behind the constants: docs/answers.md.
+The answer groups the quoted sentences by passage, its sentences in reading order followed by its
+citation `[i]`. With a rerank stage configured, the first-ranked passage with a sentence to quote
+leads and the passages come in the search's order: the stage's order weighs the cross-encoder,
+fusion and the title signal, and names the page first more often than a sentence's cosine does.
+With none, the passages come in the order of their best sentences (a sentence's cosine names the
+page first more often than fusion alone). Figures behind the constants and the orders:
+docs/answers.md and docs/benchmarks.md, "End to end: the first citation".
 """
 
 from __future__ import annotations
@@ -38,7 +40,6 @@ from backends.embeddings.base import Embedder, token_window
 from backends.retrieval.base import Hit, Vector
 from routers.features import identifiers_in
 from routers.generation import inert_citations
-from routers.rerank import RERANK_OFF, RerankCall, RerankRecorder, RerankStage
 from routers.sentences import split_sentences
 from routers.types import Answer, Citation, Route
 
@@ -80,9 +81,10 @@ class Candidate:
 class Scored:
     """What the sentences of a search's top passages say about one question."""
 
-    candidates: tuple[Candidate, ...]  # best first: the reranker's order, else by similarity
-    # How they were ordered, when not by the embedder alone (for `route_reason`).
-    notes: tuple[str, ...] = ()
+    candidates: tuple[Candidate, ...]  # best first, by similarity
+    # Led by the search's first passage and cited in the search's order (a rerank stage
+    # ordered it), not in the order of the passages' best sentences.
+    search_order: bool = False
 
     @property
     def best_similarity(self) -> float:
@@ -90,41 +92,26 @@ class Scored:
 
 
 class Extractor:
-    """Builds a lookup's extractive answer from its hits (see the module's docstring)."""
+    """Builds a lookup's extractive answer from its hits (see the module's docstring);
+    `search_order`: the hits come from a rerank stage."""
 
-    def __init__(self, embedder: Embedder, rerank: RerankStage = RERANK_OFF) -> None:
+    def __init__(self, embedder: Embedder, search_order: bool = False) -> None:
         self._embedder = embedder
-        self._rerank = rerank
+        self._search_order = search_order
         window = token_window(embedder)
         self.count: Callable[[str], int] = window.count if window else estimate_tokens
 
     async def answer(
-        self,
-        tenant: str,
-        query: str,
-        vector: Vector,
-        hits: Sequence[Hit],
-        max_tokens: int | None,
-        recorder: RerankRecorder | None = None,
-        deadline: float | None = None,
+        self, query: str, vector: Vector, hits: Sequence[Hit], max_tokens: int | None
     ) -> Answer:
-        scored = await self.score(tenant, query, vector, hits, recorder, deadline)
+        scored = await self.score(query, vector, hits)
         return answer_from(scored, hits, self.count, max_tokens)
 
-    async def score(
-        self,
-        tenant: str,
-        query: str,
-        vector: Vector,
-        hits: Sequence[Hit],
-        recorder: RerankRecorder | None = None,
-        deadline: float | None = None,
-    ) -> Scored:
-        """Every candidate sentence of the top passages, best first; the reranker's decision
-        (and a paid one's price) goes to `recorder`, the request's."""
+    async def score(self, query: str, vector: Vector, hits: Sequence[Hit]) -> Scored:
+        """Every candidate sentence of the top passages, best first."""
         found = candidates(hits)
         if not found:
-            return Scored(())
+            return Scored((), self._search_order)
         texts = [f"{_context(hits[c.passage])}: {c.text}" for c in found]
         similarities = await self._embedder.embed(texts) @ np.asarray(vector, dtype=np.float32)
         wanted = [i.casefold() for i in identifiers_in(query)]
@@ -138,17 +125,7 @@ class Extractor:
             )
             for c, s, text in zip(found, similarities, texts, strict=True)
         ]
-        by_similarity = tuple(sorted(scored, key=lambda c: -c.similarity))
-        # Only what may be quoted is worth a cross-encoder's pass.
-        eligible = [c for c in by_similarity if c.clears(RELEVANCE_FLOOR)]
-        call = RerankCall(tenant, query, (), 0, "extractive", recorder, deadline)
-        scores = await self._rerank.sentence_scores(call, [c.text for c in eligible])
-        if scores is None:
-            return Scored(by_similarity)
-        order = sorted(range(len(eligible)), key=lambda i: -scores[i])
-        rest = [c for c in by_similarity if not c.clears(RELEVANCE_FLOOR)]
-        note = f"sentences ordered by the {self._rerank.reranker_name}"
-        return Scored((*(eligible[i] for i in order), *rest), notes=(note,))
+        return Scored(tuple(sorted(scored, key=lambda c: -c.similarity)), self._search_order)
 
 
 def answer_from(
@@ -165,14 +142,18 @@ def answer_from(
             "no sentence of the top passages reached the relevance floor "
             f"({scored.best_similarity:.2f} < {floor:.2f})"
         )
-        return Answer(
-            NO_ANSWER_TEXT,
-            Route.LOOKUP,
-            extractive=True,
-            complete=False,
-            notes=(*scored.notes, note),
-        )
-    return compose(choose(kept), hits, count, max_tokens, scored.notes)
+        return Answer(NO_ANSWER_TEXT, Route.LOOKUP, extractive=True, complete=False, notes=(note,))
+    if scored.search_order:
+        kept = _led_by_first_passage(kept)
+    return compose(choose(kept), hits, count, max_tokens, scored.search_order)
+
+
+def _led_by_first_passage(ranked: Sequence[Candidate]) -> list[Candidate]:
+    """`ranked` with the best sentence of the first-ranked passage that has one first, so the
+    search's best passage is quoted and cited first."""
+    top = min(c.passage for c in ranked)
+    lead = next(c for c in ranked if c.passage == top)
+    return [lead, *(c for c in ranked if c is not lead)]
 
 
 def candidates(hits: Sequence[Hit]) -> list[Candidate]:
@@ -222,23 +203,25 @@ def compose(
     hits: Sequence[Hit],
     count: Callable[[str], int],
     max_tokens: int | None,
-    notes: tuple[str, ...] = (),
+    search_order: bool = False,
 ) -> Answer:
     """The answer quoting `chosen` (rank order), cut to `max_tokens` when the client set it:
-    the lowest-ranked sentences go first, then the best one is cut at a word."""
-    groups = _grouped(chosen)
+    the lowest-ranked sentences go first, then the best one is cut at a word. The passages
+    are cited in the search's order with `search_order`, else in their best sentence's."""
+    groups = _grouped(chosen, search_order)
     text = _text(groups)
+    notes: tuple[str, ...] = ()
     cut = max_tokens is not None and count(text) > max_tokens
     if max_tokens is not None and cut:
         for n in range(len(chosen) - 1, 0, -1):
-            groups = _grouped(chosen[:n])
+            groups = _grouped(chosen[:n], search_order)
             text = _text(groups)
             if count(text) <= max_tokens:
                 break
         else:
-            groups = _grouped(chosen[:1])
+            groups = _grouped(chosen[:1], search_order)
             text = _truncated(_quoted(groups[0]), max_tokens, count)
-        notes = (*notes, f"the extractive answer was cut to max_tokens {max_tokens}")
+        notes = (f"the extractive answer was cut to max_tokens {max_tokens}",)
     return Answer(
         text,
         Route.LOOKUP,
@@ -250,12 +233,14 @@ def compose(
     )
 
 
-def _grouped(chosen: Sequence[Candidate]) -> list[list[Candidate]]:
-    """Per passage, in the order of each passage's best; within one, in reading order."""
+def _grouped(chosen: Sequence[Candidate], search_order: bool) -> list[list[Candidate]]:
+    """Per passage, in search order or in the order of each passage's best; within one, in
+    reading order."""
     groups: dict[int, list[Candidate]] = {}
     for candidate in chosen:
         groups.setdefault(candidate.passage, []).append(candidate)
-    return [sorted(g, key=lambda c: c.position) for g in groups.values()]
+    passages = sorted(groups) if search_order else list(groups)
+    return [sorted(groups[p], key=lambda c: c.position) for p in passages]
 
 
 def _text(groups: Sequence[Sequence[Candidate]]) -> str:

@@ -63,13 +63,7 @@ class LookupExecutor:
             return evidence
         if self._tier is None:
             return await self._extractor.answer(
-                ctx.tenant,
-                ctx.query,
-                ctx.vector,
-                evidence,
-                ctx.options.max_tokens,
-                ctx.reranks,
-                ctx.deadline,
+                ctx.query, ctx.vector, evidence, ctx.options.max_tokens
             )
         tag = new_source_tag()
         prompt = LOOKUP_SYSTEM.format(tag=tag, sources=format_sources(tag, evidence))

@@ -55,7 +55,7 @@ RerankDecision = Literal[
     "reranked", "skipped_off", "skipped_few", "skipped_confident", "skipped_keywords", "failed"
 ]
 # Which search it was: the lookup's, or one of the agent's `search` tool.
-RerankSite = Literal["lookup", "agent", "extractive"]
+RerankSite = Literal["lookup", "agent"]
 
 
 class RerankConfig(BaseModel):
@@ -63,7 +63,9 @@ class RerankConfig(BaseModel):
 
     model_config = SECTION
 
-    reranker: Literal["off", "local", "remote", "opensearch"] = "off"
+    # The local cross-encoder by default: it costs nothing where the policy skips (most
+    # searches) and lifts the first citation where it reranks (docs/reranking.md).
+    reranker: Literal["off", "local", "remote", "opensearch"] = "local"
     remote: RemoteRerankConfig | None = None
     opensearch: OpenSearchRerankConfig | None = None
     # "uncertain": only where the fused ranking is (below); "always": every search.
@@ -272,20 +274,6 @@ class RerankStage:
         ranks = (*(i + 1 for i in order), *rest)[: call.k]
         return kept, ranks if ranks != tuple(range(1, len(ranks) + 1)) else ()
 
-    async def sentence_scores(
-        self, call: RerankCall, sentences: Sequence[str]
-    ) -> list[float] | None:
-        """The reranker's scores for an extractive answer's `sentences`, as bounded and recorded
-        as a search's rerank; None: no reranker, or it failed (the embedder's order stands)."""
-        reranker = self._reranker
-        if reranker is None or not sentences:
-            return None
-        started = time.perf_counter()
-        scores = await self._scores_or_none(reranker, call, list(sentences), None, started)
-        if scores is not None:
-            self._record(call, self._trace(call, "reranked", None, len(sentences), started))
-        return scores
-
     async def _scores_or_none(
         self,
         reranker: Reranker,
@@ -351,17 +339,13 @@ class RerankStage:
 
 
 # The stage of a deployment (or an evaluation) with no reranker: every search "skipped_off".
-RERANK_OFF = RerankStage(RerankConfig(), None)
+RERANK_OFF = RerankStage(RerankConfig(reranker="off"), None)
 
 
 def failure_notes(traces: Sequence[RerankTrace]) -> tuple[str, ...]:
     """What a request's answer says of the reranks that failed (the fused order was kept)."""
     return tuple(
-        f"rerank failed ({t.site}: {t.detail}); the {_KEPT[t.site]} order was kept"
+        f"rerank failed ({t.site}: {t.detail}); the fused order was kept"
         for t in traces
         if t.decision == "failed"
     )
-
-
-# Whose order stands when a site's rerank fails.
-_KEPT: dict[RerankSite, str] = {"lookup": "fused", "agent": "fused", "extractive": "embedder's"}

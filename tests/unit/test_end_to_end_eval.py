@@ -43,9 +43,9 @@ def test_recall_counts_the_page_among_the_first_k_cited_documents() -> None:
     assert recall_values(answers, cases, 3).tolist() == [1.0, 1.0, 0.0, 0.0]
 
 
-def test_the_lookup_searchs_rerank_decision_is_read_not_the_sentence_ranking() -> None:
+def test_the_lookup_searchs_rerank_decision_is_read_not_the_agents() -> None:
     traces = [
-        {"site": "extractive", "decision": "reranked"},
+        {"site": "agent", "decision": "reranked"},
         {"site": "lookup", "decision": "skipped_confident"},
     ]
     served = served_from(body(["A"], route="lookup", debug={"rerank": traces}))

@@ -1,20 +1,18 @@
 """Extractive answers (no model): which sentences of real sample passages are quoted, how they
-are cited and bounded, and the reranker's part, with the embedder the gateway serves with.
+are cited and bounded, and in which order after a rerank stage, with the embedder the gateway
+serves with.
 
 The passages are Wikipedia lead sections of the offline sample (tests/data/wiki, CC BY-SA).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 from pathlib import Path
 
 import pytest
 
 from backends.embeddings.base import Embedder, token_window
-from backends.rerank.base import RerankRequest
 from backends.retrieval.base import Hit
 from gateway.ingest.chunker import chunk_document
 from routers.extractive import (
@@ -24,9 +22,7 @@ from routers.extractive import (
     RELEVANCE_FLOOR,
     Extractor,
 )
-from routers.rerank import RERANK_OFF, RerankConfig, RerankStage, failure_notes
 from routers.sentences import split_sentences
-from tests.fakes.rerank import FakeReranker, Recorder
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 LEADS = (DATA / "wiki" / "leads.jsonl").read_text("utf-8")
@@ -42,28 +38,17 @@ def hits(*doc_ids: str) -> list[Hit]:
     ]
 
 
-def preferring(*phrases: str, fail: bool = False) -> FakeReranker:
-    """A local reranker scoring a passage by the first of `phrases` it contains."""
-
-    def score(_query: str, passage: str) -> float:
-        return float(next((len(phrases) - i for i, p in enumerate(phrases) if p in passage), 0))
-
-    return FakeReranker(score=score, fail=fail, kind="local", model_id="scripted")
-
-
 async def ask(
     embedder: Embedder,
     query: str,
     found: list[Hit],
     *,
-    reranker: FakeReranker | None = None,
+    search_order: bool = False,
     max_tokens: int | None = None,
-    recorder: Recorder | None = None,
 ) -> object:
     vector = (await embedder.embed([query]))[0]
-    stage = RerankStage(RerankConfig(reranker="local"), reranker) if reranker else RERANK_OFF
-    extractor = Extractor(embedder, stage)
-    return await extractor.answer("t", query, vector, found, max_tokens, recorder)
+    extractor = Extractor(embedder, search_order=search_order)
+    return await extractor.answer(query, vector, found, max_tokens)
 
 
 async def test_the_best_sentence_is_quoted_verbatim_and_cited(served_embedder: Embedder) -> None:
@@ -88,10 +73,10 @@ async def test_an_off_topic_passage_below_the_floor_is_not_cited(
     found = hits("Carrot", "Eiffel Tower", "Gustave Eiffel")
     vector = (await served_embedder.embed([query]))[0]
     extractor = Extractor(served_embedder)
-    scored = await extractor.score("t", query, vector, found)
+    scored = await extractor.score(query, vector, found)
     carrot = max(c.similarity for c in scored.candidates if c.passage == 0)
     assert carrot < RELEVANCE_FLOOR  # the search ranked it first; the floor says it is off-topic
-    answer = await extractor.answer("t", query, vector, found, None)
+    answer = await extractor.answer(query, vector, found, None)
     cited = [c.doc_id for c in answer.citations]
     assert "Carrot" not in cited and cited[0] in ("Eiffel Tower", "Gustave Eiffel")
     assert "Gustave Eiffel" in answer.text
@@ -141,81 +126,36 @@ async def test_a_cut_drops_the_lowest_ranked_sentences_first(served_embedder: Em
     query, found = "Who invented dynamite?", hits("Dynamite", "Alfred Nobel")
     vector = (await served_embedder.embed([query]))[0]
     extractor = Extractor(served_embedder)
-    best = (await extractor.score("t", query, vector, found)).candidates[0].text
-    whole = await extractor.answer("t", query, vector, found, None)
+    best = (await extractor.score(query, vector, found)).candidates[0].text
+    whole = await extractor.answer(query, vector, found, None)
     assert whole.text.count("[") == 2 and best in whole.text
     room = extractor.count(f"{best} [1]")
-    cut = await extractor.answer("t", query, vector, found, room)
+    cut = await extractor.answer(query, vector, found, room)
     assert cut.text == f"{best} [1]" and len(cut.citations) == 1
     assert cut.finish_reason == "length"
 
 
-async def test_the_reranker_orders_the_sentences_above_the_floor(
+async def test_after_a_rerank_stage_the_searchs_first_passage_leads(
     served_embedder: Embedder,
 ) -> None:
-    reranker = preferring("Nobel Prizes")
-    found = hits("Dynamite", "Alfred Nobel", "Carrot")
+    # The search (reranked) ranks Alfred Nobel first; by cosine the Dynamite sentence leads.
+    found = hits("Alfred Nobel", "Dynamite")
     plain = await ask(served_embedder, "Who invented dynamite?", found)
-    recorder = Recorder()
-    answer = await ask(
-        served_embedder, "Who invented dynamite?", found, reranker=reranker, recorder=recorder
-    )
-    # By cosine the Dynamite page's sentence leads; the reranker put the Nobel Prizes one first.
-    assert plain.citations[0].doc_id == "Dynamite"
-    assert answer.citations[0].doc_id == "Alfred Nobel"
-    assert answer.text.startswith("Nobel is known for inventing dynamite")
-    assert "sentences ordered by the local reranker scripted" in answer.notes
-    (trace,) = recorder.traces
-    assert (trace.site, trace.decision, trace.reranker) == ("extractive", "reranked", "local")
-    (request,) = reranker.requests
-    assert request.tenant == "t" and request.query == "Who invented dynamite?"
-    assert request.passages and not any("carrot" in p.casefold() for p in request.passages)
+    answer = await ask(served_embedder, "Who invented dynamite?", found, search_order=True)
+    assert [c.doc_id for c in plain.citations] == ["Dynamite", "Alfred Nobel"]
+    assert [c.doc_id for c in answer.citations] == ["Alfred Nobel", "Dynamite"]
+    # The passages follow the search's order, each with its sentences in reading order.
+    assert answer.text.index("[1]") < answer.text.index("[2]")
 
 
-async def test_a_failing_reranker_leaves_the_embedders_order_and_says_so(
+async def test_the_first_passage_leads_only_with_a_sentence_over_the_floor(
     served_embedder: Embedder,
 ) -> None:
-    found = hits("Dynamite", "Alfred Nobel")
-    plain = await ask(served_embedder, "Who invented dynamite?", found)
-    reranker = preferring("Nobel Prizes", fail=True)
-    recorder = Recorder()
-    failed = await ask(
-        served_embedder, "Who invented dynamite?", found, reranker=reranker, recorder=recorder
-    )
-    assert failed.text == plain.text
-    (trace,) = recorder.traces
-    assert (trace.site, trace.decision) == ("extractive", "failed")
-    assert trace.candidates == len(reranker.requests[0].passages) > 0
-    (note,) = failure_notes(recorder.traces)
-    assert "the fake reranker is down" in note and "the embedder's order was kept" in note
-
-
-async def test_the_sentence_rerank_is_bounded_by_the_requests_deadline(
-    served_embedder: Embedder,
-) -> None:
-    """A reranker that never answers costs the answer nothing past the deadline it was given:
-    the stage's own bound ends the call, and the cosine order stands."""
-
-    class Stalled(FakeReranker):
-        async def scores(self, request: RerankRequest) -> list[float]:
-            self.requests.append(request)
-            await asyncio.Event().wait()
-            raise AssertionError("unreachable")
-
-    found = hits("Dynamite", "Alfred Nobel")
-    plain = await ask(served_embedder, "Who invented dynamite?", found)
-    query = "Who invented dynamite?"
-    vector = (await served_embedder.embed([query]))[0]
-    stalled = Stalled(kind="local")
-    extractor = Extractor(served_embedder, RerankStage(RerankConfig(reranker="local"), stalled))
-    recorder = Recorder()
-    deadline = time.monotonic()  # already due: the call is cut at once
-    answer = await extractor.answer("t", query, vector, found, None, recorder, deadline)
-    assert answer.text == plain.text
-    (request,) = stalled.requests
-    assert request.deadline == deadline
-    (trace,) = recorder.traces
-    assert trace.decision == "failed" and trace.detail == "no answer within its timeout"
+    # Carrot says nothing of dynamite: it is not cited, and the next passage leads.
+    found = hits("Carrot", "Dynamite", "Alfred Nobel")
+    answer = await ask(served_embedder, "Who invented dynamite?", found, search_order=True)
+    assert [c.doc_id for c in answer.citations][:1] == ["Dynamite"]
+    assert "Carrot" not in [c.doc_id for c in answer.citations]
 
 
 async def test_a_documents_own_bracket_numbers_cannot_pose_as_citations(
@@ -239,9 +179,9 @@ async def test_a_sentence_under_its_section_naming_the_code_asked_about_is_quote
     query = "How do I fix ERR-4471?"
     vector = (await served_embedder.embed([query]))[0]
     extractor = Extractor(served_embedder)
-    scored = await extractor.score("t", query, vector, found)
+    scored = await extractor.score(query, vector, found)
     assert all(c.names == (c.passage == 0) for c in scored.candidates)
-    answer = await extractor.answer("t", query, vector, found, None)
+    answer = await extractor.answer(query, vector, found, None)
     assert [c.chunk_id for c in answer.citations] == ["errors.md#1"]
     assert "Renew the certificate on the upstream host" in answer.text
 

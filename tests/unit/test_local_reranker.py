@@ -142,8 +142,9 @@ def test_no_batch_starts_past_the_deadline(
     assert runs == [1]
 
 
-async def test_the_config_names_the_local_reranker() -> None:
-    reranker = build_reranker(Settings(retrieval={"rerank": {"reranker": "local"}}))
+@pytest.mark.parametrize("rerank", [{"reranker": "local"}, {}], ids=["named", "the-default"])
+async def test_the_config_names_the_local_reranker(rerank: dict[str, str]) -> None:
+    reranker = build_reranker(Settings(retrieval={"rerank": rerank}))
     assert isinstance(reranker, LocalCrossEncoder)
     try:
         assert reranker.kind == "local"

@@ -115,7 +115,7 @@ async def test_always_reranks_a_confident_ranking_too() -> None:
 
 async def test_off_and_a_single_hit_skip_without_a_call() -> None:
     fake = FakeReranker()
-    kept, recorder = await run(RerankStage(RerankConfig(), fake), k=2)
+    kept, recorder = await run(RerankStage(RerankConfig(reranker="off"), fake), k=2)
     assert [h.doc_id for h in kept] == ["d1", "d2"]
     assert recorder.traces[0] == RerankTrace("lookup", "skipped_off", "off", "", 0.05)
     _, recorder = await run(RerankStage(config(), fake), HITS[:1])
@@ -194,7 +194,7 @@ async def test_passages_sent_are_cut_at_passage_chars() -> None:
 def test_a_search_fetches_the_candidates_only_when_a_reranker_is_on() -> None:
     assert RerankStage(config(candidates=20), FakeReranker()).fetch_k(6) == 20
     assert RerankStage(config(candidates=20), None).fetch_k(6) == 6
-    assert RerankStage(RerankConfig(candidates=20), FakeReranker()).fetch_k(6) == 6
+    assert RerankStage(RerankConfig(reranker="off", candidates=20), FakeReranker()).fetch_k(6) == 6
 
 
 def test_a_reranker_needs_its_settings() -> None:
@@ -303,7 +303,7 @@ def test_the_defaults_are_the_measured_policy() -> None:
     """docs/reranking.md, "The default policy, measured": 10 candidates, margin 0.2, blend 1,
     keyword queries skipped, arms' agreement not a reason to skip."""
     c = RerankConfig()
-    assert (c.reranker, c.candidates, c.max_margin, c.blend) == ("off", 10, 0.2, 1.0)
+    assert (c.reranker, c.candidates, c.max_margin, c.blend) == ("local", 10, 0.2, 1.0)
     assert (c.skip_keyword_queries, c.skip_when_arms_agree, c.when) == (True, False, "uncertain")
 
 
@@ -350,7 +350,7 @@ async def test_titles_are_not_read_with_weight_0_for_keyword_queries_or_with_the
     for stage, query in (
         (RerankStage(config(title_weight=0.0), FakeReranker()), SPAIN),
         (RerankStage(config(title_weight=5.0), FakeReranker()), "Spain population"),
-        (RerankStage(RerankConfig(title_weight=5.0), FakeReranker()), SPAIN),
+        (RerankStage(RerankConfig(reranker="off", title_weight=5.0), FakeReranker()), SPAIN),
     ):
         kept, recorder = await named_run(stage, query)
         assert [h.doc_id for h in kept] == ["d1", "d2", "d3"]
