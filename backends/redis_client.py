@@ -17,9 +17,11 @@ Built once per process from `RedisOptions` (services.py fills them from `cache.r
   `RequestSpend` per request, and every call made for the request passes it to `call()`.
   Each call is cut at what is left of the budget, and once it is spent every call fails at
   once, so a slow-but-alive Redis costs a request at most that budget, not one socket timeout
-  per round trip, and degrades like a down one (the cache fails open, the quotas decide per
-  process). Work that no answer waits for (spend records, cache writes, lease renewals and
-  releases) passes none: its calls are bounded one by one, not by a request's budget, which
+  per round trip, and the request is decided as if Redis were down (the cache fails open, the
+  quotas decide per process). A call cut by the budget is not itself a verdict on Redis's
+  health (`RequestBudgetSpent.cut`): the quotas confirm it with a probe of its own bound.
+  Work that no answer waits for (spend records, cache writes, lease renewals and releases)
+  passes none: its calls are bounded one by one, not by a request's budget, which
   it would otherwise eat into, or find spent and fail (a cache write or spend record lost
   for nothing).
 
@@ -106,13 +108,16 @@ class RequestSpend:
 
 
 class RequestBudgetSpent(BackendUnavailable):
-    """This request has used its Redis time: the call was not sent, or was cut at what its
-    earlier calls left of it. What it was for is decided without Redis, as if Redis were down,
-    but it says nothing of Redis's health (a caller that tracks that, like the quotas' degraded
-    state, leaves it as it is)."""
+    """This request has used its Redis time: the call was not sent, or was cut at its budget.
+    What it was for is decided without Redis, as if Redis were down, but it is not a verdict
+    on Redis's health (a caller that tracks that, like the quotas' degraded state, leaves it
+    as it is). `cut`: a sent call ran out of the budget, so Redis may be slow, or this
+    process's loop too busy to read its answer (a burst opening connections): a caller that
+    tracks health asks Redis again under a bound of its own to tell which."""
 
-    def __init__(self, budget_s: float) -> None:
+    def __init__(self, budget_s: float, *, cut: bool = False) -> None:
         super().__init__("redis", f"the request's Redis time budget ({budget_s:g}s) is spent")
+        self.cut = cut
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,19 +221,19 @@ class RedisConnection:
         if left <= 0:
             _close_unawaited(pending)
             raise RequestBudgetSpent(budget_s)
-        # Cut at what the request's earlier calls left of its budget, a timeout is this
-        # request's doing, not Redis's: a call given 20 us of a healthy Redis put the quotas
-        # in the degraded state for every tenant. A call with the whole budget still tells.
-        # So is a call whose budget ran out while it waited for one of this process's
-        # connections (a burst past max_connections): it was never sent.
-        own_cut = spend.spent_s > 0 and left < timeout_s
+        # A call bounded by the request's budget rather than the whole-call bound that runs
+        # out of it is this request's outcome, not a verdict on Redis: under a burst on a
+        # loaded core (150 requests opening connections at once) calls to a healthy Redis
+        # overran a 0.25 s budget and put the quotas in the degraded state for every tenant;
+        # a call given 20 us of what earlier calls left did so alone. So is a call whose
+        # budget ran out while it waited for one of this process's connections: never sent.
         sent: list[bool] = []
         started = time.monotonic()
         try:
             return await guarded(self._in_slot(pending, sent), min(timeout_s, left))
         except BackendUnavailable as exc:
-            if (own_cut or not sent) and isinstance(exc.__cause__, TimeoutError):
-                raise RequestBudgetSpent(budget_s) from exc
+            if left < timeout_s and isinstance(exc.__cause__, TimeoutError):
+                raise RequestBudgetSpent(budget_s, cut=bool(sent)) from exc
             raise
         finally:
             spend.spent_s += time.monotonic() - started

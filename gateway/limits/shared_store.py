@@ -8,11 +8,15 @@ tenant's keys holding something unusable: logged, repaired from the last total t
 and that one decision made without it. The totals it gave are kept per (tenant, day), for the
 budget decisions made while it is down. A request's calls pass its `spend` (its Redis time
 budget, `backends.redis_client`) to the repair too; a call past that budget is the request's
-doing and says nothing of the store's health.
+doing and is not a verdict on the store's health. A sent call cut by it may be a slow store
+or a busy loop, so one probe (`ping`, under the store's own whole-call bound, in a task of its
+own) settles which: the store is down only if the probe fails too.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime as dt
 import logging
 import time
@@ -56,6 +60,7 @@ class SharedStore:
         self._retry_at = 0.0  # monotonic time before which the store is not asked
         self.degraded = False
         self._last_seen: dict[Key, float] = {}
+        self._confirming: asyncio.Task[None] | None = None
 
     @property
     def name(self) -> str:
@@ -102,8 +107,12 @@ class SharedStore:
             self._retry_at = now + self.retry_s
         try:
             result = await call()
-        except RequestBudgetSpent:
-            return None  # this request's own doing: the store's state stands for the others
+        except RequestBudgetSpent as exc:
+            # This request's own outcome: the store's state stands for the others, unless
+            # the probe a cut call starts finds the store down.
+            if exc.cut:
+                self._confirm()
+            return None
         except BackendUnavailable as exc:
             self._down(exc)
             return None
@@ -124,7 +133,21 @@ class SharedStore:
         self._up()
 
     async def aclose(self) -> None:
+        if self._confirming is not None:
+            self._confirming.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._confirming
         await self.store.aclose()
+
+    def _confirm(self) -> None:
+        """Probe the store in the background, one probe at a time: its failure marks the
+        store down (`ping`), its answer leaves it up."""
+        if self._confirming is None or self._confirming.done():
+            self._confirming = asyncio.create_task(self._probe())
+
+    async def _probe(self) -> None:
+        with contextlib.suppress(BackendError):
+            await self.ping()
 
     async def _repair(
         self, tenant: str, day: str, exc: BackendError, spend: RequestSpend | None

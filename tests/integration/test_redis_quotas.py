@@ -10,7 +10,7 @@ import datetime as dt
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import replace
 
@@ -576,3 +576,60 @@ async def test_a_process_started_during_an_outage_refuses_a_budget_it_never_read
             await fresh.admit(acme, answering=True)
             redis_server.kill()
             await fresh.check_budget(acme)
+
+
+async def test_a_call_cut_by_its_budget_on_a_healthy_redis_degrades_no_other(
+    redis_server: RedisServer,
+) -> None:
+    """A sent call that outlives its request's budget (here 0.1 ms; under a burst on a
+    loaded core, 150 requests opening connections overran 0.25 s) is decided here, and
+    the probe it starts finds Redis answering: the process stays shared (it put every tenant
+    on per-process limits, and budgets it had not read on 503s)."""
+    acme = limited(tenant_id("acme"), budget=1.0)
+    metrics = Metrics()
+    options = replace(RedisOptions(redis_server.url), request_budget_s=1e-4)
+    connection = RedisConnection(options)
+    await connection.start()
+    try:
+        quotas = Quotas(RedisQuotaStore(connection), metrics)
+        pings = commands_run(redis_server, "ping")
+        await quotas.admit(acme, answering=True, spend=RequestSpend())  # decided here
+        assert await eventually(lambda: commands_run(redis_server, "ping") > pings)
+        assert not quotas.degraded
+        assert metrics.registry.get_sample_value("querygate_quota_store_degraded") == 0.0
+        local = metrics.registry.get_sample_value(
+            "querygate_quota_local_decisions_total", {"check": "rate_limit"}
+        )
+        assert local == 1.0
+    finally:
+        await connection.aclose()
+
+
+async def test_a_paused_redis_cut_at_a_requests_budget_is_found_down_by_its_probe(
+    redis_server: RedisServer,
+) -> None:
+    """The request's call is cut at its budget and decided here; the probe it starts times
+    out too, so the store is down for the next requests (they skip it, not each wait out
+    their budget)."""
+    acme = limited(tenant_id("acme"), budget=1.0)
+    metrics = Metrics()
+    async with store(redis_server.url) as shared:
+        quotas = Quotas(shared, metrics, retry_s=60.0)
+        await quotas.admit(acme, answering=True)  # the script and connection are warm
+        redis_server.pause()
+        try:
+            await quotas.admit(acme, answering=True, spend=RequestSpend())
+            assert await eventually(lambda: quotas.degraded)
+        finally:
+            redis_server.resume()
+        assert metrics.registry.get_sample_value("querygate_quota_store_degraded") == 1.0
+
+
+async def eventually(condition: Callable[[], bool], within_s: float = 10.0) -> bool:
+    """Whether `condition` holds within `within_s` (a background probe's outcome)."""
+    deadline = time.monotonic() + within_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.02)
+    return True
