@@ -194,8 +194,13 @@ def test_eval_retrieval_reports_with_and_without_the_reranker(
     assert "with the remote reranker cohere/fake-rerank:" in done.stdout
     assert "hybrid+rerank - hybrid: recall" in done.stdout
 
-    # Without a reranker configured the report has no rerank rows.
-    plain = _report(config, "retrieval", str(labels), "--tenant", "acme", "--k", "1")
+    # The default configuration reranks locally; with the reranker off there are no rerank rows.
+    default = _report(config, "retrieval", str(labels), "--tenant", "acme", "--k", "1")
+    assert default["rerank"]["reranker"] == "local"
+    settings["retrieval"] = {"rerank": {"reranker": "off"}}
+    off = tmp_path / "off.yaml"
+    off.write_text(yaml.safe_dump(settings))
+    plain = _report(off, "retrieval", str(labels), "--tenant", "acme", "--k", "1")
     assert "rerank" not in plain
 
 
