@@ -297,6 +297,9 @@ launch_node() {
   write_config
   # The service user must traverse every parent of the node dirs; chown what it writes.
   chown -R "$SERVICE_USER:" "$INSTALL" "$RUN"
+  # A pid file left by a node that died (a reboot, a kill -9) names a dead process: removed, so
+  # the wait below reads the new JVM's, not that one's, as "exited before becoming healthy".
+  rm -f "$PIDFILE"
   runuser -u "$SERVICE_USER" -- env OPENSEARCH_JAVA_HOME="$(java_home)" JAVA_HOME="$(java_home)" \
     OPENSEARCH_PATH_CONF="$RUN/config" OPENSEARCH_JAVA_OPTS="$HEAP" \
     "$INSTALL/bin/opensearch" -d -p "$PIDFILE" >"$RUN/logs/stdout.log" 2>&1 ||
