@@ -25,7 +25,11 @@ from backends.retrieval.base import (
     SearchRequest,
 )
 from backends.retrieval.embedded import EmbeddedRetriever, fts_query
+from backends.retrieval.embedded import state as embedded_state
+from backends.retrieval.embedded import store as embedded_store
+from backends.retrieval.embedded import versions as embedded_versions
 from backends.retrieval.embedded import writes as embedded_writes
+from backends.retrieval.embedded.search import search_hits
 from tests.fixtures import tenancy
 from tests.fixtures.documents import chunk_ids, make_doc
 from tests.fixtures.embeddings import unit_vector
@@ -305,6 +309,24 @@ async def test_concurrent_writes_and_searches_stay_consistent(index: EmbeddedRet
     hits = await index.search(SearchRequest("t", "common", unit_vector(0), k=50))
     assert len(hits) == 40
     assert await index.stats("t") == (40, 40)
+
+
+def test_a_snapshot_older_than_a_tenants_first_write_searches_no_table(tmp_path: Path) -> None:
+    # A read whose snapshot began before another connection's first write of the tenant
+    # committed: that write's table is not in the snapshot, whatever the process knows of it.
+    path = tmp_path / "index.sqlite3"
+    shared = embedded_state.Shared()
+    writer = embedded_state.IndexState(embedded_store.open_file(path), shared)
+    embedded_versions.create_tables(writer.db)
+    reader = embedded_state.IndexState(embedded_store.open_reader(path), shared)
+    request = SearchRequest("t", "common", unit_vector(0), k=5)
+    with embedded_store.snapshot(reader.db):
+        reader.db.execute("SELECT count(*) FROM chunks").fetchone()  # the snapshot begins
+        assert embedded_writes.upsert(writer, "t", doc("d0", ["common word"], [0]))
+        assert reader.fts("t") is None
+        assert search_hits(reader, request, ["common"], "rrf", 100) == []
+    with embedded_store.snapshot(reader.db):
+        assert [h.doc_id for h in search_hits(reader, request, ["common"], "rrf", 100)] == ["d0"]
 
 
 # -- tenancy of statistics, atomic writes, empty documents, the shared-table migration -------

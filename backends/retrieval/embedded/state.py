@@ -21,7 +21,8 @@ class Shared:
 
     def __init__(self) -> None:
         self.vectors: dict[str, TenantVectors] = {}
-        # FTS tables known to exist; tables are never dropped, so a hit never goes stale.
+        # FTS tables the writer knows it created (it creates the others). Not proof for a
+        # reader: its snapshot may predate the commit that created one.
         self.fts_tables: set[str] = set()
 
 
@@ -33,15 +34,19 @@ class IndexState:
         self._shared = shared
         # This connection's fts5vocab tables (TEMP: per connection, no write to the file).
         self.vocab_tables: set[str] = set()
+        # FTS tables this connection has seen: once in a snapshot, in every later one (only a
+        # dropped index version's table goes, and no search reads that version again).
+        self._fts_seen: set[str] = set()
 
     def fts(self, tenant: str) -> str | None:
-        """The tenant's FTS table, None before its first write."""
+        """The tenant's FTS table as this connection's snapshot has it, None before the first
+        write it sees (not remembered: another connection or process may create it)."""
         table = fts_table(tenant)
-        if table in self._shared.fts_tables:
+        if table in self._fts_seen:
             return table
         if not table_exists(self.db, table):
-            return None  # not remembered: another process may create it
-        self._shared.fts_tables.add(table)
+            return None
+        self._fts_seen.add(table)
         return table
 
     def knows_fts(self, table: str) -> bool:
