@@ -125,6 +125,9 @@ class ServerConfig(BaseModel):
     # SIGTERM: stop accepting and give in-flight requests this long. At least request_timeout_s,
     # so a rollout does not cut answers that are within their own time.
     shutdown_grace_s: float = Field(default=60.0, ge=0)
+    # The longest pause before replacing a worker that died (pauses double from 0.5 s): once no
+    # worker serves and a start failed after it, the supervisor exits 1 for the orchestrator.
+    worker_max_pause_s: float = Field(default=30.0, ge=1, le=600)
     # A stream whose answer is not ready yet (an agent loop) gets an SSE comment this often.
     sse_keepalive_s: float = Field(default=10.0, gt=0)
     # How often the config file is checked for changes; 0 turns the file watch off.

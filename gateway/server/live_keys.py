@@ -101,6 +101,7 @@ RESTART_ONLY: tuple[str, ...] = (
     "server.port",
     "server.max_body_bytes",  # the application's client_max_size
     "server.shutdown_grace_s",  # handed to run_app
+    "server.worker_max_pause_s",  # the supervisor's, read once at start
     "server.reload_poll_s",  # the file watch's interval
     "data_dir",
     "embeddings",

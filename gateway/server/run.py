@@ -89,7 +89,14 @@ def supervise(settings: Settings, options: ServeOptions) -> int:
         spec = WorkerSpec(
             options.config_path, options.host, port, options.log_level, settings, options.log_format
         )
-        return Supervisor(spec, sock, options.workers, server.shutdown_grace_s, run_worker).run()
+        return Supervisor(
+            spec,
+            sock,
+            options.workers,
+            server.shutdown_grace_s,
+            run_worker,
+            max_pause_s=server.worker_max_pause_s,
+        ).run()
 
 
 def run_worker(spec: WorkerSpec, sock: socket.socket, ready: Event, counts: Any) -> None:

@@ -8,21 +8,21 @@ per process into a shared directory (prometheus-client's multiprocess mode) and 
 worker serves `/metrics` reports the sum.
 
 A worker tells the supervisor when it is ready (its backends open, the app serving). One that
-dies is replaced: at once if it had been serving (after a pause that doubles, up to 30 s, when
-serving workers keep dying less than a minute apart: a crash loop must not spend the cores on
-model loads), after a pause that doubles if it died starting. Before any worker has served,
-three that die starting in a row stop the supervisor (exit 1; exit 2 at once when the
-configuration is refused): nothing is serving, so failing fast is right. Once one has served,
-a worker that cannot start is retried, its pause doubling up to 30 s, and logged each time,
-while the others serve; only when no worker is serving or starting and a start has failed after
-a pause of 30 s does the supervisor give up (exit 1, so an orchestrator restarts the pod).
-What the supervisor counts (workers serving, and N) is shared with every worker: `/readyz`
-and `querygate_workers` report it. A replacement whose config file is
-refused now (an edit made after the others loaded it) starts on the configuration the
-supervisor validated, and its file watch picks up the next good edit. SIGTERM or SIGINT drains
-every worker within the shutdown grace; SIGHUP is passed on to every ready worker (each reloads
-its configuration); a worker still starting ignores it, and gets it once it is ready (it may
-have read the file before the edit).
+dies is replaced: at once if it had been serving (after a pause that doubles, up to
+`server.worker_max_pause_s` (30 s by default), when serving workers keep dying less than a
+minute apart: a crash loop must not spend the cores on model loads), after a pause that doubles
+if it died starting. Before any worker has served, three that die starting in a row stop the
+supervisor (exit 1; exit 2 at once when the configuration is refused): nothing is serving, so
+failing fast is right. Once one has served, a worker that cannot start is retried, its pause
+doubling up to that longest pause, and logged each time, while the others serve; only when no
+worker is serving or starting and a start has failed after the longest pause does the supervisor
+give up (exit 1, so an orchestrator restarts the pod). What the supervisor counts (workers
+serving, and N) is shared with every worker: `/readyz` and `querygate_workers` report it.
+A replacement whose config file is refused now (an edit made after the others loaded it) starts
+on the configuration the supervisor validated, and its file watch picks up the next good edit.
+SIGTERM or SIGINT drains every worker within the shutdown grace; SIGHUP is passed on to every
+ready worker (each reloads its configuration); a worker still starting ignores it, and gets it
+once it is ready (it may have read the file before the edit).
 """
 
 from __future__ import annotations
@@ -58,7 +58,6 @@ _MAX_EARLY_EXITS = 3  # workers in a row that die before any worker was ever rea
 _FIRST_PAUSE_S = 0.5  # before replacing one that died starting; doubles each time
 # Serving workers dying less than this apart are a crash loop: each replacement waits longer.
 _CRASH_WINDOW_S = 60.0
-_MAX_CRASH_PAUSE_S = 30.0  # the longest pause before a replacement, of either kind
 
 # Past the drain itself: the time a worker needs to close its backends.
 _STOP_MARGIN_S = 5.0
@@ -122,6 +121,7 @@ class Supervisor:
     # The worker process's entry point (gateway.server.run.run_worker): passed in, since
     # serving a worker is run.py's concern and run.py imports this module.
     target: WorkerTarget
+    max_pause_s: float = 30.0  # server.worker_max_pause_s: the longest pause of either kind
     _context: multiprocessing.context.SpawnContext = field(
         default_factory=lambda: multiprocessing.get_context("spawn")
     )
@@ -243,8 +243,9 @@ class Supervisor:
     def _replace_failed_start(self, code: int | None, waited: float) -> int | None:
         """A worker died before it was ready. Before any worker has served, fail fast (nothing
         is serving; a refused config would refuse every worker). After, the others serve on:
-        retry with a pause doubling up to 30 s, and give up only when none serves or starts
-        once a start has failed after the longest pause (`waited`, the pause it came after)."""
+        retry with a pause doubling up to `max_pause_s`, and give up only when none serves or
+        starts once a start has failed after the longest pause (`waited`, the pause it came
+        after)."""
         self._early_exits += 1
         if not self._any_ready:
             if code == 2:  # the config is refused: so would every worker be
@@ -252,16 +253,16 @@ class Supervisor:
             if self._early_exits >= _MAX_EARLY_EXITS:
                 log.error("workers keep exiting before they are ready; stopping")
                 return 1
-            self._respawn_after(_backoff(self._early_exits))
+            self._respawn_after(self._backoff(self._early_exits))
             return None
         serving = self._count_serving()
-        if not self._workers and waited >= _MAX_CRASH_PAUSE_S:
+        if not self._workers and waited >= self.max_pause_s:
             log.error(
                 "no worker is serving and none can start; stopping",
                 extra={"failed_starts_in_a_row": self._early_exits, "expected": self.count},
             )
             return 1
-        pause = _backoff(self._early_exits)
+        pause = self._backoff(self._early_exits)
         log.error(
             "a worker failed to start; retrying after a pause",
             extra={
@@ -273,6 +274,13 @@ class Supervisor:
         )
         self._respawn_after(pause)
         return None
+
+    def _backoff(self, attempt: int) -> float:
+        """The pause before the `attempt`th replacement in a row: 0.5 s doubling, at most
+        `max_pause_s`. The exponent is capped too: 2.0 ** 1024 overflows a float, which a loop
+        retrying every 30 s reaches in under 9 hours (and ended the supervisor with an
+        OverflowError)."""
+        return min(_FIRST_PAUSE_S * 2.0 ** min(attempt - 1, 16), self.max_pause_s)
 
     def _respawn_after(self, pause: float) -> None:
         self._respawn_at.append((time.monotonic() + pause, pause))
@@ -287,7 +295,7 @@ class Supervisor:
         if self._crash_streak == 0:
             self._spawn()
             return
-        pause = _backoff(self._crash_streak)
+        pause = self._backoff(self._crash_streak)
         log.error(
             "serving workers keep dying; replacing this one after a pause",
             extra={"pause_s": pause, "crashes_in_a_row": self._crash_streak + 1},
@@ -316,13 +324,6 @@ class Supervisor:
                 worker.process.kill()
                 worker.process.join()
         self._workers.clear()
-
-
-def _backoff(attempt: int) -> float:
-    """The pause before the `attempt`th replacement in a row: 0.5 s doubling, at most 30 s.
-    The exponent is capped too: 2.0 ** 1024 overflows a float, which a loop retrying every
-    30 s reaches in under 9 hours (and ended the supervisor with an OverflowError)."""
-    return min(_FIRST_PAUSE_S * 2.0 ** min(attempt - 1, 16), _MAX_CRASH_PAUSE_S)
 
 
 def _mark_dead(pid: int) -> None:

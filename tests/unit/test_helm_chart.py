@@ -531,6 +531,7 @@ RESTART_CHANGES: dict[str, Doc] = {
     "server.port": {"containerPort": 9000},
     "server.max_body_bytes": with_config({"server": {"max_body_bytes": 4096}}),
     "server.shutdown_grace_s": with_config({"server": {"shutdown_grace_s": 30}}),
+    "server.worker_max_pause_s": with_config({"server": {"worker_max_pause_s": 5}}),
     "server.reload_poll_s": with_config({"server": {"reload_poll_s": 7}}),
     "embeddings": with_config({"embeddings": {"batch_size": 8}}),
     "retrieval.backend": {"opensearch": {"enabled": True, "hosts": ["http://os:9200"]}},

@@ -25,6 +25,7 @@ RESTART_CASES: dict[str, dict[str, Any]] = {
     "server.port": {"server": {"port": 9001}},
     "server.max_body_bytes": {"server": {"max_body_bytes": 4096}},
     "server.shutdown_grace_s": {"server": {"shutdown_grace_s": 1}},
+    "server.worker_max_pause_s": {"server": {"worker_max_pause_s": 5}},
     "server.reload_poll_s": {"server": {"reload_poll_s": 0}},
     "data_dir": {"data_dir": "/srv/elsewhere"},
     "embeddings": {"embeddings": {"batch_size": 8}},

@@ -113,6 +113,15 @@ def test_the_default_drain_outlasts_the_longest_request_the_defaults_allow() -> 
     assert server.shutdown_grace_s >= server.request_timeout_s
 
 
+@pytest.mark.parametrize("pause", ["0.5", "601"])
+def test_a_worker_pause_outside_1_to_600_s_is_refused(tmp_path: Path, pause: str) -> None:
+    # Under 1 s a crash loop spends the cores on model loads; past 10 minutes the supervisor
+    # would sit for longer than any orchestrator waits before it gives up.
+    with pytest.raises(ConfigError, match="worker_max_pause_s"):
+        load_settings(write(tmp_path, f"server:\n  worker_max_pause_s: {pause}\n"))
+    assert load_settings(None).server.worker_max_pause_s == 30.0
+
+
 def test_an_alias_bomb_is_refused_before_it_is_built(tmp_path: Path) -> None:
     # 10**9 nodes as built; refused from its composed graph of ~100 nodes.
     path = write(tmp_path, f"retrieval:\n  k: 3\n{alias_bomb()}")

@@ -118,7 +118,7 @@ modes, so changing one rolls the pods instead of being refused by every running 
 {{- $cache := $c.cache | default dict }}
 {{- $rerank := $retrieval.rerank | default dict }}
 {{- $picked := dict
-  "server" (pick $server "host" "port" "max_body_bytes" "shutdown_grace_s" "reload_poll_s")
+  "server" (pick $server "host" "port" "max_body_bytes" "shutdown_grace_s" "worker_max_pause_s" "reload_poll_s")
   "data_dir" $c.data_dir
   "embeddings" ($c.embeddings | default dict)
   "retrieval" (pick $retrieval "backend" "opensearch")
