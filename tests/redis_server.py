@@ -226,6 +226,25 @@ class RedisCluster:
             time.sleep(0.05)
         raise RuntimeError("Redis Cluster replicas not in sync")
 
+    def wait_caught_up(self, index: int, timeout_s: float = CLUSTER_TIMEOUT_S) -> None:
+        """Until every replica of master `index` has acknowledged all the master sent it:
+        replication is asynchronous, so a write the master took may not yet be on the replica
+        that takes over when it dies (replicas acknowledge once a second)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            info = self.nodes[index].command("INFO", "replication").decode()
+            fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
+            sent = int(fields.get("master_repl_offset", "0").strip())
+            acked = [
+                int(dict(kv.split("=", 1) for kv in value.strip().split(","))["offset"])
+                for name, value in fields.items()
+                if name.startswith("slave") and name[5:].isdigit()
+            ]
+            if acked and min(acked) >= sent:
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"the replicas of node {index} did not catch up")
+
     def master_of(self, key: str) -> int:
         """The index in `nodes` of the live master that serves `key`'s slot now."""
         slot = int(self.live()[0].command("CLUSTER", "KEYSLOT", key)[1:].strip())

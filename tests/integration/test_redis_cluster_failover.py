@@ -217,6 +217,7 @@ async def test_a_script_runs_on_the_master_a_failover_promoted(
         key = f"qg:test:{{{uuid.uuid4().hex}}}"
         script = connection.register_script("return redis.call('INCR', KEYS[1])")
         assert await connection.call(script([key])) == 1
+        await asyncio.to_thread(lambda: cluster.wait_caught_up(cluster.master_of(key)))
         await asyncio.to_thread(cluster.kill_master_of, key)
         await asyncio.to_thread(cluster.wait_master_of, key)
         deadline = time.monotonic() + RECOVER_WITHIN_S
