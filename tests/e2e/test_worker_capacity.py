@@ -115,9 +115,9 @@ def test_the_supervisor_gives_up_once_no_worker_can_start_for_the_whole_backoff(
         code = gw.proc.wait(timeout=STARTS_S)
         elapsed = time.monotonic() - started
         assert code == 1, gw.log()[-3000:]
-        # Not after three failures: once a start failed after the pauses (0.5 s, doubling)
-        # reached the longest, 4 s.
-        assert elapsed > 0.5 + 1 + 2 + 4, (elapsed, _failed_starts(gw))
+        # Not after three failures: once a start failed after the pauses (0.5 s, doubling,
+        # over the two workers' retries) reached the longest, 4 s.
+        assert elapsed > 4, (elapsed, _failed_starts(gw))
         lines = _lines(gw)
         longest = [i for i, e in enumerate(lines) if e.get("pause_s") == 4.0]
         assert longest, gw.log()[-3000:]

@@ -1,5 +1,5 @@
-"""What one process holds of the file: the FTS tables known to exist and each tenant's vectors in
-memory (`Shared`, one per process), seen through one connection at a time (`IndexState`).
+"""What one process holds of the file: the FTS tables its writer created and each tenant's vectors
+in memory (`Shared`, one per process), seen through one connection at a time (`IndexState`).
 
 The writer thread and every read thread have a connection of their own and share one `Shared`.
 A tenant's vectors are only touched by that tenant's reads, which its read lane runs one at a
