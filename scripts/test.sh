@@ -54,10 +54,10 @@ export QUERYGATE_REQUIRE_BWRAP=1
 # every test not marked `gotools`; the tools' variables name a file that does not exist during
 # it, so a test that needs a Go tool and lacks the mark fails instead of finding a cached binary
 # on one machine and not on another. The second waits for the tools and runs the marked tests.
-# QUERYGATE_TEST_WORKERS=N runs the first phase on N pytest-xdist workers, one file to a
-# worker; one process is the default, since several of the process tier's tests (timeouts of
-# 0.2 s, a burst past a pool) are still sized for a core of their own (docs/testing.md).
-WORKERS="${QUERYGATE_TEST_WORKERS:-1}"
+# The first phase runs on QUERYGATE_TEST_WORKERS pytest-xdist workers (2 by default, one file
+# to a worker; 1 runs it in one process): most of the process tier waits on the processes it
+# starts, so one process leaves a core idle (docs/testing.md has the figures).
+WORKERS="${QUERYGATE_TEST_WORKERS:-2}"
 PARALLEL=()
 [ "$WORKERS" -gt 1 ] && PARALLEL=(-n "$WORKERS" --dist loadfile)
 FAILED=0
