@@ -5,6 +5,7 @@
     .venv/bin/python bench/proxy_compare.py --write-docs    # also rewrite docs/benchmarks.md's
                                                             # figures section
     .venv/bin/python bench/proxy_compare.py --tracing       # querygate alone, tracing off and on
+    .venv/bin/python bench/proxy_compare.py --rerank        # querygate alone, reranker off and on
 
 One command from a clean checkout: the LiteLLM proxy (`litellm[proxy]==1.108.7`, the version
 docs/benchmarks.md reports; not a project dependency) is installed into `bench/.venv-litellm`
@@ -42,7 +43,10 @@ upstream, other work), so read the ratios; the load average seen is printed with
 `--tracing` weighs querygate's OpenTelemetry tracing instead: only querygate with one worker, cache
 off, twice side by side, once with tracing off (the default) and once on, every request sampled
 and its spans exported over OTLP/HTTP to bench/otlp_sink.py (a receiver that discards them), on
-the paths that do not need the cache; reported as traced ÷ untraced.
+the paths that do not need the cache; reported as traced ÷ untraced. `--rerank` weighs the
+local reranker the same way: the suite's configuration (reranker off) against the same with
+`retrieval.rerank.reranker: local` and the shipped policy, which decides per question whether
+to pay for the cross-encoder; the rerank stage's decisions are printed after the table.
 """
 
 from __future__ import annotations
@@ -382,13 +386,22 @@ def _overrides(cache: bool) -> dict[str, Any]:
     return overrides
 
 
-def traced_querygates(workdir: Path, upstream: str, sink: str) -> list[tuple[str, GatewayProcess]]:
-    """querygate with one worker and the cache off, tracing off and on, started side by side."""
-    tracing = {"tracing": {"enabled": True, "endpoint": sink}}
+@dataclass(frozen=True)
+class Variant:
+    """One setting weighed against querygate's default: one worker, cache off, twice side by
+    side, once as configured by default and once with `overrides` laid over it."""
 
-    def start(traced: bool) -> tuple[str, GatewayProcess]:
-        overrides = _overrides(cache=False) | (tracing if traced else {})
-        name = "querygate-1w+trace" if traced else "querygate-1w"
+    suffix: str  # the variant's system name is querygate-1w<suffix>
+    what: str  # what the table's "on" column is
+    overrides: dict[str, Any]
+
+
+def paired_querygates(
+    workdir: Path, upstream: str, variant: Variant
+) -> list[tuple[str, GatewayProcess]]:
+    def start(on: bool) -> tuple[str, GatewayProcess]:
+        overrides = _overrides(cache=False) | (variant.overrides if on else {})
+        name = f"querygate-1w{variant.suffix if on else ''}"
         return name, start_gateway(workdir / name, upstream, overrides=overrides)
 
     with ThreadPoolExecutor(2) as threads:
@@ -619,11 +632,13 @@ def table(results: dict[Key, Cell], levels: list[int], load: tuple[float, float]
     return "\n".join(lines)
 
 
-def tracing_table(results: dict[Key, Cell], levels: list[int], load: tuple[float, float]) -> str:
-    """querygate traced against untraced, same cells: the cost of tracing every request."""
+def paired_table(
+    results: dict[Key, Cell], levels: list[int], load: tuple[float, float], variant: Variant
+) -> str:
+    """querygate with the variant ("on") against without it ("off"), same cells."""
     lines = [
         f"Load average (1 min) before / after the run: {load[0]:.1f} / {load[1]:.1f} "
-        f"on {os.cpu_count()} cores.",
+        f"on {os.cpu_count()} cores. On: {variant.what}.",
         "",
         "| path | stream | c | CPU ms/req off | on | on ÷ off | added p50 ms off | on "
         "| req/s on ÷ off | errors on |",
@@ -634,7 +649,7 @@ def tracing_table(results: dict[Key, Cell], levels: list[int], load: tuple[float
             for c in levels:
                 group = (path.name, stream, c)
                 base, off = results.get((*group, "upstream")), results.get((*group, "querygate-1w"))
-                on = results.get((*group, "querygate-1w+trace"))
+                on = results.get((*group, f"querygate-1w{variant.suffix}"))
                 if base is None or off is None or on is None or not (off.n and on.n):
                     continue
                 added = (off.pct(0.5) - base.pct(0.5), on.pct(0.5) - base.pct(0.5))
@@ -668,12 +683,16 @@ def main() -> None:
     parser.add_argument("--paths", nargs="+", choices=[p.name for p in PATHS])
     parser.add_argument("--no-2w", action="store_true", help="skip querygate with 2 workers")
     parser.add_argument("--write-docs", action="store_true")
-    parser.add_argument(
+    paired = parser.add_mutually_exclusive_group()
+    paired.add_argument(
         "--tracing", action="store_true", help="querygate alone, tracing off against on"
     )
+    paired.add_argument(
+        "--rerank", action="store_true", help="querygate alone, the reranker off against local"
+    )
     args = parser.parse_args()
-    if args.tracing:
-        trace_cost(args)
+    if args.tracing or args.rerank:
+        paired_cost(args)
         return
     only = set(args.paths) if args.paths else None
     needs_cache = only is None or bool(only & {p.name for p in PATHS if p.cache})
@@ -722,27 +741,50 @@ def main() -> None:
             print(f"\n{DOCS.relative_to(REPO)} has no figures markers: paste the table above")
 
 
-def trace_cost(args: argparse.Namespace) -> None:
-    """--tracing: querygate untraced and traced on the paths without the cache."""
+def paired_cost(args: argparse.Namespace) -> None:
+    """--tracing or --rerank: querygate without and with it, on the paths without the cache."""
     uncached = {p.name for p in PATHS if not p.cache}
     only = (set(args.paths) if args.paths else uncached) & uncached
     load0 = os.getloadavg()[0]
     with ExitStack() as stack:
-        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="trace-cost-")))
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="paired-cost-")))
         upstream, upstream_pid = stack.enter_context(fake_upstream())
-        sink, _ = stack.enter_context(otlp_sink(tmp))
+        sink = stack.enter_context(otlp_sink(tmp))[0] if args.tracing else None
+        variant = _variant(sink)
         systems = [System("upstream", upstream, [upstream_pid], "upstream")]
-        for name, gw in traced_querygates(tmp, upstream, sink):
+        gateways = paired_querygates(tmp, upstream, variant)
+        for name, gw in gateways:
             stack.callback(stop_gateway, gw)
             headers = {"Authorization": f"Bearer {KEYS['acme']}"}
             systems.append(System(name, f"{gw.url}/v1", [gw.proc.pid], "querygate", headers))
         results = asyncio.run(measure(systems, [], args.concurrency, args.scale, args.rounds, only))
-        import requests
+        after = _variant_counts(sink, gateways[1][1])
+    print(paired_table(results, args.concurrency, (load0, os.getloadavg()[0]), variant))
+    print(f"\n{after}")
 
+
+def _variant(sink: str | None) -> Variant:
+    if sink is not None:
+        tracing = {"tracing": {"enabled": True, "endpoint": sink}}
+        return Variant("+trace", "every request traced, spans exported over OTLP/HTTP", tracing)
+    rerank = {"retrieval": {"rerank": {"reranker": "local"}}}
+    return Variant("+rerank", "the local reranker behind the shipped policy", rerank)
+
+
+def _variant_counts(sink: str | None, gw: GatewayProcess) -> str:
+    """What the variant did: the spans the sink received, or the rerank stage's decisions."""
+    import requests
+
+    if sink is not None:
         exported = requests.get(sink.removesuffix("/v1/traces") + "/stats", timeout=5).json()
-    print(tracing_table(results, args.concurrency, (load0, os.getloadavg()[0])))
-    received = f"{exported.get('exports', 0)} exports, {exported.get('bytes', 0)} bytes"
-    print(f"\nthe OTLP sink received {received}")
+        return f"the OTLP sink received {exported.get('exports', 0)} exports, " + (
+            f"{exported.get('bytes', 0)} bytes"
+        )
+    decisions = {
+        dict(labels)["decision"]: int(value)
+        for labels, value in gw.metrics().series("querygate_rerank_total").items()
+    }
+    return f"the rerank stage's decisions: {decisions}"
 
 
 if __name__ == "__main__":
