@@ -12,7 +12,8 @@ from gateway.server.live_keys import RESTART_ONLY, changed_keys, restart_only
 from gateway.server.reload import fingerprint
 from gateway.settings import Settings, hash_api_key
 
-# A remote reranker's settings are there, the reranker off: each rerank case changes one thing.
+# A remote reranker's settings are there, the reranker the default (local): each rerank case
+# changes one thing.
 REMOTE = {"model": "cohere/rerank-v3.5", "api_base": "http://rerank:8080"}
 BASE: dict[str, Any] = {
     "tenants": [{"id": "acme", "api_key_sha256": hash_api_key("key-a")}],
