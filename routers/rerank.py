@@ -201,12 +201,6 @@ class RerankStage:
     def enabled(self) -> bool:
         return self._reranker is not None
 
-    @property
-    def reranker_name(self) -> str:
-        """`<kind> reranker <model>`, for an answer's notes ("" when off)."""
-        r = self._reranker
-        return f"{r.kind} reranker {r.model_id}" if r is not None else ""
-
     def fetch_k(self, k: int) -> int:
         """How many hits a search should return for `k` to be kept after this stage."""
         return max(k, self._config.candidates) if self._reranker is not None else k
