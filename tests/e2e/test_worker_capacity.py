@@ -69,7 +69,6 @@ def test_a_worker_that_cannot_start_is_retried_while_the_other_serves(
     gw = start_gateway(tmp_path, fake_upstream, overrides=RETRYING, serve_args=("--workers", "2"))
     try:
         _wait_workers_ready(gw, 2)
-        _wait("both counted", lambda: _workers_gauge(gw).get("serving") == 2, gw, SETTLE_S)
         ready = requests.get(f"{gw.url}/readyz", timeout=5)
         assert ready.status_code == 200, ready.text
         assert ready.json()["status"] == "ok"
@@ -155,7 +154,6 @@ def test_config_info_shows_only_the_versions_workers_run_after_many_reloads(
     gw = start_gateway(tmp_path, fake_upstream, overrides=NO_WATCH, serve_args=("--workers", "2"))
     try:
         _wait_workers_ready(gw, 2)
-        _wait("both counted", lambda: _workers_gauge(gw).get("serving") == 2, gw, SETTLE_S)
         first = load_settings(gw.config_path).version
         for k in (2, 3, 4, 5):
             version = _reload(gw, k)

@@ -16,7 +16,13 @@ import requests
 import yaml
 
 from gateway.settings import load_settings
-from tests.e2e.test_workers import _children, _log_pids, _route, _wait_workers_ready
+from tests.e2e.test_workers import (
+    _children,
+    _log_pids,
+    _route,
+    _wait_counted,
+    _wait_workers_ready,
+)
 from tests.fixtures.gateway import GatewayProcess, start_gateway, stop_gateway
 
 
@@ -41,6 +47,7 @@ def _wait_ready_replacement(gw: GatewayProcess, gone: set[int]) -> int:
         new = _children(gw.proc.pid) - gone
         ready = new & _log_pids(gw, msg="ready")
         if len(_children(gw.proc.pid)) == 2 and ready:
+            _wait_counted(gw, 2)
             return min(ready)
         time.sleep(0.05)
 

@@ -20,6 +20,7 @@ from tests.fixtures.gateway import (
     ADMIN_KEY,
     REPO_ROOT,
     GatewayProcess,
+    readyz_until,
     run_cli,
     start_gateway,
     stop_gateway,
@@ -61,11 +62,19 @@ def _log_pids(gw: GatewayProcess, **fields: str) -> set[int]:
 
 
 def _wait_workers_ready(gw: GatewayProcess, count: int) -> None:
-    """The port opens with the first worker; the test wants them all listening."""
+    """The port opens with the first worker; the test wants them all listening, and counted."""
     deadline = time.monotonic() + 60
     while len(_log_pids(gw, msg="ready")) < count:
         assert time.monotonic() < deadline, gw.log()[-3000:]
         time.sleep(0.2)
+    _wait_counted(gw, count)
+
+
+def _wait_counted(gw: GatewayProcess, serving: int) -> None:
+    """Until the supervisor counts `serving` workers ready (what `/readyz` reports). A worker
+    logs "ready" just before it tells the supervisor so: one killed in between died starting,
+    as the supervisor sees it, and is replaced by the failed-start rule instead."""
+    readyz_until(gw, lambda r: r.json().get("workers", {}).get("serving") == serving, 30)
 
 
 def _wait_children_ready(gw: GatewayProcess) -> None:
