@@ -16,16 +16,17 @@
 # the build go to a temporary folder and are removed afterwards; only the binary is kept.
 #
 # Environment:
-#   HELM_VERSION       v3.22.0 (default)
+#   HELM_VERSION       v3.21.4 (default; v3.22.0 is served but not an approved release)
 #   PROMTOOL_VERSION   v0.316.0 (default; Prometheus 3.x's Go module version)
-#   JAEGER_VERSION     v1.76.0 (default; the Go module version of Jaeger v2's all-in-one)
+#   JAEGER_VERSION     v1.75.0 (default; the Go module version of Jaeger v2's all-in-one;
+#                      v1.76.0 is served but not an approved release)
 #   GO                 the go command (default: go on PATH, else /usr/local/go/bin/go)
 set -euo pipefail
 
 TOOL="${1:?usage: scripts/gotool.sh helm|promtool|jaeger [ARGS...]}"
 shift
 case "$TOOL" in
-  helm) VERSION="${HELM_VERSION:-v3.22.0}"; PACKAGE="helm.sh/helm/v3/cmd/helm" ;;
+  helm) VERSION="${HELM_VERSION:-v3.21.4}"; PACKAGE="helm.sh/helm/v3/cmd/helm" ;;
   promtool)
     VERSION="${PROMTOOL_VERSION:-v0.316.0}"
     PACKAGE="github.com/prometheus/prometheus/cmd/promtool"
@@ -33,7 +34,7 @@ case "$TOOL" in
     # which rule checks and rule unit tests never load: about half the packages to compile.
     TAGS="remove_all_sd" ;;
   jaeger)
-    VERSION="${JAEGER_VERSION:-v1.76.0}"
+    VERSION="${JAEGER_VERSION:-v1.75.0}"
     PACKAGE="github.com/jaegertracing/jaeger/cmd/jaeger"
     # Its go.mod has replace directives, which `go install MODULE@VERSION` refuses: it is built
     # as a tool of a throwaway module instead, where (as for any module that requires it) the
