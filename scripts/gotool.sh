@@ -7,10 +7,9 @@
 #   scripts/gotool.sh TOOL ARGS...    run it: scripts/gotool.sh helm lint helm/querygate
 #
 # Neither Debian nor PyPI packages them, and nothing but the package registries is reachable,
-# so `go install MODULE/cmd/TOOL@VERSION` builds them (helm ~90 s on 2 cores; promtool, a much
-# larger module, several minutes; Jaeger, built as a module's tool, the largest: 39 minutes on
-# a 2-core machine busy with other work). A binary is kept per machine, beside the OpenSearch
-# downloads, under ${XDG_CACHE_HOME:-~/.cache}/querygate/TOOL/<version>/TOOL
+# so `go install MODULE/cmd/TOOL@VERSION` builds them (minutes each; Jaeger, built as a
+# module's tool, the largest: docs/testing.md has the times). A binary is kept per machine,
+# beside the OpenSearch downloads, under ${XDG_CACHE_HOME:-~/.cache}/querygate/TOOL/<version>/TOOL
 # (QUERYGATE_<TOOL>_CACHE overrides the tool's folder): CI clones afresh each run, the machine
 # stays. Once built, nothing is fetched, so it works offline. The Go module and build caches of
 # the build go to a temporary folder and are removed afterwards; only the binary is kept.
