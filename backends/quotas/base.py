@@ -63,7 +63,9 @@ class QuotaStore(Protocol):
         ...
 
     async def ping(self) -> None:
-        """Raises `BackendUnavailable` when the store cannot be reached."""
+        """Raises `BackendUnavailable` when the store cannot be reached or answers slower than
+        a request may wait for it; its `PoolBusy` subclass when the ping was never sent (this
+        process's connections all busy: no verdict on the store)."""
         ...
 
     async def aclose(self) -> None: ...
