@@ -578,29 +578,6 @@ async def test_a_process_started_during_an_outage_refuses_a_budget_it_never_read
             await fresh.check_budget(acme)
 
 
-@asynccontextmanager
-async def probed_after_a_stall(
-    redis_server: RedisServer, options: RedisOptions, stall_s: float, metrics: Metrics
-) -> AsyncIterator[Quotas]:
-    """Quotas whose request call was made while Redis stalled `stall_s` (cut by the request's
-    budget, decided here), once the probe that cut call started has given its verdict."""
-    acme = limited(tenant_id("acme"), budget=1.0)
-    connection = RedisConnection(options)
-    await connection.start()
-    try:
-        quotas = Quotas(RedisQuotaStore(connection), metrics, retry_s=60.0)
-        await quotas.admit(acme, answering=True)  # the script and connection are warm
-        redis_server.pause()
-        asyncio.get_running_loop().call_later(stall_s, redis_server.resume)
-        await quotas.admit(acme, answering=True, spend=RequestSpend())  # decided here
-        assert quotas.probing
-        assert await eventually(lambda: not quotas.probing)
-        yield quotas
-    finally:
-        redis_server.resume()
-        await connection.aclose()
-
-
 async def test_a_call_cut_by_its_budget_on_a_healthy_redis_degrades_no_other(
     redis_server: RedisServer,
 ) -> None:
@@ -609,15 +586,28 @@ async def test_a_call_cut_by_its_budget_on_a_healthy_redis_degrades_no_other(
     is decided here, and the probe it starts finds Redis answering within the budget: the
     process stays shared (it put every tenant on per-process limits, and budgets it had not
     read on 503s)."""
+    acme = limited(tenant_id("acme"), budget=1.0)
     metrics = Metrics()
     options = replace(RedisOptions(redis_server.url), request_budget_s=0.1)
-    async with probed_after_a_stall(redis_server, options, 0.13, metrics) as quotas:
+    connection = RedisConnection(options)
+    await connection.start()
+    try:
+        quotas = Quotas(RedisQuotaStore(connection), metrics, retry_s=60.0)
+        await quotas.admit(acme, answering=True)  # the script and connection are warm
+        redis_server.pause()
+        asyncio.get_running_loop().call_later(0.13, redis_server.resume)
+        await quotas.admit(acme, answering=True, spend=RequestSpend())  # decided here
+        assert quotas.probing
+        assert await eventually(lambda: not quotas.probing)
         assert not quotas.degraded
         assert metrics.registry.get_sample_value("querygate_quota_store_degraded") == 0.0
         local = metrics.registry.get_sample_value(
             "querygate_quota_local_decisions_total", {"check": "rate_limit"}
         )
         assert local == 1.0
+    finally:
+        redis_server.resume()
+        await connection.aclose()
 
 
 async def test_a_redis_slower_than_the_budget_is_found_down_under_a_long_socket_timeout(
@@ -627,11 +617,23 @@ async def test_a_redis_slower_than_the_budget_is_found_down_under_a_long_socket_
     0.4 s has every request's call cut, and its probe answered within the socket timeout, so
     the store stayed up while each request paid its whole budget. Slower than the budget is
     down: the next requests skip it."""
+    acme = limited(tenant_id("acme"), budget=1.0)
     metrics = Metrics()
     options = replace(RedisOptions(redis_server.url), socket_timeout_s=1.0, request_budget_s=0.1)
-    async with probed_after_a_stall(redis_server, options, 0.4, metrics) as quotas:
+    connection = RedisConnection(options)
+    await connection.start()
+    try:
+        quotas = Quotas(RedisQuotaStore(connection), metrics, retry_s=60.0)
+        await quotas.admit(acme, answering=True)  # the script and connection are warm
+        redis_server.pause()
+        asyncio.get_running_loop().call_later(0.4, redis_server.resume)
+        await quotas.admit(acme, answering=True, spend=RequestSpend())  # decided here
+        assert await eventually(lambda: not quotas.probing)
         assert quotas.degraded
         assert metrics.registry.get_sample_value("querygate_quota_store_degraded") == 1.0
+    finally:
+        redis_server.resume()
+        await connection.aclose()
 
 
 async def test_a_paused_redis_cut_at_a_requests_budget_is_found_down_by_its_probe(
