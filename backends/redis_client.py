@@ -120,14 +120,6 @@ class RequestBudgetSpent(BackendUnavailable):
         self.cut = cut
 
 
-class PoolBusy(BackendUnavailable):
-    """Every connection of this process stayed busy past the call's bound: the call was never
-    sent. A verdict on this process's load, not on Redis's health."""
-
-    def __init__(self, waited_s: float) -> None:
-        super().__init__("redis", f"no connection of this process free within {waited_s:.2f}s")
-
-
 @dataclass(frozen=True, slots=True)
 class ServerFacts:
     """What `start()` learnt from the server (the node the URL names)."""
@@ -265,31 +257,7 @@ class RedisConnection:
         return Script(self.client, source)
 
     async def ping(self) -> None:
-        """PING, as a request's call would find Redis. Raises `BackendUnavailable` when it
-        fails, or when it answers slower than a request may wait (`request_budget_s`): a Redis
-        that slow costs every request its whole budget, so for requests it is down. Its time
-        counts from when it is sent, less the time this process's event loop lagged meanwhile
-        (a loop busy with other work reads the answer late: not Redis's time). The wait for a
-        connection of this process's pool does not count; past the whole-call bound (every
-        call holding one ends within it) it raises `PoolBusy`: never sent, no verdict."""
-        if self._closed:
-            raise BackendUnavailable("redis", "the Redis connection is closed")
-        bound_s = self.options.op_timeout_s
-        try:
-            async with asyncio.timeout(bound_s):
-                await self._slots.acquire()
-        except TimeoutError as exc:
-            raise PoolBusy(bound_s) from exc
-        try:
-            pong = cast(Awaitable[bool], self.client.ping())
-            answered_s = await guarded(_less_loop_lag(pong), bound_s)
-        finally:
-            self._slots.release()
-        budget_s = self.options.request_budget_s
-        if budget_s is not None and answered_s > budget_s:
-            raise BackendUnavailable(
-                "redis", f"answers in {answered_s:.3f}s, past a request's {budget_s:g}s"
-            )
+        await self.call(cast(Awaitable[bool], self.client.ping()))
 
     async def aclose(self) -> None:
         """Idempotent; after it every call raises `BackendUnavailable`."""
@@ -313,33 +281,6 @@ async def guarded(pending: Awaitable[T], timeout_s: float) -> T:
         raise BackendUnavailable("redis", f"no answer within {timeout_s:.2f}s") from exc
     except (RedisError, RedisClusterException, OSError, AttributeError) as exc:
         raise BackendUnavailable("redis", f"{type(exc).__name__}: {exc}") from exc
-
-
-# How often `_less_loop_lag` looks at the loop's clock: its reading is this close.
-_LAG_TICK_S = 0.005
-
-
-async def _less_loop_lag(pending: Awaitable[Any]) -> float:
-    """Seconds until `pending` ends, counting only the ticks of `_LAG_TICK_S` the event loop
-    kept: the time it spent late running other work (a long callback, a burst of requests)
-    does not count, since an answer that arrived meanwhile waited for the loop, not for the
-    server."""
-    loop = asyncio.get_running_loop()
-    kept = 0.0
-
-    async def tick() -> None:  # a tick woken late counts only its own length
-        nonlocal kept
-        while True:
-            await asyncio.sleep(_LAG_TICK_S)
-            kept += _LAG_TICK_S
-
-    ticker = asyncio.create_task(tick())
-    started = loop.time()
-    try:
-        await pending
-    finally:
-        ticker.cancel()
-    return min(kept + _LAG_TICK_S, loop.time() - started)
 
 
 async def probe_server(options: RedisOptions) -> ServerFacts:

@@ -63,9 +63,7 @@ class QuotaStore(Protocol):
         ...
 
     async def ping(self) -> None:
-        """Raises `BackendUnavailable` when the store cannot be reached or answers slower than
-        a request may wait for it; its `PoolBusy` subclass when the ping was never sent (this
-        process's connections all busy: no verdict on the store)."""
+        """Raises `BackendUnavailable` when the store cannot be reached."""
         ...
 
     async def aclose(self) -> None: ...

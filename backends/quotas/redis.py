@@ -214,10 +214,7 @@ class RedisQuotaStore:
         await self._call(self._repair(keys, [repr(usd), _day_end(day) + SPEND_GRACE_S]), spend)
 
     async def ping(self) -> None:
-        """`RedisConnection.ping`: down also when slower than a request's Redis budget."""
-        if self._closed:
-            raise BackendUnavailable("redis", "the quota store is closed")
-        await self._connection.ping()
+        await self._call(self._connection.client.ping())
 
     async def aclose(self) -> None:
         self._closed = True

@@ -148,12 +148,6 @@ class Quotas:
         """Whether the shared store is down: decisions are made in this process."""
         return self._shared is not None and self._shared.degraded
 
-    @property
-    def probing(self) -> bool:
-        """Whether a probe of the shared store, started by a call cut at its request's Redis
-        budget, has yet to say whether the store is down."""
-        return self._shared is not None and self._shared.probing
-
     # -- the checks -----------------------------------------------------------------------
 
     async def admit(

@@ -9,10 +9,8 @@ and that one decision made without it. The totals it gave are kept per (tenant, 
 budget decisions made while it is down. A request's calls pass its `spend` (its Redis time
 budget, `backends.redis_client`) to the repair too; a call past that budget is the request's
 doing and is not a verdict on the store's health. A sent call cut by it may be a slow store
-or a busy loop, so one probe (`ping`, in a task of its own) settles which: the store is down
-only if the probe fails too, or answers slower than a request's budget once the loop's own lag
-is taken out (a store that slow costs every request its budget). A ping never sent (every
-connection of this process busy: `PoolBusy`) is no verdict: the state stands.
+or a busy loop, so one probe (`ping`, under the store's own whole-call bound, in a task of its
+own) settles which: the store is down only if the probe fails too.
 """
 
 from __future__ import annotations
@@ -27,7 +25,7 @@ from typing import TypeVar
 
 from backends.errors import BackendError, BackendUnavailable
 from backends.quotas.base import QuotaStore
-from backends.redis_client import PoolBusy, RequestBudgetSpent, RequestSpend
+from backends.redis_client import RequestBudgetSpent, RequestSpend
 from gateway.obs.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -63,7 +61,6 @@ class SharedStore:
         self.degraded = False
         self._last_seen: dict[Key, float] = {}
         self._confirming: asyncio.Task[None] | None = None
-        self._closed = False
 
     @property
     def name(self) -> str:
@@ -126,36 +123,26 @@ class SharedStore:
         return result
 
     async def ping(self) -> None:
-        """Probe the store: ends the outage once it answers in time. Raises BackendError while
-        it is unreachable or too slow; a ping never sent (`PoolBusy`) leaves the state as it
-        is."""
+        """Probe the store: ends the outage once it answers. Raises BackendError while it is
+        unreachable."""
         try:
             await self.store.ping()
-        except PoolBusy:
-            return
         except BackendUnavailable as exc:
             self._down(exc)
             raise
         self._up()
 
-    @property
-    def probing(self) -> bool:
-        """Whether a probe started by a cut call has yet to give its verdict."""
-        return self._confirming is not None and not self._confirming.done()
-
     async def aclose(self) -> None:
-        """No probe starts after this; the one in flight is cancelled and waited for (a
-        cancellation of this call itself still ends it)."""
-        self._closed = True
         if self._confirming is not None:
             self._confirming.cancel()
-            await asyncio.wait([self._confirming])
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._confirming
         await self.store.aclose()
 
     def _confirm(self) -> None:
         """Probe the store in the background, one probe at a time: its failure marks the
-        store down (`ping`), its answer in time leaves it up."""
-        if not self._closed and not self.probing:
+        store down (`ping`), its answer leaves it up."""
+        if self._confirming is None or self._confirming.done():
             self._confirming = asyncio.create_task(self._probe())
 
     async def _probe(self) -> None:

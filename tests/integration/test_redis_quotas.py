@@ -581,24 +581,20 @@ async def test_a_process_started_during_an_outage_refuses_a_budget_it_never_read
 async def test_a_call_cut_by_its_budget_on_a_healthy_redis_degrades_no_other(
     redis_server: RedisServer,
 ) -> None:
-    """A sent call that outlives its request's budget (a Redis stalled 0.13 s against a 0.1 s
-    budget; under a burst on a loaded core, 150 requests opening connections overran 0.25 s)
-    is decided here, and the probe it starts finds Redis answering within the budget: the
-    process stays shared (it put every tenant on per-process limits, and budgets it had not
-    read on 503s)."""
+    """A sent call that outlives its request's budget (here 0.1 ms; under a burst on a
+    loaded core, 150 requests opening connections overran 0.25 s) is decided here, and
+    the probe it starts finds Redis answering: the process stays shared (it put every tenant
+    on per-process limits, and budgets it had not read on 503s)."""
     acme = limited(tenant_id("acme"), budget=1.0)
     metrics = Metrics()
-    options = replace(RedisOptions(redis_server.url), request_budget_s=0.1)
+    options = replace(RedisOptions(redis_server.url), request_budget_s=1e-4)
     connection = RedisConnection(options)
     await connection.start()
     try:
-        quotas = Quotas(RedisQuotaStore(connection), metrics, retry_s=60.0)
-        await quotas.admit(acme, answering=True)  # the script and connection are warm
-        redis_server.pause()
-        asyncio.get_running_loop().call_later(0.13, redis_server.resume)
+        quotas = Quotas(RedisQuotaStore(connection), metrics)
+        pings = commands_run(redis_server, "ping")
         await quotas.admit(acme, answering=True, spend=RequestSpend())  # decided here
-        assert quotas.probing
-        assert await eventually(lambda: not quotas.probing)
+        assert await eventually(lambda: commands_run(redis_server, "ping") > pings)
         assert not quotas.degraded
         assert metrics.registry.get_sample_value("querygate_quota_store_degraded") == 0.0
         local = metrics.registry.get_sample_value(
@@ -606,33 +602,6 @@ async def test_a_call_cut_by_its_budget_on_a_healthy_redis_degrades_no_other(
         )
         assert local == 1.0
     finally:
-        redis_server.resume()
-        await connection.aclose()
-
-
-async def test_a_redis_slower_than_the_budget_is_found_down_under_a_long_socket_timeout(
-    redis_server: RedisServer,
-) -> None:
-    """A socket timeout (1 s) longer than a request's budget (0.1 s): a Redis answering in
-    0.4 s has every request's call cut, and its probe answered within the socket timeout, so
-    the store stayed up while each request paid its whole budget. Slower than the budget is
-    down: the next requests skip it."""
-    acme = limited(tenant_id("acme"), budget=1.0)
-    metrics = Metrics()
-    options = replace(RedisOptions(redis_server.url), socket_timeout_s=1.0, request_budget_s=0.1)
-    connection = RedisConnection(options)
-    await connection.start()
-    try:
-        quotas = Quotas(RedisQuotaStore(connection), metrics, retry_s=60.0)
-        await quotas.admit(acme, answering=True)  # the script and connection are warm
-        redis_server.pause()
-        asyncio.get_running_loop().call_later(0.4, redis_server.resume)
-        await quotas.admit(acme, answering=True, spend=RequestSpend())  # decided here
-        assert await eventually(lambda: not quotas.probing)
-        assert quotas.degraded
-        assert metrics.registry.get_sample_value("querygate_quota_store_degraded") == 1.0
-    finally:
-        redis_server.resume()
         await connection.aclose()
 
 

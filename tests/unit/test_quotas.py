@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from backends.errors import BackendUnavailable, UpstreamError
 from backends.llm.base import Completion, LLMCall, Message, StreamDelta, Tier, Usage
 from backends.quotas.memory import MemoryQuotaStore, refill_and_take
-from backends.redis_client import RequestBudgetSpent, RequestSpend
+from backends.redis_client import RequestSpend
 from gateway.core.health import probes
 from gateway.core.services import Services
 from gateway.limits.budget import BudgetedLLM
@@ -28,7 +28,7 @@ from gateway.limits.quotas import (
     seconds_to_midnight,
     warn_if_per_worker,
 )
-from gateway.limits.shared_store import SharedStore, utc_day
+from gateway.limits.shared_store import utc_day
 from gateway.obs.metrics import MULTIPROC_ENV, Metrics
 from gateway.settings import QuotasConfig, TenantConfig
 
@@ -678,19 +678,3 @@ async def test_a_stream_checked_by_its_handler_reads_the_budget_once() -> None:
     await consume(llm.stream(LLMCall("small", ())))  # a second call checks again
     await asyncio.sleep(0.01)
     assert shared.calls == asked + 3
-
-
-async def test_a_call_cut_after_close_starts_no_probe() -> None:
-    """A request still in flight at shutdown whose store call is cut by its budget: the store
-    is closed, so no probe task is left running past it."""
-    shared = SharedStore(MemoryQuotaStore(), Metrics(), retry_s=1.0)
-
-    async def cut() -> float:
-        raise RequestBudgetSpent(0.25, cut=True)
-
-    assert await shared.ask(cut, "acme") is None
-    assert shared.probing  # open: the cut call is confirmed by a probe
-    await shared.aclose()
-    assert not shared.probing
-    assert await shared.ask(cut, "acme") is None
-    assert not shared.probing
