@@ -1,7 +1,7 @@
 """A worker's memory over a long run of distinct questions from many tenants: the curve.
 
     python bench/memory_soak.py [--requests 100000] [--tenants 100] [--every 5000]
-        [--concurrency 16] [--cache-max-mib N]
+        [--concurrency 16] [--reranker local|off] [--cache-max-mib N]
 
 Starts the fake OpenAI-compatible upstream and one `querygate serve` process (the worker code
 path; the suite's config: embedded index, the small and large tiers on the fake upstream, the
@@ -52,10 +52,9 @@ from tests.fixtures.gateway import (  # noqa: E402
     start_gateway,
     stop_gateway,
 )
+from tests.metrics import Scrape  # noqa: E402
 
 SEED = 20261203
-# The shipped default (the suite's config turns the reranker off for its tiny corpora).
-SHIPPED_RERANK: dict[str, object] = {"rerank": {"reranker": "local"}}
 NOUNS = (
     "router warranty bridge tower river engine harbour library festival glacier orchard "
     "satellite violin cathedral railway lighthouse volcano canal telescope monastery desert "
@@ -103,14 +102,12 @@ def questions(count: int) -> list[str]:
     return out
 
 
-def cache_lookups(scrape: str) -> str:
-    """The response cache's lookups so far by result, e.g. "miss 812 exact 3 semantic 40"."""
-    found = []
-    for line in scrape.splitlines():
-        if line.startswith("querygate_cache_lookups_total{"):
-            result = line.split('result="', 1)[1].split('"', 1)[0]
-            found.append(f"{result} {float(line.rsplit(' ', 1)[1]):.0f}")
-    return " ".join(found)
+def by_label(scrape: Scrape, name: str, label: str) -> str:
+    """A counter's samples summed by one label, e.g. "exact 3 miss 812 semantic 40"."""
+    totals: Counter[str] = Counter()
+    for labels, value in scrape.series(name).items():
+        totals[dict(labels).get(label, "")] += int(value)
+    return " ".join(f"{key} {n}" for key, n in sorted(totals.items()))
 
 
 async def soak(gw: GatewayProcess, args: argparse.Namespace) -> None:
@@ -120,13 +117,15 @@ async def soak(gw: GatewayProcess, args: argparse.Namespace) -> None:
     pid = gw.proc.pid
     started = time.monotonic()
 
-    def line(done: int, scrape: str) -> None:
+    def line(done: int, text: str) -> None:
+        metrics = Scrape.parse(text)
         rss, pss = memory_kib(pid)
         seen = " ".join(f"{s}:{c}" for s, c in sorted(statuses.items()))
         print(
             f"{done:>8}  {time.monotonic() - started:7.0f} s  RSS {rss / 1024:7.1f} MiB  "
-            f"PSS {pss / 1024:7.1f} MiB  statuses {seen}  routes {routes(scrape)}  "
-            f"cache {cache_lookups(scrape)}",
+            f"PSS {pss / 1024:7.1f} MiB  statuses {seen}  "
+            f"routes {by_label(metrics, 'querygate_requests_total', 'route')}  "
+            f"cache {by_label(metrics, 'querygate_cache_lookups_total', 'result')}",
             flush=True,
         )
 
@@ -159,16 +158,6 @@ async def drain(queue: Iterator[int], one: Callable[[int], Awaitable[None]]) -> 
         await one(k)
 
 
-def routes(scrape: str) -> str:
-    """Answers so far by route, e.g. "lookup 700 direct 300"."""
-    by_route: Counter[str] = Counter()
-    for line in scrape.splitlines():
-        if line.startswith("querygate_requests_total{"):
-            route = line.split('route="', 1)[1].split('"', 1)[0]
-            by_route[route] += int(float(line.rsplit(" ", 1)[1]))
-    return " ".join(f"{route} {n}" for route, n in sorted(by_route.items()))
-
-
 def ingest_soak_tenants(workdir: Path, upstream: str, overrides: dict[str, Any]) -> None:
     """Each soak tenant gets the suite's acme documents, in the data dir the gateway will use
     (start_gateway ingests the suite's two tenants itself), so their lookups find evidence."""
@@ -191,6 +180,12 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=5_000)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument(
+        "--reranker",
+        choices=("local", "off"),
+        default="local",
+        help="retrieval.rerank.reranker: local as shipped (the suite's config turns it off)",
+    )
+    parser.add_argument(
         "--cache-max-mib",
         type=int,
         default=None,
@@ -202,7 +197,8 @@ def main() -> None:
         if args.cache_max_mib is not None:
             overrides["cache"] = {"memory_max_bytes": args.cache_max_mib * 1024 * 1024}
         ingest_soak_tenants(Path(tmp), upstream, overrides)
-        gw = start_gateway(Path(tmp), upstream, retrieval=SHIPPED_RERANK, overrides=overrides)
+        rerank: dict[str, object] = {"rerank": {"reranker": args.reranker}}
+        gw = start_gateway(Path(tmp), upstream, retrieval=rerank, overrides=overrides)
         try:
             asyncio.run(soak(gw, args))
         finally:
