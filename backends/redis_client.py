@@ -24,6 +24,12 @@ Built once per process from `RedisOptions` (services.py fills them from `cache.r
   passes none: its calls are bounded one by one, not by a request's budget, which
   it would otherwise eat into, or find spent and fail (a cache write or spend record lost
   for nothing).
+- `ping()`, the health verdict of the cache and the quotas alike, is timed on a thread of its
+  own with a connection of its own: a Redis that answers, but slower than a request's budget,
+  is down for the requests (every one would spend its budget waiting), and neither the event
+  loop's backlog nor a wait for one of the pool's connections is counted against Redis. The
+  untimed PING before the timed ones opens the connection, so a TCP connect, a TLS handshake
+  and `CLIENT SETINFO` are never taken for a slow server.
 
 Cluster mode is chosen by the URL's scheme, never guessed: `redis+cluster://host:port` (or
 `rediss+cluster://` for TLS) names one or more seed nodes of a Redis Cluster and builds a
@@ -45,16 +51,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit, urlunsplit
 
+import redis
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
+from redis.retry import Retry as BlockingRetry
 
 from backends.errors import BackendError, BackendUnavailable
 from backends.redis_lua import Client, Script
@@ -168,6 +178,9 @@ class RedisConnection:
         # burst of requests (their rate-limit checks run before admission) would put every
         # tenant's quotas on per-process limits. Past it a call waits, within its bound.
         self._slots = asyncio.Semaphore(options.max_connections)
+        self._prober = ThreadPoolExecutor(max_workers=1, thread_name_prefix="redis-ping")
+        # The prober's own clients, one per node; only its one thread touches them.
+        self._ping_clients: dict[str, redis.Redis] = {}
 
     @property
     def cluster(self) -> bool:
@@ -257,13 +270,62 @@ class RedisConnection:
         return Script(self.client, source)
 
     async def ping(self) -> None:
-        await self.call(cast(Awaitable[bool], self.client.ping()))
+        """Raises `BackendUnavailable` when a node cannot be reached, or when its round trip is
+        longer than a request's Redis budget (`request_budget_s`): a verdict on Redis alone,
+        timed on the prober's thread, whatever this process's loop and pool are doing."""
+        if self._closed:
+            raise BackendUnavailable("redis", "the Redis connection is closed")
+        nodes = self._ping_targets()
+        took_s = await asyncio.get_running_loop().run_in_executor(
+            self._prober, self._round_trip_s, nodes
+        )
+        budget_s = self.options.request_budget_s
+        if budget_s is not None and took_s > budget_s:
+            raise BackendUnavailable(
+                "redis",
+                f"a PING took {took_s * 1000:.0f} ms, longer than a request's Redis budget "
+                f"({budget_s:g}s)",
+            )
+
+    def _ping_targets(self) -> list[str]:
+        """The URL of each node to ask: a cluster's primaries once the slots are mapped,
+        else the node the URL names."""
+        url = self.options.client_url
+        if isinstance(self.client, RedisCluster):
+            primaries = self.client.get_primaries()
+            if primaries:
+                return [node_url(url, node.host, int(node.port)) for node in primaries]
+        return [url]
+
+    def _round_trip_s(self, nodes: list[str]) -> float:
+        """On the prober's thread: the slowest node's faster of two timed PINGs (one pause of
+        the server, a fork for a snapshot say, is not an outage)."""
+        slowest = 0.0
+        for url in nodes:
+            client = self._ping_clients.get(url)
+            if client is None:
+                client = self._ping_clients[url] = _ping_client(url, self.options)
+            try:
+                _warm(client)
+                slowest = max(slowest, min(_timed(client.ping), _timed(client.ping)))
+            except (RedisError, OSError) as exc:
+                raise BackendUnavailable("redis", f"{type(exc).__name__}: {exc}") from exc
+        return slowest
+
+    def _close_ping_clients(self) -> None:
+        for client in self._ping_clients.values():
+            client.close()
+        self._ping_clients.clear()
 
     async def aclose(self) -> None:
         """Idempotent; after it every call raises `BackendUnavailable`."""
         if self._closed:
             return
         self._closed = True
+        # Queued behind a ping in flight, on the thread that owns the clients; not waited
+        # for (a ping is bounded by its socket timeouts).
+        self._prober.submit(self._close_ping_clients)
+        self._prober.shutdown(wait=False)
         await self.client.aclose()
 
 
@@ -281,6 +343,40 @@ async def guarded(pending: Awaitable[T], timeout_s: float) -> T:
         raise BackendUnavailable("redis", f"no answer within {timeout_s:.2f}s") from exc
     except (RedisError, RedisClusterException, OSError, AttributeError) as exc:
         raise BackendUnavailable("redis", f"{type(exc).__name__}: {exc}") from exc
+
+
+def node_url(url: str, host: str, port: int) -> str:
+    """`url` pointed at another node: the scheme, credentials and options kept."""
+    parts = urlsplit(url)
+    credentials, at, _ = parts.netloc.rpartition("@")
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return urlunsplit(parts._replace(netloc=f"{credentials}{at}{address}"))
+
+
+def _ping_client(url: str, options: RedisOptions) -> redis.Redis:
+    """A blocking single-node client for the prober's thread, under the pool's timeouts."""
+    return redis.Redis.from_url(
+        url,
+        socket_timeout=options.socket_timeout_s,
+        socket_connect_timeout=options.connect_timeout_s,
+        retry=BlockingRetry(NoBackoff(), 0),
+        health_check_interval=0,
+    )
+
+
+def _warm(client: redis.Redis) -> None:
+    """An untimed PING: it opens the connection when there is none, so the handshakes are not
+    timed, and opens it once more when the server (or a middlebox) closed it while idle."""
+    try:
+        client.ping()
+    except RedisConnectionError:
+        client.ping()
+
+
+def _timed(ping: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    ping()
+    return time.perf_counter() - started
 
 
 async def probe_server(options: RedisOptions) -> ServerFacts:

@@ -63,7 +63,9 @@ class QuotaStore(Protocol):
         ...
 
     async def ping(self) -> None:
-        """Raises `BackendUnavailable` when the store cannot be reached."""
+        """Raises `BackendUnavailable` when the store cannot be reached, or answers too slowly
+        for a request to wait on it (a remote store's verdict on itself, apart from this
+        process's own load)."""
         ...
 
     async def aclose(self) -> None: ...

@@ -214,7 +214,9 @@ class RedisQuotaStore:
         await self._call(self._repair(keys, [repr(usd), _day_end(day) + SPEND_GRACE_S]), spend)
 
     async def ping(self) -> None:
-        await self._call(self._connection.client.ping())
+        if self._closed:
+            raise BackendUnavailable("redis", "the quota store is closed")
+        await self._connection.ping()
 
     async def aclose(self) -> None:
         self._closed = True

@@ -241,6 +241,12 @@ class Quotas:
         await self._shared.ping()
         await self._outbox.flush(FLUSH_WAIT_S)
 
+    async def settled(self) -> None:
+        """Wait for the shared store's verdict on a call a request's budget cut, if a probe
+        is finding it: `degraded` then says what the next requests get."""
+        if self._shared is not None:
+            await self._shared.settled()
+
     async def aclose(self, timeout_s: float = 2.0) -> None:
         """A bounded last try at adding the spend not yet in the shared store (`SpendOutbox`),
         then the stores closed."""

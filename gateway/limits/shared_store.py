@@ -9,8 +9,8 @@ and that one decision made without it. The totals it gave are kept per (tenant, 
 budget decisions made while it is down. A request's calls pass its `spend` (its Redis time
 budget, `backends.redis_client`) to the repair too; a call past that budget is the request's
 doing and is not a verdict on the store's health. A sent call cut by it may be a slow store
-or a busy loop, so one probe (`ping`, under the store's own whole-call bound, in a task of its
-own) settles which: the store is down only if the probe fails too.
+or a busy loop, so one probe (`ping`, in a task of its own) settles which: the store's ping
+judges the store alone, and fails when it is unreachable or slower than a request's budget.
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ class SharedStore:
         self.degraded = False
         self._last_seen: dict[Key, float] = {}
         self._confirming: asyncio.Task[None] | None = None
+        self._closed = False
 
     @property
     def name(self) -> str:
@@ -132,16 +133,25 @@ class SharedStore:
             raise
         self._up()
 
+    async def settled(self) -> None:
+        """Wait for the verdict of the probe a cut call started, if one is running."""
+        if self._confirming is not None:
+            await asyncio.wait([self._confirming])
+
     async def aclose(self) -> None:
+        """No probe starts after this; the running one is cancelled (waited for without
+        taking its cancellation for this call's own)."""
+        self._closed = True
         if self._confirming is not None:
             self._confirming.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._confirming
+            await asyncio.wait([self._confirming])
         await self.store.aclose()
 
     def _confirm(self) -> None:
         """Probe the store in the background, one probe at a time: its failure marks the
         store down (`ping`), its answer leaves it up."""
+        if self._closed:
+            return
         if self._confirming is None or self._confirming.done():
             self._confirming = asyncio.create_task(self._probe())
 

@@ -54,6 +54,46 @@ async def test_cluster_url_builds_a_cluster_client(redis_cluster: RedisCluster) 
         await connection.aclose()
 
 
+def pings_run(node: RedisServer) -> int:
+    stats = node.command("INFO", "commandstats").decode()
+    line = next((x for x in stats.splitlines() if x.startswith("cmdstat_ping:")), "calls=0,")
+    return int(line.split("calls=", 1)[1].split(",", 1)[0])
+
+
+async def test_a_cluster_ping_asks_every_primary(redis_cluster: RedisCluster) -> None:
+    """The health verdict on a cluster is every primary's: one that is slow or gone is
+    a share of every tenant's keys out of reach."""
+    connection = RedisConnection(
+        RedisOptions(redis_cluster.urls[0].replace("redis://", "redis+cluster://"))
+    )
+    try:
+        await connection.start()
+        before = [pings_run(node) for node in redis_cluster.nodes]
+        await connection.ping()
+        after = [pings_run(node) for node in redis_cluster.nodes]
+        assert all(b - a >= 2 for a, b in zip(before, after, strict=True)), (before, after)
+    finally:
+        await connection.aclose()
+
+
+async def test_a_ping_is_timed_on_its_own_connection_not_the_pools(
+    redis_server: RedisServer,
+) -> None:
+    """Every pool connection held (a burst past max_connections): the health verdict does not
+    wait for one, and a healthy Redis is up."""
+    options = RedisOptions(redis_server.url, max_connections=1, socket_timeout_s=1.0)
+    connection = RedisConnection(options)
+    await connection.start()
+    try:
+        busy = asyncio.create_task(connection.call(connection.client.blpop(["qg:none"], 0.5)))
+        await asyncio.sleep(0.02)
+        await connection.ping()
+        assert not busy.done()  # answered while the one pool connection was still held
+        await busy
+    finally:
+        await connection.aclose()
+
+
 async def test_a_started_cluster_client_takes_a_burst_of_first_calls(
     redis_cluster: RedisCluster,
 ) -> None:

@@ -10,7 +10,7 @@ import datetime as dt
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
 
@@ -24,6 +24,7 @@ from gateway.limits.quotas import BudgetExceeded, BudgetUnknown, Quotas, RateLim
 from gateway.limits.shared_store import utc_day
 from gateway.obs.metrics import Metrics
 from gateway.settings import TenantConfig
+from tests.fixtures.gateway import TcpProxy
 from tests.redis_server import RedisServer
 
 
@@ -495,23 +496,6 @@ async def test_a_request_past_its_redis_budget_decides_alone_and_degrades_no_oth
         assert await shared.take(acme.id, 0.1, 2) > 0
 
 
-async def test_a_call_cut_at_what_is_left_of_the_requests_budget_degrades_no_other(
-    redis_server: RedisServer,
-) -> None:
-    """A request whose earlier calls left it 20 us of Redis time has its budget read cut at
-    that, on a healthy Redis: decided here, and the process stays shared (it flipped every
-    tenant to per-process limits for redis_retry_s)."""
-    acme = limited(tenant_id("acme"), budget=1.0)
-    metrics = Metrics()
-    async with store(redis_server.url) as shared:
-        quotas = Quotas(shared, metrics)
-        await quotas.check_budget(acme)  # the script and connection are warm
-        nearly = RequestSpend(spent_s=0.25 - 2e-5)  # of the default 0.25 s
-        await quotas.check_budget(acme, spend=nearly)  # under budget: admitted, decided here
-        assert not quotas.degraded
-        assert metrics.registry.get_sample_value("querygate_quota_store_degraded") == 0.0
-
-
 async def test_a_call_that_waited_out_its_budget_for_a_connection_degrades_no_other(
     redis_server: RedisServer,
 ) -> None:
@@ -581,28 +565,67 @@ async def test_a_process_started_during_an_outage_refuses_a_budget_it_never_read
 async def test_a_call_cut_by_its_budget_on_a_healthy_redis_degrades_no_other(
     redis_server: RedisServer,
 ) -> None:
-    """A sent call that outlives its request's budget (here 0.1 ms; under a burst on a
-    loaded core, 150 requests opening connections overran 0.25 s) is decided here, and
-    the probe it starts finds Redis answering: the process stays shared (it put every tenant
-    on per-process limits, and budgets it had not read on 503s)."""
+    """A request whose earlier calls left it 20 us of Redis time has its call cut on a healthy
+    Redis (under a burst on a loaded core, 150 requests opening connections overran 0.25 s),
+    and its probe runs while the loop stays blocked longer than the budget: Redis is judged
+    alone, found answering, and the process stays shared (a cut once put every tenant on
+    per-process limits, and budgets it had not read on 503s)."""
     acme = limited(tenant_id("acme"), budget=1.0)
     metrics = Metrics()
-    options = replace(RedisOptions(redis_server.url), request_budget_s=1e-4)
-    connection = RedisConnection(options)
-    await connection.start()
-    try:
-        quotas = Quotas(RedisQuotaStore(connection), metrics)
+    async with store(redis_server.url) as shared:
+        quotas = Quotas(shared, metrics)
+        await quotas.check_budget(acme)  # the script and connection are warm
         pings = commands_run(redis_server, "ping")
-        await quotas.admit(acme, answering=True, spend=RequestSpend())  # decided here
-        assert await eventually(lambda: commands_run(redis_server, "ping") > pings)
+        nearly = RequestSpend(spent_s=0.25 - 2e-5)  # of the default 0.25 s
+        await quotas.admit(acme, answering=True, spend=nearly)  # decided here
+        hog = asyncio.create_task(block_the_loop(0.1))
+        try:
+            await quotas.settled()
+        finally:
+            hog.cancel()
+        assert commands_run(redis_server, "ping") >= pings + 3  # warm, then two timed
         assert not quotas.degraded
         assert metrics.registry.get_sample_value("querygate_quota_store_degraded") == 0.0
         local = metrics.registry.get_sample_value(
             "querygate_quota_local_decisions_total", {"check": "rate_limit"}
         )
         assert local == 1.0
+
+
+async def block_the_loop(each_s: float) -> None:
+    """A loop too busy to read replies: every turn blocks it `each_s`, until cancelled."""
+    while True:
+        time.sleep(each_s)  # noqa: ASYNC251 - blocking the loop is the point
+        await asyncio.sleep(0)
+
+
+async def test_a_slow_redis_is_found_down_though_each_call_is_within_its_socket_timeout(
+    redis_server: RedisServer,
+) -> None:
+    """A Redis that answers every call, but 0.4 s late (a proxy holds each piece 0.2 s each
+    way), with a socket timeout of 2 s: the probe a cut call starts finds it slower than a
+    request's 0.25 s budget, so the next requests skip it rather than each spend its budget;
+    the health ping keeps it down while it is slow and ends the outage once it is fast."""
+    acme = limited(tenant_id("acme"), budget=1.0)
+    metrics = Metrics()
+    proxy = TcpProxy(f"127.0.0.1:{redis_server.port}")
+    proxy.start("slow", delay_ms=200)
+    try:
+        async with store(f"redis://127.0.0.1:{proxy.port}", timeout_s=2.0) as shared:
+            quotas = Quotas(shared, metrics, retry_s=60.0)
+            await quotas.admit(acme, answering=True)  # no budget: waits for the slow answer
+            await quotas.admit(acme, answering=True, spend=RequestSpend())  # cut, decided here
+            await quotas.settled()
+            assert quotas.degraded
+            assert metrics.registry.get_sample_value("querygate_quota_store_degraded") == 1.0
+            with pytest.raises(BackendUnavailable, match="longer than a request's Redis budget"):
+                await quotas.ping()
+            assert quotas.degraded
+            proxy.switch("pass")
+            await quotas.ping()
+            assert not quotas.degraded
     finally:
-        await connection.aclose()
+        proxy.stop()
 
 
 async def test_a_paused_redis_cut_at_a_requests_budget_is_found_down_by_its_probe(
@@ -619,17 +642,8 @@ async def test_a_paused_redis_cut_at_a_requests_budget_is_found_down_by_its_prob
         redis_server.pause()
         try:
             await quotas.admit(acme, answering=True, spend=RequestSpend())
-            assert await eventually(lambda: quotas.degraded)
+            await quotas.settled()
         finally:
             redis_server.resume()
+        assert quotas.degraded
         assert metrics.registry.get_sample_value("querygate_quota_store_degraded") == 1.0
-
-
-async def eventually(condition: Callable[[], bool], within_s: float = 10.0) -> bool:
-    """Whether `condition` holds within `within_s` (a background probe's outcome)."""
-    deadline = time.monotonic() + within_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.02)
-    return True

@@ -4,6 +4,7 @@ isolation, the per-process fallback while the shared store is down, and the LLM 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 from collections.abc import AsyncIterator, Callable, Coroutine
 from types import SimpleNamespace
@@ -15,7 +16,7 @@ from pydantic import ValidationError
 from backends.errors import BackendUnavailable, UpstreamError
 from backends.llm.base import Completion, LLMCall, Message, StreamDelta, Tier, Usage
 from backends.quotas.memory import MemoryQuotaStore, refill_and_take
-from backends.redis_client import RequestSpend
+from backends.redis_client import RequestBudgetSpent, RequestSpend
 from gateway.core.health import probes
 from gateway.core.services import Services
 from gateway.limits.budget import BudgetedLLM
@@ -28,7 +29,7 @@ from gateway.limits.quotas import (
     seconds_to_midnight,
     warn_if_per_worker,
 )
-from gateway.limits.shared_store import utc_day
+from gateway.limits.shared_store import SharedStore, utc_day
 from gateway.obs.metrics import MULTIPROC_ENV, Metrics
 from gateway.settings import QuotasConfig, TenantConfig
 
@@ -678,3 +679,35 @@ async def test_a_stream_checked_by_its_handler_reads_the_budget_once() -> None:
     await consume(llm.stream(LLMCall("small", ())))  # a second call checks again
     await asyncio.sleep(0.01)
     assert shared.calls == asked + 3
+
+
+async def test_a_closed_shared_store_starts_no_probe_and_its_close_stays_cancellable() -> None:
+    """The probe a cut call starts is cancelled by `aclose`, which a caller can still cancel
+    while the probe takes its time to end; no probe starts once the store is closed."""
+    release, pinged = asyncio.Event(), asyncio.Event()
+    pings: list[None] = []
+
+    class Stuck(MemoryQuotaStore):
+        async def ping(self) -> None:
+            pings.append(None)
+            pinged.set()
+            while not release.is_set():
+                with contextlib.suppress(asyncio.CancelledError):  # slow to give up
+                    await release.wait()
+
+    async def cut() -> float:
+        raise RequestBudgetSpent(0.25, cut=True)
+
+    shared = SharedStore(Stuck(Clock()), Metrics(), retry_s=1.0)
+    assert await shared.ask(cut, "acme", spend=RequestSpend()) is None
+    await pinged.wait()
+    closing = asyncio.create_task(shared.aclose())
+    await asyncio.sleep(0.01)
+    closing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    release.set()
+    await shared.settled()
+    assert await shared.ask(cut, "acme", spend=RequestSpend()) is None
+    await shared.settled()
+    assert len(pings) == 1
