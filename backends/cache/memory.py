@@ -30,7 +30,7 @@ import itertools
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -40,25 +40,36 @@ from backends.errors import BackendUnavailable
 from backends.redis_client import RequestSpend
 from backends.retrieval.base import Vector
 
-# What indexing one entry costs besides its own bytes (its dict slots, object headers, the
-# LSH buckets' keys): an allowance, so that tiny entries cannot make the ceiling meaningless.
-ENTRY_OVERHEAD_BYTES = 2048
+# What the store counts beside an entry's key, question, payload and unit vector, so that the
+# ceiling bounds the memory the store really holds; measured with tracemalloc over one tenant
+# and many, and held to that count by tests/unit/test_cache_bounds.py:
+# the entry's own objects (their headers, the entry and its record, its slot in the tenant's
+# dict),
+ENTRY_OVERHEAD_BYTES = 400
+# the unit vector's array object,
+ARRAY_OVERHEAD_BYTES = 112
+# its key's slot in the bucket of each LSH table,
+BUCKET_SLOT_BYTES = 8
+# and a bucket's own list and its slot in the index, counted while the bucket holds a key.
+BUCKET_BYTES = 155
 
 
 @dataclass(slots=True)
 class _Stored:
     scope: str
-    entry: CachedEntry
+    entry: CachedEntry  # kept without its raw vector: `unit` is the one the store reads
     expires_at: float
     unit: Vector | None
-    buckets: tuple[int, ...]
     size: int
 
 
-def entry_size(entry: CachedEntry, unit: Vector | None) -> int:
-    """What the store counts an entry as holding."""
+def entry_size(entry: CachedEntry, unit: Vector | None, tables: int) -> int:
+    """What the store counts an entry as holding, its buckets' own lists apart."""
     own = len(entry.key.encode()) + len(entry.question.encode()) + len(entry.payload)
-    return own + (0 if unit is None else unit.nbytes) + ENTRY_OVERHEAD_BYTES
+    if unit is None:
+        return own + ENTRY_OVERHEAD_BYTES
+    indexed = unit.nbytes + ARRAY_OVERHEAD_BYTES + tables * BUCKET_SLOT_BYTES
+    return own + indexed + ENTRY_OVERHEAD_BYTES
 
 
 class MemoryCacheStore:
@@ -84,7 +95,9 @@ class MemoryCacheStore:
         self._lsh = LshScheme(tables, bits)
         self._bucket_cap = bucket_cap
         self._tenants: dict[str, OrderedDict[str, _Stored]] = {}
-        self._buckets: dict[tuple[str, str, int], OrderedDict[str, None]] = {}
+        # (tenant, scope) -> bucket number -> its keys, oldest first. Lists, not dicts: most
+        # buckets of a small tenant hold one key, and a bucket holds at most `bucket_cap`.
+        self._buckets: dict[tuple[str, str], dict[int, list[str]]] = {}
         # (tenant, key) -> (owner token, expiry); `_owned` holds the tokens this store took.
         self._claims: dict[tuple[str, str], tuple[int, float]] = {}
         self._owned: dict[tuple[str, str], int] = {}
@@ -126,8 +139,9 @@ class MemoryCacheStore:
             return []
         now = self._clock()
         seen: dict[str, None] = {}
+        index = self._buckets.get((tenant, scope), {})
         for bucket in self._signature(unit):
-            seen.update(self._buckets.get((tenant, scope, bucket), {}))
+            seen.update(dict.fromkeys(index.get(bucket, ())))
         self.last_candidates = len(seen)
         live = [
             stored
@@ -149,16 +163,20 @@ class MemoryCacheStore:
         self._remove(tenant, entry.key)  # a rewrite is a new entry: newest, TTL from now
         entries = self._tenants.setdefault(tenant, OrderedDict())
         unit = None if entry.vector is None else unit_vector(entry.vector)
-        buckets = () if unit is None else self._signature(unit)
-        size = entry_size(entry, unit)
-        entries[entry.key] = _Stored(scope, entry, self._clock() + ttl_s, unit, buckets, size)
-        self._bytes[tenant] = self._bytes.get(tenant, 0) + size
-        self.total_bytes += size
-        for bucket in buckets:
-            keys = self._buckets.setdefault((tenant, scope, bucket), OrderedDict())
-            keys[entry.key] = None
-            while len(keys) > self._bucket_cap:
-                keys.popitem(last=False)
+        size = entry_size(entry, unit, self._lsh.bands)
+        kept = replace(entry, vector=None)
+        entries[entry.key] = _Stored(scope, kept, self._clock() + ttl_s, unit, size)
+        self._count(tenant, size)
+        if unit is not None:
+            index = self._buckets.setdefault((tenant, scope), {})
+            for bucket in self._signature(unit):
+                keys = index.get(bucket)
+                if keys is None:
+                    keys = index[bucket] = []
+                    self._count(tenant, BUCKET_BYTES)
+                keys.append(entry.key)
+                if len(keys) > self._bucket_cap:
+                    del keys[0]
         cap = max_entries if self._ceiling is None else min(max_entries, self._ceiling)
         while len(entries) > cap:
             self._remove(tenant, next(iter(entries)))
@@ -237,17 +255,32 @@ class MemoryCacheStore:
         stored = None if entries is None else entries.pop(key, None)
         if stored is None:
             return
-        self.total_bytes -= stored.size
-        self._bytes[tenant] -= stored.size
-        for bucket in stored.buckets:
-            keys = self._buckets.get((tenant, stored.scope, bucket))
-            if keys is not None:
-                keys.pop(key, None)
-                if not keys:
-                    del self._buckets[(tenant, stored.scope, bucket)]
+        self._count(tenant, -stored.size)
+        if stored.unit is not None:
+            self._unindex(tenant, stored.scope, key, stored.unit)
         if entries is not None and not entries:
             del self._tenants[tenant]
             del self._bytes[tenant]
+
+    def _unindex(self, tenant: str, scope: str, key: str, unit: Vector) -> None:
+        """Take `key` out of its buckets (found again from its vector, rather than kept: 16
+        numbers an entry would cost more than the product that finds them)."""
+        index = self._buckets.get((tenant, scope))
+        if index is None:
+            return
+        for bucket in self._signature(unit):
+            keys = index.get(bucket)
+            if keys is not None and key in keys:
+                keys.remove(key)
+                if not keys:
+                    del index[bucket]
+                    self._count(tenant, -BUCKET_BYTES)
+        if not index:
+            del self._buckets[(tenant, scope)]
+
+    def _count(self, tenant: str, size: int) -> None:
+        self._bytes[tenant] = self._bytes.get(tenant, 0) + size
+        self.total_bytes += size
 
     def _signature(self, unit: Vector) -> tuple[int, ...]:
         """One bucket number per table, unique across the tables."""

@@ -1,7 +1,13 @@
 """The response cache's bounds: no answer over `cache.max_entry_bytes` is stored, and the memory
-store's whole size is capped with eviction fair across tenants."""
+store's whole size is capped with eviction fair across tenants, counted as the memory it holds."""
 
 from __future__ import annotations
+
+import gc
+import tracemalloc
+
+import numpy as np
+import pytest
 
 from backends.cache.base import CachedEntry
 from backends.cache.memory import ENTRY_OVERHEAD_BYTES, MemoryCacheStore
@@ -57,3 +63,53 @@ async def test_an_answer_over_the_entry_cap_is_not_stored_and_is_counted() -> No
     assert await store.get("acme", "large") is None
     too_large = Scrape.of(metrics).value("querygate_cache_not_stored_total", reason="too_large")
     assert too_large == 1.0
+
+
+def question_entry(i: int, payload: int, vector: bool, rng: np.random.Generator) -> CachedEntry:
+    return CachedEntry(
+        key=f"exact:{i:060d}",
+        question=f"what does the guide say about topic number {i}?",
+        payload=b"x" * payload,
+        vector=rng.standard_normal(384).astype(np.float32) if vector else None,
+    )
+
+
+@pytest.mark.parametrize(
+    ("tenants", "payload", "vector"),
+    [(1, 2000, True), (50, 2000, True), (2000, 300, True), (50, 6000, False)],
+    ids=["one-tenant", "fifty-tenants", "many-small-tenants", "exact-only"],
+)
+async def test_the_store_counts_the_memory_it_holds(
+    tenants: int, payload: int, vector: bool
+) -> None:
+    """`total_bytes` within 15% of what tracemalloc sees the store hold: the ceiling bounds
+    memory, whether a tenant's LSH buckets are shared by many entries or each holds one (an
+    entry once cost 2.4 times what was counted)."""
+    rng = np.random.default_rng(7)
+    store = MemoryCacheStore()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(5000):
+            entry = question_entry(i, payload, vector, rng)
+            await store.put(f"t{i % tenants}", "s", entry, ttl_s=60, max_entries=10**6)
+        del entry
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert 0.85 <= store.total_bytes / held <= 1.15, (store.total_bytes, held)
+
+
+async def test_what_leaves_the_store_is_counted_off_buckets_included() -> None:
+    rng = np.random.default_rng(7)
+    store = MemoryCacheStore(bucket_cap=2)  # most keys pushed out of a shared bucket too
+    for i in range(300):
+        await store.put(
+            f"t{i % 3}", "s", question_entry(i, 100, True, rng), ttl_s=60, max_entries=100
+        )
+    assert store.total_bytes > 0
+    for i in range(300):
+        await store.delete(f"t{i % 3}", f"exact:{i:060d}")
+    assert store.total_bytes == 0
