@@ -32,14 +32,23 @@ built() {  # waits for the tool's build (if any); its binary's path is then in $
     echo "scripts/$1.sh failed" >&2
     exit 1
   fi
+  stamp "$1 ready"
 }
+# Each step's end, in seconds since the start: where a slow run's time went.
+stamp() { echo "[test.sh] $1 at ${SECONDS}s" >&2; }
 
 scripts/setup.sh --test
+stamp "setup"
 # The node installs the distribution that the cluster fault test
 # (tests/e2e/test_opensearch_cluster_faults.py) starts three more nodes from, on ports
 # QUERYGATE_OPENSEARCH_CLUSTER_PORTS (9230-9232); that test fails when they cannot start.
-scripts/opensearch.sh start
-OPENSEARCH_VERSION=2.19.1 OPENSEARCH_PORT="$RRF_PORT" scripts/opensearch.sh start
+# The nodes install and start (downloads, unzips, plugin installs: minutes on a fresh machine)
+# while lint and types run.
+(
+  scripts/opensearch.sh start
+  OPENSEARCH_VERSION=2.19.1 OPENSEARCH_PORT="$RRF_PORT" scripts/opensearch.sh start
+) 2>"$TOOLS/opensearch.log" &
+NODES=$!
 # bubblewrap runs the gateway under the chart's pod conditions (tests/e2e/test_pod_conditions.py).
 if ! command -v bwrap >/dev/null; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null
@@ -49,6 +58,13 @@ export QUERYGATE_REQUIRE_BWRAP=1
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
+stamp "lint and types"
+if ! wait "$NODES"; then
+  cat "$TOOLS/opensearch.log" >&2
+  exit 1
+fi
+cat "$TOOLS/opensearch.log" >&2
+stamp "OpenSearch nodes"
 
 # pytest in two phases, so that a fresh machine tests while the Go tools build. The first runs
 # every test not marked `gotools`; the tools' variables name a file that does not exist during
@@ -80,8 +96,22 @@ before_tools() {  # run_pytest with each Go tool's variable naming a file that d
     QUERYGATE_JAEGER="$NOT_BUILT/jaeger" QUERYGATE_REQUIRE_HELM=1 QUERYGATE_REQUIRE_PROMTOOL=1 \
     QUERYGATE_REQUIRE_JAEGER=1 run_pytest "$@"
 }
-OPENSEARCH_URL="http://127.0.0.1:$RRF_PORT" before_tools tests/integration/test_opensearch_retriever.py
+# The retriever's tests on the 2.19.1 node run beside the first phase (which mostly waits on
+# the processes it starts), their output printed once both are done.
+(
+  OPENSEARCH_URL="http://127.0.0.1:$RRF_PORT" before_tools tests/integration/test_opensearch_retriever.py
+  exit "$FAILED"
+) >"$TOOLS/rrf.log" 2>&1 &
+RRF=$!
 before_tools "${PARALLEL[@]}" -m "not gotools" "$@"
+stamp "first phase"
+RRF_STATUS=0
+wait "$RRF" || RRF_STATUS=$?
+cat "$TOOLS/rrf.log"
+case "$RRF_STATUS" in
+  0) COLLECTED=1 ;;
+  *) COLLECTED=1; FAILED=1 ;;
+esac
 
 built helm
 QUERYGATE_HELM="$(cat "$TOOLS/helm")"
@@ -97,6 +127,7 @@ QUERYGATE_JAEGER="$(cat "$TOOLS/jaeger")"
 export QUERYGATE_JAEGER QUERYGATE_REQUIRE_JAEGER=1
 rm -rf "$TOOLS"
 run_pytest -m gotools "$@"
+stamp "second phase"
 
 [ "$COLLECTED" -eq 1 ] || { echo "pytest collected no tests" >&2; exit 1; }
 exit "$FAILED"
