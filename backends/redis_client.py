@@ -27,9 +27,9 @@ Built once per process from `RedisOptions` (services.py fills them from `cache.r
 - `ping()`, the health verdict of the cache and the quotas alike, is timed on a thread of its
   own with a connection of its own: a Redis that answers, but slower than a request's budget,
   is down for the requests (every one would spend its budget waiting), and neither the event
-  loop's backlog nor a wait for one of the pool's connections is counted against Redis. The
-  untimed PING before the timed ones opens the connection, so a TCP connect, a TLS handshake
-  and `CLIENT SETINFO` are never taken for a slow server.
+  loop's backlog nor a wait for one of the pool's connections is counted against Redis. A
+  PING over the budget is tried again, so a TCP connect, a TLS handshake, `CLIENT SETINFO` or
+  one pause of the server is never taken for a slow server, and a warm probe is one PING.
 
 Cluster mode is chosen by the URL's scheme, never guessed: `redis+cluster://host:port` (or
 `rediss+cluster://` for TLS) names one or more seed nodes of a Redis Cluster and builds a
@@ -76,6 +76,8 @@ T = TypeVar("T")
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 # The query engine's vector fields arrived in RediSearch 2.4 (module version 20400).
 _SEARCH_VECTOR_MIN_VERSION = 20400
+# PINGs a probe may send to one node before it calls the node slow.
+PING_TRIES = 3
 
 
 class RedisModeMismatch(BackendError):
@@ -298,16 +300,14 @@ class RedisConnection:
         return [url]
 
     def _round_trip_s(self, nodes: list[str]) -> float:
-        """On the prober's thread: the slowest node's faster of two timed PINGs (one pause of
-        the server, a fork for a snapshot say, is not an outage)."""
+        """On the prober's thread: the slowest node's round trip (`_node_round_trip_s`)."""
         slowest = 0.0
         for url in nodes:
             client = self._ping_clients.get(url)
             if client is None:
                 client = self._ping_clients[url] = _ping_client(url, self.options)
             try:
-                _warm(client)
-                slowest = max(slowest, min(_timed(client.ping), _timed(client.ping)))
+                slowest = max(slowest, _node_round_trip_s(client, self.options.request_budget_s))
             except (RedisError, OSError) as exc:
                 raise BackendUnavailable("redis", f"{type(exc).__name__}: {exc}") from exc
         return slowest
@@ -364,13 +364,24 @@ def _ping_client(url: str, options: RedisOptions) -> redis.Redis:
     )
 
 
-def _warm(client: redis.Redis) -> None:
-    """An untimed PING: it opens the connection when there is none, so the handshakes are not
-    timed, and opens it once more when the server (or a middlebox) closed it while idle."""
-    try:
-        client.ping()
-    except RedisConnectionError:
-        client.ping()
+def _node_round_trip_s(client: redis.Redis, budget_s: float | None) -> float:
+    """The fastest of up to `PING_TRIES` PINGs, stopping at the first within the budget: on a
+    warm connection one PING is the whole probe (every replica's probes reach the same Redis);
+    a first PING that paid for a TCP connect, a TLS handshake and `CLIENT SETINFO`, or met one
+    pause of the server (a fork for a snapshot, say), is not taken for a slow server. A
+    connection the server (or a middlebox) closed while idle is opened once more."""
+    fastest = float("inf")
+    for attempt in range(PING_TRIES):
+        try:
+            took_s = _timed(client.ping)
+        except RedisConnectionError:
+            if attempt > 0:
+                raise
+            continue
+        fastest = min(fastest, took_s)
+        if budget_s is None or took_s <= budget_s:
+            break
+    return fastest
 
 
 def _timed(ping: Callable[[], object]) -> float:

@@ -71,7 +71,7 @@ async def test_a_cluster_ping_asks_every_primary(redis_cluster: RedisCluster) ->
         before = [pings_run(node) for node in redis_cluster.nodes]
         await connection.ping()
         after = [pings_run(node) for node in redis_cluster.nodes]
-        assert all(b - a >= 2 for a, b in zip(before, after, strict=True)), (before, after)
+        assert all(b - a >= 1 for a, b in zip(before, after, strict=True)), (before, after)
     finally:
         await connection.aclose()
 

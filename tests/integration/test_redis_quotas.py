@@ -583,7 +583,7 @@ async def test_a_call_cut_by_its_budget_on_a_healthy_redis_degrades_no_other(
             await quotas.settled()
         finally:
             hog.cancel()
-        assert commands_run(redis_server, "ping") >= pings + 3  # warm, then two timed
+        assert commands_run(redis_server, "ping") > pings  # the probe asked Redis
         assert not quotas.degraded
         assert metrics.registry.get_sample_value("querygate_quota_store_degraded") == 0.0
         local = metrics.registry.get_sample_value(
