@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a file, the repo's packages are not on the path
     sys.path.insert(0, str(REPO))
 
+from backends.embeddings.base import Embedder  # noqa: E402
 from backends.embeddings.config import build_embedder  # noqa: E402
 from gateway.core.routing import configured_routes, policy_for  # noqa: E402
 from gateway.core.runtime import build_classifier  # noqa: E402
@@ -43,19 +44,24 @@ TIER = {"model": "openai/not-called"}
 MODELS = ModelsConfig.model_validate({"small": TIER, "large": TIER})
 
 
-async def route_all(queries: list[str]) -> list[RouteDecision]:
+async def route_all(queries: list[str], embedder: Embedder) -> list[RouteDecision]:
+    """Every query's decision, embedded by `embedder` (the caller's to close)."""
     settings = Settings(models=MODELS)
-    embedder = build_embedder(settings.embeddings)
-    try:
-        classifier = build_classifier(settings, embedder.model_id)
-        vectors = await embed_all(embedder, queries)
-    finally:
-        await embedder.aclose()
+    classifier = build_classifier(settings, embedder.model_id)
+    vectors = await embed_all(embedder, queries)
     policy = policy_for(settings, "bench", configured_routes(settings))
     return [
         decide(classifier.classify(q, v), "auto", q, policy)
         for q, v in zip(queries, vectors, strict=True)
     ]
+
+
+async def _route_with_the_configured_embedder(queries: list[str]) -> list[RouteDecision]:
+    embedder = build_embedder(Settings(models=MODELS).embeddings)
+    try:
+        return await route_all(queries, embedder)
+    finally:
+        await embedder.aclose()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -68,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--show lists the tuning part only: the held-out part is read once")
     with args.data.open(encoding="utf-8") as f:
         rows = [r for line in f if (r := json.loads(line))["split"] == args.part]
-    decisions = asyncio.run(route_all([r["query"] for r in rows]))
+    decisions = asyncio.run(_route_with_the_configured_embedder([r["query"] for r in rows]))
     direct = np.array([d.route is Route.DIRECT for d in decisions], dtype=np.float64)
     info = np.array([r["label"] == "information" for r in rows])
     print(f"part {args.part}: {int(info.sum())} information, {int((~info).sum())} small talk")
