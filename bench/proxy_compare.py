@@ -47,6 +47,8 @@ the paths that do not need the cache; reported as traced ÷ untraced. `--rerank`
 local reranker the same way: the suite's configuration (reranker off) against the same with
 `retrieval.rerank.reranker: local` and the shipped policy, which decides per question whether
 to pay for the cross-encoder; the rerank stage's decisions are printed after the table.
+`--rerank --rerank-when always` reranks every lookup instead: what a reranked lookup pays (the
+benchmark's lookup question is confident, so the shipped policy skips it).
 """
 
 from __future__ import annotations
@@ -690,6 +692,12 @@ def main() -> None:
     paired.add_argument(
         "--rerank", action="store_true", help="querygate alone, the reranker off against local"
     )
+    parser.add_argument(
+        "--rerank-when",
+        choices=("uncertain", "always"),
+        default="uncertain",
+        help="with --rerank: the shipped policy, or every lookup reranked (what one pays)",
+    )
     args = parser.parse_args()
     if args.tracing or args.rerank:
         paired_cost(args)
@@ -750,7 +758,7 @@ def paired_cost(args: argparse.Namespace) -> None:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="paired-cost-")))
         upstream, upstream_pid = stack.enter_context(fake_upstream())
         sink = stack.enter_context(otlp_sink(tmp))[0] if args.tracing else None
-        variant = _variant(sink)
+        variant = _variant(sink, args.rerank_when)
         systems = [System("upstream", upstream, [upstream_pid], "upstream")]
         gateways = paired_querygates(tmp, upstream, variant)
         for name, gw in gateways:
@@ -763,11 +771,13 @@ def paired_cost(args: argparse.Namespace) -> None:
     print(f"\n{after}")
 
 
-def _variant(sink: str | None) -> Variant:
+def _variant(sink: str | None, rerank_when: str) -> Variant:
     if sink is not None:
         tracing = {"tracing": {"enabled": True, "endpoint": sink}}
         return Variant("+trace", "every request traced, spans exported over OTLP/HTTP", tracing)
-    rerank = {"retrieval": {"rerank": {"reranker": "local"}}}
+    rerank = {"retrieval": {"rerank": {"reranker": "local", "when": rerank_when}}}
+    if rerank_when == "always":
+        return Variant("+rerank", "the local reranker on every lookup (when: always)", rerank)
     return Variant("+rerank", "the local reranker behind the shipped policy", rerank)
 
 
