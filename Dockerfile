@@ -33,6 +33,7 @@ COPY routers routers
 COPY backends backends
 RUN pip install --no-deps . \
  && python -m backends.embeddings.onnx_graph \
+ && python -m backends.embeddings.int8_graph \
  && python -m backends.rerank.graph \
  && python -m compileall -q /opt/querygate \
  && if pip show torch >/dev/null 2>&1; then echo "torch must not be in the image" >&2; exit 1; fi

@@ -4,11 +4,10 @@ benchmarks, and what it saves.
     .venv/bin/python bench/int8_encoder_eval.py                 # the tuning parts: the decision
     .venv/bin/python bench/int8_encoder_eval.py --part heldout  # once, at the end: the report
 
-The int8 graph is onnxruntime's dynamic quantisation of the fp32 graph that setup builds
-(`backends.embeddings.onnx_graph`): every MatMul's weights to int8 per output channel,
-activations quantised per call; it is written under `.cache/bench/int8/` and nowhere else, so
-the gateway never loads it. Both encoders run through `OnnxMiniLMEmbedder` (the same tokenizer,
-batching and pooling), so only the graph differs.
+The int8 graph is `embeddings.precision: int8`'s (`backends.embeddings.int8_graph`, built at
+setup: onnxruntime's dynamic quantisation of the fp32 graph, every MatMul's weights to int8 per
+output channel, activations quantised per call). Both encoders run through `OnnxMiniLMEmbedder`
+(the same tokenizer, batching and pooling), so only the graph differs.
 
 Benchmarks, each computed with fp32 and with int8 embeddings in this one run:
 - routing on FanOutQA dev (`scripts/train_router.py`'s split; tuning = its val part, held out =
@@ -20,8 +19,9 @@ Benchmarks, each computed with fp32 and with int8 embeddings in this one run:
   information routed direct, small talk kept direct, through the shipped classifier and policy;
 - retrieval on the embedded index, each encoder indexing the 10,033-page sample itself
   (`bench/retrieval_eval.py`'s corpus, benchmarks and splits): recall@10 of the dense arm and of
-  the shipped fusion (minmax_peak, the policy's identifier weight 4) on FanOutQA sub-questions
-  and on the lexical benchmark.
+  the shipped fusion (minmax_peak, the policy's identifier weight 4) on FanOutQA sub-questions,
+  on the lexical benchmark and (held out only: it has no tuning part) on the style benchmark
+  (`bench/data/style_queries.jsonl`, descriptions of a page that do not name it).
 
 The rule (issue: "an int8 encoder kept only if route accuracy and recall@10 on every benchmark
 stay inside their intervals"): int8's figure must fall inside fp32's 95% bootstrap interval on
@@ -53,9 +53,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a file, the repo's packages are not on the path
     sys.path.insert(0, str(REPO))
 
-from backends.embeddings.minilm import default_model_path  # noqa: E402
-from backends.embeddings.onnx_graph import default_graph_path, expected_metadata  # noqa: E402
-from backends.embeddings.onnx_minilm import OnnxMiniLMEmbedder  # noqa: E402
+from backends.embeddings.onnx_minilm import OnnxMiniLMEmbedder, Precision  # noqa: E402
 from backends.retrieval.embedded import EmbeddedRetriever  # noqa: E402
 from bench.direct_eval import route_all  # noqa: E402
 from bench.retrieval_eval import (  # noqa: E402
@@ -68,6 +66,7 @@ from bench.retrieval_eval import (  # noqa: E402
     load_queries,
     open_embedded,
     ranks_of,
+    read_page_queries,
     retrieve_arms,
     split,
 )
@@ -79,35 +78,15 @@ from routers.types import Route  # noqa: E402
 from scripts.train_router import Example, labels_of, load_examples, style_shift_examples  # noqa: E402
 
 I64 = npt.NDArray[np.int64]
-INT8_DIR = REPO / ".cache" / "bench" / "int8"
-INT8_GRAPH = INT8_DIR / "all-MiniLM-L6-v2.int8.onnx"
-ENCODERS = ("fp32", "int8")
+ENCODERS: tuple[Precision, ...] = ("fp32", "int8")
 # The gateway's fusion as shipped: RetrievalConfig's minmax_peak, the policy's identifier
 # weight (`identifier_lexical_weight`, 4).
 SHIPPED_FUSION = Candidate("minmax_peak +policy x4", "minmax_peak", per_query="policy", raised=4.0)
 DIRECT_DATA = REPO / "bench" / "data" / "direct_routing.jsonl"
+STYLE_FILE = REPO / "bench" / "data" / "style_queries.jsonl"
 TIMING_ROUNDS = 7
 TIMING_QUERIES = 64
 TIMING_BATCH = 256
-
-
-def build_int8_graph() -> Path:
-    """The int8 graph, quantised from the fp32 graph setup built, carrying the fp32 graph's
-    metadata (the weights it came from) so `OnnxMiniLMEmbedder` loads it as built for them."""
-    import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    source = default_graph_path()
-    if not source.is_file():
-        raise SystemExit(f"{source} is missing: run scripts/setup.sh first")
-    INT8_DIR.mkdir(parents=True, exist_ok=True)
-    quantize_dynamic(source, INT8_GRAPH, per_channel=True, weight_type=QuantType.QInt8)
-    model = onnx.load(str(INT8_GRAPH))
-    del model.metadata_props[:]
-    for key, value in expected_metadata(default_model_path()).items():
-        model.metadata_props.add(key=key, value=value)
-    onnx.save(model, str(INT8_GRAPH))
-    return INT8_GRAPH
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +192,8 @@ async def retrieval_rows(encoders: dict[str, OnnxMiniLMEmbedder], part: str) -> 
         "FanOutQA": split(load_queries(corpus_ids), part == "tune", None),
         "lexical": split(load_lexical(corpus_ids), part == "tune", None),
     }
+    if part == "heldout":  # the style benchmark is held out whole
+        benchmarks["style"] = read_page_queries([STYLE_FILE], corpus_ids)
     stores = {
         "fp32": ("embedded", open_embedded(), CACHE_DIR / "embeddings.npz"),
         "int8": ("embedded-int8", EmbeddedRetriever(CACHE_DIR / "wiki-int8.sqlite3"),
@@ -294,10 +275,8 @@ def cost_report(encoders: dict[str, OnnxMiniLMEmbedder]) -> None:
 
 
 async def evaluate(part: str) -> bool:
-    graph = build_int8_graph()
-    encoders = {
-        "fp32": OnnxMiniLMEmbedder(),
-        "int8": OnnxMiniLMEmbedder(graph_path=graph),
+    encoders: dict[str, OnnxMiniLMEmbedder] = {
+        name: OnnxMiniLMEmbedder(precision=name) for name in ENCODERS
     }
     for name, encoder in encoders.items():
         print(f"{name}: graph from {encoder.graph_source}", flush=True)

@@ -47,7 +47,9 @@ the paths that do not need the cache; reported as traced ÷ untraced. `--rerank`
 local reranker the same way: the suite's configuration (reranker off) against the same with
 `retrieval.rerank.reranker: local` and the shipped policy, which decides per question whether
 to pay for the cross-encoder; the rerank stage's decisions are printed after the table.
-`--rerank --rerank-when always` reranks every lookup instead: what a reranked lookup pays (the
+`--int8` weighs `embeddings.precision: int8` against the default fp32 encoder the same way
+(the paths that embed: auto_direct and lookup). `--rerank --rerank-when always` reranks every
+lookup instead: what a reranked lookup pays (the
 benchmark's lookup question is confident, so the shipped policy skips it).
 """
 
@@ -692,6 +694,9 @@ def main() -> None:
     paired.add_argument(
         "--rerank", action="store_true", help="querygate alone, the reranker off against local"
     )
+    paired.add_argument(
+        "--int8", action="store_true", help="querygate alone, the fp32 encoder against int8"
+    )
     parser.add_argument(
         "--rerank-when",
         choices=("uncertain", "always"),
@@ -699,7 +704,7 @@ def main() -> None:
         help="with --rerank: the shipped policy, or every lookup reranked (what one pays)",
     )
     args = parser.parse_args()
-    if args.tracing or args.rerank:
+    if args.tracing or args.rerank or args.int8:
         paired_cost(args)
         return
     only = set(args.paths) if args.paths else None
@@ -758,7 +763,7 @@ def paired_cost(args: argparse.Namespace) -> None:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="paired-cost-")))
         upstream, upstream_pid = stack.enter_context(fake_upstream())
         sink = stack.enter_context(otlp_sink(tmp))[0] if args.tracing else None
-        variant = _variant(sink, args.rerank_when)
+        variant = _variant(sink, args.rerank_when, args.int8)
         systems = [System("upstream", upstream, [upstream_pid], "upstream")]
         gateways = paired_querygates(tmp, upstream, variant)
         for name, gw in gateways:
@@ -766,25 +771,32 @@ def paired_cost(args: argparse.Namespace) -> None:
             headers = {"Authorization": f"Bearer {KEYS['acme']}"}
             systems.append(System(name, f"{gw.url}/v1", [gw.proc.pid], "querygate", headers))
         results = asyncio.run(measure(systems, [], args.concurrency, args.scale, args.rounds, only))
-        after = _variant_counts(sink, gateways[1][1])
+        after = _variant_counts(sink, gateways[1][1], variant)
     print(paired_table(results, args.concurrency, (load0, os.getloadavg()[0]), variant))
     print(f"\n{after}")
 
 
-def _variant(sink: str | None, rerank_when: str) -> Variant:
+def _variant(sink: str | None, rerank_when: str, int8: bool) -> Variant:
     if sink is not None:
         tracing = {"tracing": {"enabled": True, "endpoint": sink}}
         return Variant("+trace", "every request traced, spans exported over OTLP/HTTP", tracing)
+    if int8:
+        encoder = {"embeddings": {"precision": "int8"}}
+        return Variant("+int8", "the int8 encoder (embeddings.precision: int8)", encoder)
     rerank = {"retrieval": {"rerank": {"reranker": "local", "when": rerank_when}}}
     if rerank_when == "always":
         return Variant("+rerank", "the local reranker on every lookup (when: always)", rerank)
     return Variant("+rerank", "the local reranker behind the shipped policy", rerank)
 
 
-def _variant_counts(sink: str | None, gw: GatewayProcess) -> str:
-    """What the variant did: the spans the sink received, or the rerank stage's decisions."""
+def _variant_counts(sink: str | None, gw: GatewayProcess, variant: Variant) -> str:
+    """What the variant did: the spans the sink received, the rerank stage's decisions, or
+    the encoder the variant's gateway logged at start."""
     import requests
 
+    if "embeddings" in variant.overrides:
+        lines = [json.loads(x) for x in gw.log().splitlines() if '"embedding runtime"' in x]
+        return f"the variant's encoder, as it logged at start: {[x['runtime'] for x in lines]}"
     if sink is not None:
         exported = requests.get(sink.removesuffix("/v1/traces") + "/stats", timeout=5).json()
         return f"the OTLP sink received {exported.get('exports', 0)} exports, " + (

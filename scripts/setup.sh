@@ -37,6 +37,8 @@ fi
 # (.venv/share/querygate/); skipped when it is up to date. Without it the gateway builds the
 # same graph in memory at each start.
 .venv/bin/python -m backends.embeddings.onnx_graph
+# Its int8 twin, quantised from it, for `embeddings.precision: int8`.
+.venv/bin/python -m backends.embeddings.int8_graph
 # The local reranker's graph: the same weights plus the fine-tuned delta shipped in
 # backends/rerank/data/ (scripts/train_reranker.py made it), cached beside the embedder's.
 .venv/bin/python -m backends.rerank.graph
