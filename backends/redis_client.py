@@ -64,6 +64,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry as BlockingRetry
 
 from backends.errors import BackendError, BackendUnavailable
@@ -282,6 +283,10 @@ class RedisConnection:
             self._prober, self._round_trip_s, nodes
         )
         budget_s = self.options.request_budget_s
+        if took_s == float("inf"):
+            raise BackendUnavailable(
+                "redis", f"no PING answered within {self.options.socket_timeout_s:g}s"
+            )
         if budget_s is not None and took_s > budget_s:
             raise BackendUnavailable(
                 "redis",
@@ -374,6 +379,10 @@ def _node_round_trip_s(client: redis.Redis, budget_s: float | None) -> float:
     for attempt in range(PING_TRIES):
         try:
             took_s = _timed(client.ping)
+        except RedisTimeoutError:
+            # No answer within the socket timeout (the budget, as shipped): a slow try, not
+            # a verdict; every try slow is (`inf`, over any budget).
+            continue
         except RedisConnectionError:
             if attempt > 0:
                 raise

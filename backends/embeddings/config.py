@@ -46,7 +46,7 @@ class EmbeddingsConfig(BaseModel):
     precision: Literal["fp32", "int8"] = Field(
         default="fp32",
         description="onnx runtime: the graph's precision. int8 (MatMul weights quantised per "
-        "channel, built at setup) embeds a query in ~0.35x fp32's time at cosine ~0.995 to its "
+        "channel, built at setup) embeds a query in 0.35-0.44x fp32's time at cosine ~0.995 to its "
         "vectors, inside fp32's intervals on every routing and retrieval benchmark "
         "(bench/int8_encoder_eval.py); the model id is the same, so an index built with one "
         "is searched with the other",

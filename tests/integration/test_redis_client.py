@@ -4,6 +4,7 @@ server, a Redis that is down at start-up only delays it, and its bounds hold."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 import redis.exceptions
@@ -51,6 +52,38 @@ async def test_cluster_url_builds_a_cluster_client(redis_cluster: RedisCluster) 
             await connection.call(connection.client.set(f"k{i}", i))
         assert await connection.call(connection.client.get("k29")) == b"29"
     finally:
+        await connection.aclose()
+
+
+async def test_one_pause_of_the_server_is_not_an_outage(redis_server: RedisServer) -> None:
+    """As shipped the socket timeout is the budget (0.25 s), so a PING that meets a pause of
+    the server (a fork, an fsync) times out: the probe tries again rather than call a healthy
+    Redis down."""
+    connection = RedisConnection(RedisOptions(redis_server.url))
+    assert connection.options.socket_timeout_s == connection.options.request_budget_s
+    try:
+        await connection.ping()  # the prober's connection is open
+        redis_server.pause()
+        resume = threading.Timer(0.3, redis_server.resume)
+        resume.start()
+        try:
+            await connection.ping()
+        finally:
+            resume.join()
+    finally:
+        redis_server.resume()
+        await connection.aclose()
+
+
+async def test_a_server_that_never_answers_is_down(redis_server: RedisServer) -> None:
+    connection = RedisConnection(RedisOptions(redis_server.url))
+    try:
+        await connection.ping()
+        redis_server.pause()
+        with pytest.raises(BackendUnavailable, match="no PING answered"):
+            await connection.ping()
+    finally:
+        redis_server.resume()
         await connection.aclose()
 
 
