@@ -4,8 +4,9 @@ Each query of a benchmark split is searched once in hybrid mode, `CANDIDATES` de
 gateway's default fusion and its per-query weights (`routers.policy.lexical_reason` raising the
 lexical weight to 4, as `identifier_lexical_weight` does). Benchmarks: bench/retrieval_eval.py's
 FanOutQA dev sub-questions and lexical benchmark (`is_tuning` split by group), and the style
-benchmark (bench/data/style_queries.jsonl, scripts/make_style_benchmark.py; grouped by page),
-which is held out whole: it has no tuning split.
+benchmark (scripts/make_style_benchmark.py; grouped by page), whose tuning split is
+bench/data/style_queries.jsonl and whose held-out split is bench/data/style_heldout.jsonl, made
+from pages no other query has.
 
 Backends: the embedded index of the Wikipedia sample (.cache/bench/retrieval/), and an OpenSearch
 node (`load_split(..., opensearch=OpenSearchSource(url, alias))`), into which the sample is
@@ -53,8 +54,10 @@ from routers.policy import lexical_reason
 RERANK_CACHE = CACHE_DIR.parent / "rerank"
 IDENTIFIER_LEXICAL_WEIGHT = 4.0  # the gateway's default `identifier_lexical_weight`
 BENCHMARKS = ("fanoutqa", "lexical", "style")
-TUNED = ("fanoutqa", "lexical")  # the benchmarks with a tuning split
-STYLE_FILE = REPO / "bench" / "data" / "style_queries.jsonl"
+STYLE_FILES = {
+    "tuning": REPO / "bench" / "data" / "style_queries.jsonl",
+    "held-out": REPO / "bench" / "data" / "style_heldout.jsonl",
+}
 EMBEDDED = "embedded"
 
 
@@ -112,16 +115,28 @@ def load_split(
     if not path.exists():
         asyncio.run(_retrieve_missing(backend, opensearch))
     rows = json.loads(path.read_text("utf-8"))
+    if bench == "style":
+        _check_style_cache(path, rows, "tuning" if tuning else "held-out")
     return [
         Listed(r["query"], r["page"], r["group"], [Candidate(**c) for c in r["candidates"]])
         for r in rows
     ]
 
 
+def _check_style_cache(path: Path, rows: list[dict[str, object]], part: str) -> None:
+    """A list cached when the style benchmark was one held-out file holds other queries than
+    its split has now: refused rather than read as that split."""
+    wanted = [
+        json.loads(line)["query"] for line in STYLE_FILES[part].read_text("utf-8").splitlines()
+    ]
+    if sorted(str(r["query"]) for r in rows) != sorted(wanted):
+        raise SystemExit(f"{path} is not the style benchmark's {part} split: delete it")
+
+
 def benchmark_parts(bench: str, corpus_ids: set[str]) -> dict[str, list[Query]]:
-    """A benchmark's splits by name: tuning and held-out, or held-out alone (style)."""
+    """A benchmark's splits by name: tuning and held-out."""
     if bench == "style":
-        return {"held-out": read_page_queries([STYLE_FILE], corpus_ids)}
+        return {part: read_page_queries([f], corpus_ids) for part, f in STYLE_FILES.items()}
     queries = load_queries(corpus_ids) if bench == "fanoutqa" else load_lexical(corpus_ids)
     return {"tuning": split(queries, True, None), "held-out": split(queries, False, None)}
 

@@ -54,7 +54,6 @@ from bench.rerank_candidates import (  # noqa: E402
     BENCHMARKS,
     EMBEDDED,
     RERANK_CACHE,
-    TUNED,
     Listed,
     OpenSearchSource,
     in_training_fold,
@@ -196,7 +195,7 @@ def cost_table(splits: dict[str, list[Listed]]) -> list[str]:
 def tuning(args: argparse.Namespace) -> None:
     splits = {
         b: [x for x in load_split(b, tuning=True) if not in_training_fold(x.group)][: args.limit]
-        for b in TUNED
+        for b in BENCHMARKS
     }
     for b, s in splits.items():
         print(f"{b} tuning, calibration fold: {len(s)} queries, {len({x.group for x in s})} groups")

@@ -4,8 +4,11 @@
 
 Runs in the gateway's environment (it searches the embedded index); scripts/train_reranker.py
 reads its output in the training one. Only the training fold of the TUNING splits is read
-(bench/rerank_candidates.py): FanOutQA dev sub-questions and the lexical benchmark, each query
-with the fused candidates of our own hybrid retrieval. The positive is the best-ranked chunk of the
+(bench/rerank_candidates.py): FanOutQA dev sub-questions, the lexical benchmark and the style
+benchmark, each query with the fused candidates of our own hybrid retrieval. A style query whose
+page is the page of a held-out query of another benchmark is left out too: the style set is
+grouped by page, the others by their own groups, and so adding it gives no held-out page a
+training row it did not have. The positive is the best-ranked chunk of the
 evidence page; the negatives are the best-ranked chunks of other pages (hard negatives: what
 fusion put near the top). A query whose page is not among the candidates is left out: no
 reranking can bring it back. Rows are sorted by benchmark and query, so the file, and so the
@@ -25,7 +28,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.rerank_candidates import (  # noqa: E402
-    TUNED,
+    BENCHMARKS,
     Listed,
     in_training_fold,
     load_split,
@@ -54,9 +57,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rows = []
     missing = 0
-    for bench in TUNED:
+    held_out = {x.page for b in BENCHMARKS for x in load_split(b, tuning=False)}
+    for bench in BENCHMARKS:
         for listed in load_split(bench, tuning=True):
             if not in_training_fold(listed.group):
+                continue
+            if bench == "style" and listed.page in held_out:
                 continue
             row = pair_row(bench, listed, args.negatives)
             missing += row is None

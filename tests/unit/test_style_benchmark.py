@@ -79,3 +79,10 @@ def test_generate_numbers_each_kind_in_page_order_at_most_once_per_page() -> Non
     pages = ["Holy Grail", "John Keats", "Holy Grail", "John Keats", "Tsinghua University"]
     assert [r["page"] for r in rows] == pages
     assert rows == list(generate(list(reversed(DOCS)), per_kind=10))
+
+
+def test_the_held_out_part_uses_no_taken_page_and_keeps_the_others_rows() -> None:
+    rows = list(generate(DOCS, per_kind=10, taken=frozenset({"Holy Grail"})))
+    assert {r["page"] for r in rows} == {"John Keats", "Tsinghua University"}
+    untaken = [r for r in generate(DOCS, per_kind=10) if r["page"] != "Holy Grail"]
+    assert [(r["kind"], r["query"]) for r in rows] == [(r["kind"], r["query"]) for r in untaken]
