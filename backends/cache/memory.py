@@ -84,6 +84,7 @@ class MemoryCacheStore:
         tables: int = 16,
         bits: int = 12,
         bucket_cap: int = 32,
+        on_bytes: Callable[[int], None] | None = None,
     ) -> None:
         # A per-tenant ceiling of the store's own (the smaller of it and a put's wins):
         # `cache.max_entries` at start, which a reload cannot change.
@@ -91,6 +92,8 @@ class MemoryCacheStore:
         self._max_bytes = max_bytes  # the whole store's (None: no ceiling)
         self._bytes: dict[str, int] = {}  # per tenant
         self.total_bytes = 0
+        # Told the store's counted bytes at every change (the gateway's gauge).
+        self._on_bytes = on_bytes
         self._clock = clock
         self._lsh = LshScheme(tables, bits)
         self._bucket_cap = bucket_cap
@@ -234,6 +237,8 @@ class MemoryCacheStore:
         self._tenants.clear()
         self._bytes.clear()
         self.total_bytes = 0
+        if self._on_bytes is not None:
+            self._on_bytes(0)
         self._buckets.clear()
         self._claims.clear()
         self._owned.clear()
@@ -281,6 +286,8 @@ class MemoryCacheStore:
     def _count(self, tenant: str, size: int) -> None:
         self._bytes[tenant] = self._bytes.get(tenant, 0) + size
         self.total_bytes += size
+        if self._on_bytes is not None:
+            self._on_bytes(self.total_bytes)
 
     def _signature(self, unit: Vector) -> tuple[int, ...]:
         """One bucket number per table, unique across the tables."""

@@ -267,6 +267,14 @@ class Metrics:
             multiprocess_mode="livemin",
             registry=r,
         )
+        self.cache_memory_bytes = Gauge(
+            "querygate_cache_memory_bytes",
+            "Bytes the in-process response cache counts against cache.memory_max_bytes "
+            "(entries, vectors and LSH buckets), summed over workers. 0 with the Redis cache "
+            "or none.",
+            multiprocess_mode="livesum",
+            registry=r,
+        )
         self.index = IndexMetrics(r)
         self._multiprocess_dir = os.environ.get(MULTIPROC_ENV)
         self._resources = None if self._multiprocess_dir is None else WorkerResources(r)

@@ -81,13 +81,15 @@ async def _bootstrap(retriever: Retriever) -> None:
 
 
 def build_cache_store(
-    settings: Settings, redis: RedisConnection | None = None
+    settings: Settings, metrics: Metrics, redis: RedisConnection | None = None
 ) -> CacheStore | None:
-    """memory: per process; redis: shared by the fleet, on the process's one connection
-    (opened by open_services whenever the cache uses Redis); off: None."""
+    """memory: per process, its bytes on a gauge; redis: shared by the fleet, on the process's
+    one connection (opened by open_services whenever the cache uses Redis); off: None."""
     if settings.cache.backend == "memory":
         return MemoryCacheStore(
-            settings.cache.max_entries, max_bytes=settings.cache.memory_max_bytes
+            settings.cache.max_entries,
+            max_bytes=settings.cache.memory_max_bytes,
+            on_bytes=metrics.cache_memory_bytes.set,
         )
     if settings.cache.backend == "redis":
         if redis is None:
@@ -160,7 +162,7 @@ async def open_services(settings: Settings, metrics: Metrics) -> AsyncIterator[S
         )
         stack.push_async_callback(tiers.aclose)
         await tiers.warm_up()
-        cache_store = build_cache_store(settings, redis)
+        cache_store = build_cache_store(settings, metrics, redis)
         if cache_store is not None:
             stack.push_async_callback(cache_store.aclose)
         # Before the store closes (callbacks run last first): the answers' last writes.

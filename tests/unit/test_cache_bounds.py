@@ -113,3 +113,17 @@ async def test_what_leaves_the_store_is_counted_off_buckets_included() -> None:
     for i in range(300):
         await store.delete(f"t{i % 3}", f"exact:{i:060d}")
     assert store.total_bytes == 0
+
+
+async def test_the_gauge_follows_what_the_store_counts() -> None:
+    metrics = Metrics()
+    store = MemoryCacheStore(on_bytes=metrics.cache_memory_bytes.set)
+    gauge = "querygate_cache_memory_bytes"
+    assert Scrape.of(metrics).get(gauge) == 0
+    for key in ("g01", "g02"):
+        await store.put("t", "s", entry(key), ttl_s=60, max_entries=10)
+    assert Scrape.of(metrics).get(gauge) == store.total_bytes == ENTRY * 2
+    await store.delete("t", "g01")
+    assert Scrape.of(metrics).get(gauge) == ENTRY
+    await store.aclose()
+    assert Scrape.of(metrics).get(gauge) == 0
