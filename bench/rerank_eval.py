@@ -171,6 +171,27 @@ def score_all(
     return scores
 
 
+def best_policies(gains: dict[Policy, list[float]], top: int = 8) -> list[str]:
+    """The policies whose smallest gain over fusion on any benchmark is largest (the issue's
+    rule: never below fusion anywhere), ties by the mean gain, then the cheaper (fewer
+    candidates, shorter cut, fewer queries reranked)."""
+    ranked = sorted(
+        gains.items(),
+        key=lambda kv: (
+            -min(kv[1]),
+            -float(np.mean(kv[1])),
+            kv[0].candidates,
+            kv[0].cut,
+            kv[0].margin,
+        ),
+    )
+    return [
+        f"{p.label()}  worst {min(g):+.3f}  mean {np.mean(g):+.3f}  "
+        + " ".join(f"{x:+.3f}" for x in g)
+        for p, g in ranked[:top]
+    ]
+
+
 def cost_table(splits: dict[str, list[Listed]]) -> list[str]:
     """ms per query on one onnxruntime thread: CPU time of the scoring thread (what the query
     costs a core, whatever else the machine runs) and wall time, median over COST_QUERIES."""
@@ -212,6 +233,7 @@ def tuning(args: argparse.Namespace) -> None:
         f"{'R@1':>7}{'MRR@10':>8}{'dR@1 vs fused [95% CI]':>28}{'dMRR@10':>9}"
     )
     counts = [n for n in CANDIDATE_COUNTS if n <= args.depth]
+    gains: dict[Policy, list[float]] = {}
     for b, split in splits.items():
         groups = [x.group for x in split]
         f1, frr = metrics(ranks(split, None, None))
@@ -221,10 +243,13 @@ def tuning(args: argparse.Namespace) -> None:
             policy = Policy(n, cut, margin, blend, skip, title)
             r1, rr = metrics(ranks(split, scores[(b, cut)], policy))
             share = np.mean([policy.reranks(x) for x in split])
+            gains.setdefault(policy, []).append(float((r1 - f1).mean()))
             print(
                 f"{b:<10}{policy.label()}{share:>9.2f}{r1.mean():>7.3f}{rr.mean():>8.3f}"
                 f"{with_interval(r1 - f1, groups, True):>28}{(rr - frr).mean():>+9.3f}"
             )
+    print(f"\nbest by the worst benchmark's dR@1, then the mean ({', '.join(splits)}):")
+    print("\n".join(best_policies(gains)))
     if args.no_cost:
         return
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())

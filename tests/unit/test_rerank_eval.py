@@ -1,9 +1,10 @@
-"""bench/rerank_eval.py's verdict and bench/rerank_candidates.py's list names; nothing is run."""
+"""bench/rerank_eval.py's verdict and policy choice, bench/rerank_candidates.py's list names;
+nothing is run."""
 
 import numpy as np
 
 from bench.rerank_candidates import EMBEDDED, list_name
-from bench.rerank_eval import verdict
+from bench.rerank_eval import Policy, best_policies, verdict
 
 
 def test_the_embedded_lists_keep_their_names_and_a_nodes_carry_its_backend() -> None:
@@ -27,3 +28,16 @@ def test_a_loss_in_every_group_has_its_interval_below_zero() -> None:
     loss = np.array([-1.0, -0.5, -1.0, -0.5])
     said = verdict(loss, loss, ["a", "b", "c", "d"])
     assert said.endswith("below fusion on R@1, MRR@10 (interval below 0 on R@1, MRR@10)")
+
+
+def test_the_chosen_policy_is_the_one_whose_worst_benchmark_gains_most() -> None:
+    big_but_hurts = Policy(10, 64, 0.5, 1.0)
+    safe = Policy(10, 64, 0.2, 1.0)
+    same_but_dearer = Policy(20, 64, 0.2, 1.0)
+    gains = {big_but_hurts: [0.2, -0.01], same_but_dearer: [0.05, 0.0], safe: [0.05, 0.0]}
+    lines = best_policies(gains)
+    assert [line.split("  worst")[0] for line in lines] == [
+        safe.label(),
+        same_but_dearer.label(),
+        big_but_hurts.label(),
+    ]
