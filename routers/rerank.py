@@ -46,7 +46,7 @@ from backends.rerank.config import OpenSearchRerankConfig, RemoteRerankConfig
 from backends.retrieval.base import Hit
 from backends.sections import SECTION
 from routers.policy import lexical_reason
-from routers.titles import names_title
+from routers.titles import asks_which, names_title
 
 log = logging.getLogger(__name__)
 
@@ -173,8 +173,9 @@ def blended(scores: Sequence[float], fused: Sequence[float], blend: float) -> li
 
 
 def title_matches(query: str, titles: Sequence[str]) -> list[bool]:
-    """Per title, whether the query names it; none for a keyword or identifier query."""
-    if lexical_reason(query):
+    """Per title, whether the query names it; none for a keyword or identifier query, nor for
+    a question asking which thing fits a description (`routers.titles.asks_which`)."""
+    if lexical_reason(query) or asks_which(query):
         return [False] * len(titles)
     return [names_title(query, t) for t in titles]
 
