@@ -83,7 +83,8 @@ class RerankConfig(BaseModel):
     blend: float = Field(default=1.0, ge=0, le=10)
     # What a hit whose title the query names adds to its final score (both terms above are in
     # [0, 1]), reranked or skipped as confident; never for keyword or identifier queries, where
-    # it lost on the lexical benchmark. 0: titles are not read.
+    # it lost on the lexical benchmark, nor for a question describing the page it wants
+    # (`routers.titles.asks_which`). 0: titles are not read.
     title_weight: float = Field(default=0.5, ge=0, le=10)
     # How many of the top fused hits are scored (the lookup fetches this many, keeps `k`).
     candidates: int = Field(default=10, ge=2, le=100)
