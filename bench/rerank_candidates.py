@@ -54,6 +54,7 @@ from routers.policy import lexical_reason
 RERANK_CACHE = CACHE_DIR.parent / "rerank"
 IDENTIFIER_LEXICAL_WEIGHT = 4.0  # the gateway's default `identifier_lexical_weight`
 BENCHMARKS = ("fanoutqa", "lexical", "style")
+TRAINED = ("fanoutqa", "lexical")  # what the shipped delta learnt from (rerank_pairs.py)
 STYLE_FILES = {
     "tuning": REPO / "bench" / "data" / "style_queries.jsonl",
     "held-out": REPO / "bench" / "data" / "style_heldout.jsonl",
