@@ -2,6 +2,7 @@
 on real questions; then the latency of an exact hit, a semantic hit and a miss in one run.
 
     python bench/cache_eval.py [--skip-latency] [--latency-questions N] [--skip-scale]
+        [--precision int8]
 
 Questions: FanOutQA dev (the installed `fanoutqa` package's fanout-final-dev.json; the test file
 is never read), every parent question and every sub-question of its decomposition. Parents are
@@ -87,6 +88,7 @@ if str(REPO) not in sys.path:  # run as a file, the repo's packages are not on t
 from backends.cache.base import CacheStore  # noqa: E402
 from backends.cache.memory import MemoryCacheStore  # noqa: E402
 from backends.embeddings.minilm import MiniLMEmbedder  # noqa: E402
+from backends.embeddings.onnx_minilm import OnnxMiniLMEmbedder, Precision  # noqa: E402
 from gateway.cache.guards import Facts, facts, refusal  # noqa: E402
 from scripts.train_router import fanoutqa_path, split_of  # noqa: E402
 
@@ -96,6 +98,19 @@ WIKI_INDEX = REPO / ".cache" / "bench" / "retrieval" / "wiki.sqlite3"
 WIKI_TENANT = "bench-wiki"
 WARMUP = 20  # untimed questions first, for each store
 EMBEDDINGS = REPO / ".cache" / "bench" / "cache_eval" / "embeddings.npz"
+# `--precision int8`: the quantised graph (`embeddings.precision: int8`) instead of fp32, whose
+# vectors (numpy or onnx, equal) the thresholds were chosen on; cached apart.
+PRECISION: Precision = "fp32"
+
+
+def make_embedder() -> MiniLMEmbedder | OnnxMiniLMEmbedder:
+    return MiniLMEmbedder() if PRECISION == "fp32" else OnnxMiniLMEmbedder(precision=PRECISION)
+
+
+def embeddings_path() -> Path:
+    return (
+        EMBEDDINGS if PRECISION == "fp32" else EMBEDDINGS.with_name(f"embeddings-{PRECISION}.npz")
+    )
 
 
 # -- data ------------------------------------------------------------------------------------
@@ -227,12 +242,13 @@ async def embed_all(texts: Sequence[str]) -> dict[str, np.ndarray]:
     """Unit MiniLM vectors of `texts`; those embedded by an earlier run are read back from
     EMBEDDINGS (the model's output does not change between runs)."""
     vectors: dict[str, np.ndarray] = {}
-    if EMBEDDINGS.exists():
-        saved = np.load(EMBEDDINGS, allow_pickle=False)
+    path = embeddings_path()
+    if path.exists():
+        saved = np.load(path, allow_pickle=False)
         vectors = dict(zip(saved["texts"].tolist(), saved["vectors"], strict=True))
     todo = [t for t in dict.fromkeys(texts) if t not in vectors]
     if todo:
-        embedder = MiniLMEmbedder()
+        embedder = make_embedder()
         try:
             for i in range(0, len(todo), 64):
                 chunk = todo[i : i + 64]
@@ -241,9 +257,9 @@ async def embed_all(texts: Sequence[str]) -> dict[str, np.ndarray]:
                     vectors[text] = v / np.linalg.norm(v)
         finally:
             await embedder.aclose()
-        EMBEDDINGS.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
         names = list(vectors)
-        np.savez(EMBEDDINGS, texts=np.array(names), vectors=np.stack([vectors[n] for n in names]))
+        np.savez(path, texts=np.array(names), vectors=np.stack([vectors[n] for n in names]))
     return {t: vectors[t] for t in texts}
 
 
@@ -418,7 +434,7 @@ def print_review(chosen: dict[str, float]) -> None:
         hits += similarity >= t and refused_by is None
         print(f"  {similarity:.3f}  refused by {refused_by or 'NONE'}: {a!r} vs {b!r}")
     print(f"  false hits guarded {hits}/{len(REVIEW_NEGATIVES)}, raw {raw}")
-    embedder = MiniLMEmbedder()
+    embedder = make_embedder()
     window = embedder.token_window
     print("  scripts the tokenizer does not know (the semantic tier is skipped for them):")
     for a, b in UNKNOWN_SCRIPT_NEGATIVES:
@@ -459,7 +475,7 @@ async def latency(
     settings = Settings(cache={"backend": "memory", "semantic": {"thresholds": thresholds}})
     tenant = TenantConfig(id=WIKI_TENANT, api_key_sha256=("0" * 64,))
     workdir = Path(tempfile.mkdtemp(prefix="cache-eval-"))
-    embedder = CoalescingEmbedder(MiniLMEmbedder())
+    embedder = CoalescingEmbedder(make_embedder())
     if WIKI_INDEX.exists():
         shutil.copy(WIKI_INDEX, workdir / "index.sqlite3")
         retriever = EmbeddedRetriever(workdir / "index.sqlite3")
@@ -583,7 +599,11 @@ def main() -> None:
     parser.add_argument("--latency-questions", type=int, default=150)
     parser.add_argument("--skip-scale", action="store_true")
     parser.add_argument("--scale-sizes", default="1000,10000,100000")
+    parser.add_argument("--precision", choices=("fp32", "int8"), default="fp32")
     args = parser.parse_args()
+    global PRECISION
+    PRECISION = args.precision
+    print(f"embedder precision: {PRECISION}")
 
     questions, pairs = load_pairs()
     print(
