@@ -46,7 +46,7 @@ from backends.rerank.config import OpenSearchRerankConfig, RemoteRerankConfig
 from backends.retrieval.base import Hit
 from backends.sections import SECTION
 from routers.policy import lexical_reason
-from routers.titles import asks_which, names_title
+from routers.titles import names_title
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +83,7 @@ class RerankConfig(BaseModel):
     blend: float = Field(default=1.0, ge=0, le=10)
     # What a hit whose title the query names adds to its final score (both terms above are in
     # [0, 1]), reranked or skipped as confident; never for keyword or identifier queries, where
-    # it lost on the lexical benchmark, nor for a question describing the page it wants
-    # (`routers.titles.asks_which`). 0: titles are not read.
+    # it lost on the lexical benchmark. 0: titles are not read.
     title_weight: float = Field(default=0.5, ge=0, le=10)
     # How many of the top fused hits are scored (the lookup fetches this many, keeps `k`).
     candidates: int = Field(default=10, ge=2, le=100)
@@ -174,9 +173,8 @@ def blended(scores: Sequence[float], fused: Sequence[float], blend: float) -> li
 
 
 def title_matches(query: str, titles: Sequence[str]) -> list[bool]:
-    """Per title, whether the query names it; none for a keyword or identifier query, nor for
-    a question asking which thing fits a description (`routers.titles.asks_which`)."""
-    if lexical_reason(query) or asks_which(query):
+    """Per title, whether the query names it; none for a keyword or identifier query."""
+    if lexical_reason(query):
         return [False] * len(titles)
     return [names_title(query, t) for t in titles]
 

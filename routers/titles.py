@@ -11,11 +11,6 @@ the occurrence starts with a capital letter or a digit: a proper name, not a com
 question happens to use ("What is India's national anthem called?" names "India", not the page
 "National anthem").
 
-A question that asks which thing of a kind fits a description ("Which Italian astronomer
-championed heliocentrism?", "In which city ...") names no page of its own: the names in it are
-the description's ("Which coastal city in southeastern Kenya along the Indian Ocean?" is
-Mombasa, not Kenya), so `asks_which` turns the signal off for it.
-
 Plain string search, no regular expression: the query is client text.
 """
 
@@ -43,40 +38,6 @@ def names_title(query: str, title: str) -> bool:
             return True
         start = lowered.find(name, start + 1)
     return False
-
-
-_COPULAS = frozenset({"is", "was", "are", "were"})
-# After "What is"/"Who was": words that begin a named subject ("What is the GDP of Iran?",
-# "What is Google's ...") rather than a description of an unnamed one ("What is located ...").
-_SUBJECT_STARTS = frozenset({"the", "all", "this", "that", "these", "those"})
-
-
-def asks_which(query: str) -> bool:
-    """True for a question that describes the page it wants instead of naming it: "which" as
-    its first or second word ("Which Italian astronomer ...", "In which city ..."), "Whose ...",
-    or "What/Who" + is/was/are/were + a description ("What is located on the east bank of the
-    Irrawaddy River?", "Who was a Roman emperor ...?", "What is the largest city in ...")."""
-    words = [w.strip("\"'(").lower() for w in query.split(maxsplit=3)[:3]]
-    if "which" in words[:2] or words[:1] == ["whose"]:
-        return True
-    if len(words) < 3 or words[0] not in ("what", "who") or words[1] not in _COPULAS:
-        return False
-    third, *rest = query.split(maxsplit=4)[2:]
-    if third.lower() == "the" and rest:
-        return _ranks(rest[0])  # "What is the largest city in Pakistan ...?"
-    if third[:1].isdigit():
-        return True  # "What is 432 km west-southwest from Algiers?"
-    return third[:1].islower() and third.lower() not in _SUBJECT_STARTS and "'" not in third
-
-
-_ORDINALS = frozenset({"first", "second", "third", "fourth", "fifth", "most", "least", "only"})
-
-
-def _ranks(word: str) -> bool:
-    """A superlative or ordinal ("largest", "second", "most"): it picks one thing out of a
-    kind, which the question then describes."""
-    lowered = word.lower()
-    return lowered in _ORDINALS or (lowered.endswith("est") and len(lowered) > 5)
 
 
 def _word_edge(text: str, index: int) -> bool:
