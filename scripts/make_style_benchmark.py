@@ -167,6 +167,8 @@ def benchmark_pages(docs: Sequence[RawDocument]) -> frozenset[str]:
     """The pages of every query the held-out part must not share a page with."""
     from bench.retrieval_eval import load_lexical, load_queries, read_page_queries
 
+    if not OUT.exists():  # without it the held-out part could share the tuning part's pages
+        raise SystemExit(f"{OUT} is missing: make the tuning part first")
     corpus_ids = {d.doc_id for d in docs}
     queries = [
         *read_page_queries([OUT], corpus_ids),

@@ -127,3 +127,16 @@ async def test_the_gauge_follows_what_the_store_counts() -> None:
     assert Scrape.of(metrics).get(gauge) == ENTRY
     await store.aclose()
     assert Scrape.of(metrics).get(gauge) == 0
+
+
+async def test_the_gauge_follows_evictions_and_vectors_buckets_included() -> None:
+    metrics = Metrics()
+    rng = np.random.default_rng(11)
+    one = MemoryCacheStore()
+    await one.put("t", "s", question_entry(0, 500, True, rng), ttl_s=60, max_entries=100)
+    size = one.total_bytes  # an entry with its vector and buckets
+    store = MemoryCacheStore(max_bytes=size * 5, on_bytes=metrics.cache_memory_bytes.set)
+    for i in range(40):  # past the ceiling: the oldest go, their buckets with them
+        await store.put("t", "s", question_entry(i, 500, True, rng), ttl_s=60, max_entries=100)
+        assert Scrape.of(metrics).get("querygate_cache_memory_bytes") == store.total_bytes
+    assert 0 < store.total_bytes <= size * 5
