@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/ingest_bench.py                        # all 10,033 articles, onnx
     .venv/bin/python bench/ingest_bench.py --docs 1000 --runtimes numpy,onnx
+    .venv/bin/python bench/ingest_bench.py --runtimes onnx,onnx-int8 --rounds 2
 
 Each run is a fresh process on a fresh data directory (the same command a user runs), so it
 includes reading the sample, chunking with the model's tokenizer, embedding on one thread per
@@ -9,6 +10,8 @@ core and the one writer's SQLite transactions. Runtimes alternate when `--rounds
 wall time, the process's CPU time, documents per CPU-second (what a busy shared machine
 disturbs least) and the wall time that CPU time makes on this machine's cores when it is idle
 (CPU time / cores: embedding is spread over one thread per core, the writer overlaps it).
+`onnx-int8` is the onnx runtime with `embeddings.precision: int8` (the quantised graph, whose
+retrieval quality bench/int8_encoder_eval.py measures with each encoder indexing the sample).
 """
 
 from __future__ import annotations
@@ -30,7 +33,9 @@ FULL_SAMPLE = 10_033
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--docs", type=int, default=0, help="the first N articles (0: all)")
-    parser.add_argument("--runtimes", default="onnx", help="comma-separated: onnx, numpy")
+    parser.add_argument(
+        "--runtimes", default="onnx", help="comma-separated: onnx, onnx-int8, numpy"
+    )
     parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
     cores = os.cpu_count() or 1
@@ -51,7 +56,7 @@ def main() -> int:
             for runtime in args.runtimes.split(","):
                 config = Path(tmp) / f"{runtime}.yaml"
                 data = Path(tmp) / f"data-{runtime}-{round_}"
-                config.write_text(f"data_dir: {data}\nembeddings:\n  runtime: {runtime}\n")
+                config.write_text(f"data_dir: {data}\nembeddings:\n{embeddings_yaml(runtime)}")
                 before = resource.getrusage(resource.RUSAGE_CHILDREN)
                 start = time.monotonic()
                 done = subprocess.run(
@@ -85,10 +90,22 @@ def main() -> int:
         wall = sum(w for w, _ in runs) / len(runs)
         cpu = sum(c for _, c in runs) / len(runs)
         print(f"{runtime:8} {wall:8.1f} {cpu:8.1f} {n_docs / cpu:11.1f} {cpu / cores:12.0f}")
-    if len(results) > 1 and "numpy" in results and "onnx" in results:
-        ratio = sum(c for _, c in results["numpy"]) / sum(c for _, c in results["onnx"])
-        print(f"onnx vs numpy: {ratio:.2f}x fewer CPU-seconds per document")
+    for other in ("numpy", "onnx-int8"):
+        if "onnx" in results and other in results:
+            walls = {r: sum(w for w, _ in runs) for r, runs in results.items()}
+            cpus = {r: sum(c for _, c in runs) for r, runs in results.items()}
+            print(
+                f"{other} / onnx: {walls[other] / walls['onnx']:.2f}x the wall time, "
+                f"{cpus[other] / cpus['onnx']:.2f}x the CPU-seconds"
+            )
     return 0
+
+
+def embeddings_yaml(runtime: str) -> str:
+    """The `embeddings` section of a runtime's config."""
+    if runtime == "onnx-int8":
+        return "  runtime: onnx\n  precision: int8\n"
+    return f"  runtime: {runtime}\n"
 
 
 if __name__ == "__main__":
