@@ -1,5 +1,11 @@
 """The style benchmark's rules (scripts/make_style_benchmark.py) on hand-made lead sections."""
 
+import json
+from pathlib import Path
+
+import pytest
+
+import scripts.make_style_benchmark as style
 from gateway.ingest.readers import RawDocument
 from scripts.make_lexical_benchmark import Index
 from scripts.make_style_benchmark import generate, make_query
@@ -86,3 +92,22 @@ def test_the_held_out_part_uses_no_taken_page_and_keeps_the_others_rows() -> Non
     assert {r["page"] for r in rows} == {"John Keats", "Tsinghua University"}
     untaken = [r for r in generate(DOCS, per_kind=10) if r["page"] != "Holy Grail"]
     assert [(r["kind"], r["query"]) for r in rows] == [(r["kind"], r["query"]) for r in untaken]
+
+
+def test_the_held_out_part_is_not_made_without_the_tuning_part(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(style, "OUT", tmp_path / "missing.jsonl")
+    with pytest.raises(SystemExit, match="make the tuning part first"):
+        style.benchmark_pages(DOCS)
+
+
+def test_the_held_out_part_leaves_out_the_tuning_parts_pages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tuning = tmp_path / "style_queries.jsonl"
+    tuning.write_text(json.dumps({"query": "Which treasure?", "page": "Holy Grail"}) + "\n")
+    monkeypatch.setattr(style, "OUT", tuning)
+    assert "Holy Grail" in style.benchmark_pages(DOCS)
+    rows = list(style.generate_held_out(DOCS, per_kind=10))
+    assert rows and "Holy Grail" not in {r["page"] for r in rows}
