@@ -493,11 +493,10 @@ async def test_admin_reload_has_a_body_read_timeout_and_a_deadline(
 
     monkeypatch.setattr(client.app[RELOADER], "reload", hangs)
     deadlines = outcome(client, endpoint, "deadline")
-    started = asyncio.get_running_loop().time()
     resp = await client.post("/admin/reload", headers=_admin())
+    # The deadline's 503, not the hung reload's end 30 s later, which would answer 200.
     assert resp.status == 503
     assert (await resp.json())["error"]["type"] == "deadline_exceeded"
-    assert asyncio.get_running_loop().time() - started < 3
     assert outcome(client, endpoint, "deadline") == deadlines + 1
 
 

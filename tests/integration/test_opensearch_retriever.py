@@ -618,9 +618,12 @@ async def test_hung_node_times_out_within_the_bound(silent_server: int) -> None:
             retriever.document_chunks("t", "x"),
         ):
             started = time.monotonic()
-            with pytest.raises(BackendUnavailable):
+            with pytest.raises(BackendUnavailable) as failure:
                 await call
-            assert time.monotonic() - started < timeout + 1.0
+            # Cut by the timeout (the reason the client reports), not hung: how far past the
+            # 0.5 s a loaded core answers is the machine's business.
+            assert "timeout" in str(failure.value).lower()
+            assert time.monotonic() - started < 20 * timeout
 
 
 async def test_server_side_fusion_keeps_tenants_apart(

@@ -291,13 +291,19 @@ async def test_nearest_scores_a_bounded_candidate_set(env: Env) -> None:
 # -- failure: down, slow, garbage ------------------------------------------------------------
 
 
+def not_hung(connection: RedisConnection) -> float:
+    """Seconds past which a failing call hung: ten times its bound. The bound itself is the
+    code's (op_timeout_s); how far past it a loaded core answers is not asserted."""
+    return 10 * connection.options.op_timeout_s
+
+
 async def test_killed_redis_is_unavailable_within_the_timeout_and_recovers(
     redis_server: RedisServer, single: Env
 ) -> None:
     tenant = _tenant()
     await _put(single.store, tenant, _entry("k", _vector(1)))
     redis_server.kill()
-    bound = single.connection.options.op_timeout_s + 0.1
+    bound = not_hung(single.connection)
     for operation in (
         single.store.get(tenant, "k"),
         single.store.nearest(tenant, SCOPE, _vector(1), limit=1),
@@ -322,9 +328,10 @@ async def test_a_redis_that_never_answers_times_out(redis_server: RedisServer, s
     redis_server.pause()
     try:
         started = time.monotonic()
-        with pytest.raises(BackendUnavailable):
+        with pytest.raises(BackendUnavailable) as failure:
             await single.store.get(tenant, "k")
-        assert time.monotonic() - started < single.connection.options.op_timeout_s + 0.1
+        assert time.monotonic() - started < not_hung(single.connection)
+        assert "Timeout" in str(failure.value) or "no answer within" in str(failure.value)
     finally:
         redis_server.resume()
     got = await single.store.get(tenant, "k")  # the timed-out connection was dropped, not reused
