@@ -25,6 +25,7 @@ from gateway.limits.shared_store import utc_day
 from gateway.obs.metrics import Metrics
 from gateway.settings import TenantConfig
 from tests.fixtures.gateway import TcpProxy
+from tests.metrics import Scrape
 from tests.redis_server import RedisServer
 
 
@@ -227,9 +228,7 @@ async def test_a_slow_redis_is_asked_again_by_one_request_not_by_every_one_waiti
         finally:
             redis_server.resume()
         assert counting.takes == 1
-        local = metrics.registry.get_sample_value(
-            "querygate_quota_local_decisions_total", {"check": "rate_limit"}
-        )
+        local = Scrape.of(metrics).get("querygate_quota_local_decisions_total", check="rate_limit")
         assert local == 11.0  # the timed-out call, then all ten
     finally:
         await connection.aclose()
@@ -259,7 +258,7 @@ async def test_a_burst_past_the_pool_size_keeps_the_limits_shared(url: str) -> N
         assert not quotas.degraded
         assert sum(isinstance(o, RateLimited) for o in outcomes) == 100  # one shared bucket
         assert all(o is None or isinstance(o, RateLimited) for o in outcomes)
-        assert metrics.registry.get_sample_value("querygate_quota_store_degraded") == 0.0
+        assert Scrape.of(metrics).get("querygate_quota_store_degraded") == 0.0
 
 
 async def test_two_gateways_quotas_share_the_limit_and_the_budget(url: str) -> None:
@@ -309,7 +308,7 @@ async def test_redis_killed_the_limits_hold_per_process_and_come_back_shared(
         await quotas.record_spend(acme, 0.4)  # 0.7 seen + 0.4 kept here
         with pytest.raises(BudgetExceeded):
             await quotas.check_budget(acme)
-        assert metrics.registry.get_sample_value("querygate_quota_store_degraded") == 1.0
+        assert Scrape.of(metrics).get("querygate_quota_store_degraded") == 1.0
         redis_server.start()  # empty: no persistence
         deadline = time.monotonic() + 5
         while quotas.degraded and time.monotonic() < deadline:
@@ -317,7 +316,7 @@ async def test_redis_killed_the_limits_hold_per_process_and_come_back_shared(
             with contextlib.suppress(BackendError):
                 await quotas.ping()  # the health probe's call: replays the spend kept here
         assert not quotas.degraded
-        assert metrics.registry.get_sample_value("querygate_quota_store_degraded") == 0.0
+        assert Scrape.of(metrics).get("querygate_quota_store_degraded") == 0.0
         # The spend kept while it was down was added to the new Redis.
         assert await s.spent(acme.id, today()) == pytest.approx(0.4)
 
@@ -375,7 +374,7 @@ async def test_one_tenants_corrupt_keys_are_repaired_and_no_other_tenant_is_degr
         await quotas.admit(good, answering=True)
         await quotas.record_spend(good, 0.2)
         assert not quotas.degraded
-        assert metrics.registry.get_sample_value("querygate_quota_store_degraded") == 0.0
+        assert Scrape.of(metrics).get("querygate_quota_store_degraded") == 0.0
         assert await s.spent(good.id, today()) == pytest.approx(0.2)  # shared, at once
         await quotas.ping()  # the probe sends bad's kept spend, now that its keys are fixed
         assert await s.spent(bad.id, today()) == pytest.approx(0.1)
@@ -485,10 +484,8 @@ async def test_a_request_past_its_redis_budget_decides_alone_and_degrades_no_oth
         # A full bucket: admitted, decided here.
         await quotas.admit(acme, answering=True, spend=spent)
         assert not quotas.degraded
-        assert metrics.registry.get_sample_value("querygate_quota_store_degraded") == 0.0
-        local = metrics.registry.get_sample_value(
-            "querygate_quota_local_decisions_total", {"check": "rate_limit"}
-        )
+        assert Scrape.of(metrics).get("querygate_quota_store_degraded") == 0.0
+        local = Scrape.of(metrics).get("querygate_quota_local_decisions_total", check="rate_limit")
         assert local == 1.0
         await quotas.admit(acme, answering=True)  # the next request asks Redis
         # Of Redis's burst of 2, that one took a token and the first none: one is left.
@@ -516,7 +513,7 @@ async def test_a_call_that_waited_out_its_budget_for_a_connection_degrades_no_ot
         with contextlib.suppress(BackendUnavailable):
             await busy
         assert not quotas.degraded
-        assert metrics.registry.get_sample_value("querygate_quota_store_degraded") == 0.0
+        assert Scrape.of(metrics).get("querygate_quota_store_degraded") == 0.0
     finally:
         await connection.aclose()
 
@@ -546,8 +543,8 @@ async def test_a_process_started_during_an_outage_refuses_a_budget_it_never_read
                 await fresh.check_budget(acme)
             await fresh.admit(free, answering=True)  # no budget: answered through the outage
             assert fresh.degraded
-            refusals = metrics.registry.get_sample_value(
-                "querygate_quota_refusals_total", {"reason": "budget_unknown"}
+            refusals = Scrape.of(metrics).get(
+                "querygate_quota_refusals_total", reason="budget_unknown"
             )
             assert refusals == 2.0
             redis_server.start()  # empty: it forgot the day, as a restart without AOF does
@@ -585,10 +582,8 @@ async def test_a_call_cut_by_its_budget_on_a_healthy_redis_degrades_no_other(
             hog.cancel()
         assert commands_run(redis_server, "ping") > pings  # the probe asked Redis
         assert not quotas.degraded
-        assert metrics.registry.get_sample_value("querygate_quota_store_degraded") == 0.0
-        local = metrics.registry.get_sample_value(
-            "querygate_quota_local_decisions_total", {"check": "rate_limit"}
-        )
+        assert Scrape.of(metrics).get("querygate_quota_store_degraded") == 0.0
+        local = Scrape.of(metrics).get("querygate_quota_local_decisions_total", check="rate_limit")
         assert local == 1.0
 
 
@@ -617,7 +612,7 @@ async def test_a_slow_redis_is_found_down_though_each_call_is_within_its_socket_
             await quotas.admit(acme, answering=True, spend=RequestSpend())  # cut, decided here
             await quotas.settled()
             assert quotas.degraded
-            assert metrics.registry.get_sample_value("querygate_quota_store_degraded") == 1.0
+            assert Scrape.of(metrics).get("querygate_quota_store_degraded") == 1.0
             with pytest.raises(BackendUnavailable, match="longer than a request's Redis budget"):
                 await quotas.ping()
             assert quotas.degraded
@@ -646,4 +641,4 @@ async def test_a_paused_redis_cut_at_a_requests_budget_is_found_down_by_its_prob
         finally:
             redis_server.resume()
         assert quotas.degraded
-        assert metrics.registry.get_sample_value("querygate_quota_store_degraded") == 1.0
+        assert Scrape.of(metrics).get("querygate_quota_store_degraded") == 1.0

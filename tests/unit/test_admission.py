@@ -10,6 +10,7 @@ from gateway.errors import DeadlineExceeded
 from gateway.limits.admission import Pool, Saturated, TenantOverShare
 from gateway.obs.metrics import Metrics
 from gateway.settings import AdmissionConfig, PoolLimits
+from tests.metrics import Scrape
 
 CONFIG = AdmissionConfig(max_queue_wait_s=5, retry_after_s=2)
 
@@ -164,10 +165,10 @@ async def test_the_gauges_follow_every_change_of_the_queue() -> None:
     pool, lim = Pool("writes", metrics), limits(inflight=1, queued=2, t_inflight=1, t_queued=2)
 
     def gauges() -> tuple[float | None, float | None]:
-        get = metrics.registry.get_sample_value
+        scrape = Scrape.of(metrics)
         return (
-            get("querygate_admission_inflight", {"pool": "writes"}),
-            get("querygate_admission_queued", {"pool": "writes"}),
+            scrape.get("querygate_admission_inflight", pool="writes"),
+            scrape.get("querygate_admission_queued", pool="writes"),
         )
 
     running = Held(pool, "a", lim)

@@ -117,6 +117,11 @@ def test_every_import_points_down_the_layers() -> None:
             "from gateway.server import heap\n",
             ["gateway.core.x imports gateway.server", "gateway.core.x imports gateway.server.heap"],
         ),
+        (
+            "from typing import TYPE_CHECKING\n"
+            "if TYPE_CHECKING:\n    from gateway.cli import main\n",
+            ["gateway.core.x imports gateway.cli", "gateway.core.x imports gateway.cli.main"],
+        ),
         ("from gateway.limits.quotas import Quotas\n", []),
     ],
 )

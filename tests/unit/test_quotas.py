@@ -32,6 +32,7 @@ from gateway.limits.quotas import (
 from gateway.limits.shared_store import SharedStore, utc_day
 from gateway.obs.metrics import MULTIPROC_ENV, Metrics
 from gateway.settings import QuotasConfig, TenantConfig
+from tests.metrics import Scrape
 
 DIGEST = "0" * 64
 NOON = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC).timestamp()
@@ -169,12 +170,7 @@ async def test_over_the_rate_limit_is_429_with_whole_second_retry_after_and_coun
     assert refused.value.status == 429
     assert refused.value.retry_after_s == 3  # 2.5 s until a token is back
     assert "rate limit of 0.4 requests/s (burst 2)" in refused.value.message
-    assert (
-        metrics.registry.get_sample_value(
-            "querygate_quota_refusals_total", {"reason": "rate_limit"}
-        )
-        == 1.0
-    )
+    assert Scrape.of(metrics).get("querygate_quota_refusals_total", reason="rate_limit") == 1.0
     clock.now += 2.5
     await q.admit(acme, answering=True)
 
@@ -192,10 +188,7 @@ async def test_a_spent_budget_is_429_naming_it_until_utc_midnight() -> None:
     assert refused.value.type == "budget_exceeded"
     assert "daily budget of $1 (daily_budget_usd) for 2026-11-30 UTC" in refused.value.message
     assert refused.value.retry_after_s == 12 * 3600
-    assert (
-        metrics.registry.get_sample_value("querygate_quota_refusals_total", {"reason": "budget"})
-        == 1.0
-    )
+    assert Scrape.of(metrics).get("querygate_quota_refusals_total", reason="budget") == 1.0
     clock.now += 12 * 3600  # the next UTC day
     await q.admit(acme, answering=True)
 
@@ -284,9 +277,9 @@ async def test_store_down_limits_hold_per_process_counted_and_recover_by_themsel
     await q.admit(acme, answering=False)
     with pytest.raises(RateLimited):  # the local bucket enforces the same limit
         await q.admit(acme, answering=False)
-    get = metrics.registry.get_sample_value
-    assert get("querygate_quota_store_degraded") == 1.0
-    assert get("querygate_quota_local_decisions_total", {"check": "rate_limit"}) == 3.0
+    scrape = Scrape.of(metrics)
+    assert scrape.get("querygate_quota_store_degraded") == 1.0
+    assert scrape.get("querygate_quota_local_decisions_total", check="rate_limit") == 3.0
     assert "quota store unavailable" in caplog.text
     asked = shared.calls
     clock.now += 0.5  # within redis_retry_s: the store is not asked again
@@ -296,7 +289,7 @@ async def test_store_down_limits_hold_per_process_counted_and_recover_by_themsel
     shared.down = False
     clock.now += 1.0
     await q.admit(acme, answering=False)  # asked again, and it answers
-    assert get("querygate_quota_store_degraded") == 0.0
+    assert Scrape.of(metrics).get("querygate_quota_store_degraded") == 0.0
     assert not q.degraded
 
 
@@ -314,16 +307,10 @@ async def test_store_down_budgets_count_from_the_last_total_seen_and_replay_the_
     with pytest.raises(BudgetExceeded):  # 0.5 seen + 0.6 since: over, without the store
         await q.check_budget(acme)
     assert (
-        metrics.registry.get_sample_value(
-            "querygate_quota_local_decisions_total", {"check": "budget"}
-        )
-        == 2.0
+        Scrape.of(metrics).get("querygate_quota_local_decisions_total", check="budget") == 2.0
     )  # both checks made while it was down
     assert (
-        metrics.registry.get_sample_value(
-            "querygate_quota_local_decisions_total", {"check": "spend"}
-        )
-        == 2.0
+        Scrape.of(metrics).get("querygate_quota_local_decisions_total", check="spend") == 2.0
     )  # each cost kept here once, however often it is tried again
     shared.down = False
     clock.now += 1.0
@@ -517,15 +504,15 @@ async def test_metered_llm_costs_a_cut_stream_and_a_cancelled_completion() -> No
     inner = CutLLM()
     llm = MeteredLLM(inner, metrics)
     await hang_up(lambda: consume(llm.stream(LLMCall("small", MESSAGES, route="direct"))), inner)
-    cost = metrics.registry.get_sample_value(
-        "querygate_llm_cost_usd_total", {"tier": "small", "model": "fake-model", "route": "direct"}
+    cost = Scrape.of(metrics).get(
+        "querygate_llm_cost_usd_total", tier="small", model="fake-model", route="direct"
     )
     expected = estimate_usage(inner, "small", MESSAGES, "Acme is in", "fake-model").cost_usd
     assert cost == pytest.approx(expected)
     inner.started.clear()
     await hang_up(lambda: llm.complete(LLMCall("small", MESSAGES, route="direct")), inner)
-    cost = metrics.registry.get_sample_value(
-        "querygate_llm_cost_usd_total", {"tier": "small", "model": "-", "route": "direct"}
+    cost = Scrape.of(metrics).get(
+        "querygate_llm_cost_usd_total", tier="small", model="-", route="direct"
     )
     assert cost == pytest.approx(estimate_usage(inner, "small", MESSAGES, "").cost_usd)
 
@@ -575,7 +562,7 @@ async def test_one_tenants_unusable_keys_are_repaired_and_degrade_no_other_tenan
     bad, good = tenant("bad", rate=1.0, budget=1.0), tenant("good", rate=1.0, budget=1.0)
     await q.admit(bad, answering=True)  # decided here, this once
     assert not q.degraded
-    assert metrics.registry.get_sample_value("querygate_quota_store_degraded") == 0.0
+    assert Scrape.of(metrics).get("querygate_quota_store_degraded") == 0.0
     assert shared.repaired == [("bad", TODAY, 0.0)]
     assert "quota keys are unusable" in caplog.text
     calls = shared.calls
@@ -583,9 +570,7 @@ async def test_one_tenants_unusable_keys_are_repaired_and_degrade_no_other_tenan
     assert shared.calls == calls + 1  # the take and the budget read: one call
     await q.admit(bad, answering=True)  # repaired: shared again
     assert shared.calls == calls + 2
-    local = metrics.registry.get_sample_value(
-        "querygate_quota_local_decisions_total", {"check": "rate_limit"}
-    )
+    local = Scrape.of(metrics).get("querygate_quota_local_decisions_total", check="rate_limit")
     assert local == 1.0
 
 
@@ -628,12 +613,12 @@ async def test_the_probe_clears_the_degraded_gauge_without_traffic() -> None:
     q = quotas(clock, shared, metrics)
     shared.down = True
     await q.admit(tenant(rate=1.0), answering=False)
-    assert metrics.registry.get_sample_value("querygate_quota_store_degraded") == 1.0
+    assert Scrape.of(metrics).get("querygate_quota_store_degraded") == 1.0
     with pytest.raises(BackendUnavailable):
         await q.ping()
     shared.down = False
     await q.ping()  # no request since: the probe alone
-    assert metrics.registry.get_sample_value("querygate_quota_store_degraded") == 0.0
+    assert Scrape.of(metrics).get("querygate_quota_store_degraded") == 0.0
     services = cast(
         Services, SimpleNamespace(retriever=SimpleNamespace(ping=None), cache_store=None, quotas=q)
     )
