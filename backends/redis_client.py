@@ -44,6 +44,10 @@ Redis 8's vector sets (`VSIM`), or the query engine (the `search` module, 2.4+, 
 `FT.SEARCH` takes VECTOR fields). Debian's Redis 7.0 has neither (its RediSearch 1.2 has no
 vectors), and neither do most managed fleets, so the cache store never relies on one: the fast
 path is detected and reported, not built (it could not be tested here).
+
+Over 400 lines because the bounds above are one contract: the call guard, the request budget,
+the health PING and the start-up probe share the options and the failure map, and a caller
+reads them in one place.
 """
 
 from __future__ import annotations

@@ -22,6 +22,9 @@ failure stands.
 
 Caps are hard: before each call the loop projects its tokens (the last prompt plus what was
 added since, plus the call's completion limit) and prices them at the tier's dearest rates.
+
+Over 400 lines because the loop, its caps' final call and its degraded answers share one `_Run`
+state; the caps' arithmetic (agent_caps) and the tools (agent_tools) live apart.
 """
 
 from __future__ import annotations

@@ -264,7 +264,7 @@ def _headers(api_key: str) -> dict[str, str]:
 
 
 def _timeout(timeout_s: float) -> aiohttp.ClientTimeout:
-    # Per socket operation, as the SDK's was; the caller bounds the whole call.
+    # Per socket operation, as the OpenAI SDK bounds it; the caller bounds the whole call.
     return aiohttp.ClientTimeout(total=None, sock_connect=timeout_s, sock_read=timeout_s)
 
 

@@ -6,6 +6,9 @@ the index freshness gauges (`index_metrics`), whose tenants are the configured o
 sets are closed, `initialise` makes every family's known series at 0 when a process starts
 (`gateway.server.metric_series` names them), so a panel or an alert reads 0 from the first
 scrape rather than nothing until the first event.
+
+Over 400 lines because every family is declared here, each with its help text: one module is the
+list an operator reads to know what the gateway exports.
 """
 
 from __future__ import annotations
@@ -236,8 +239,7 @@ class Metrics:
             registry=r,
         )
         # Per-tenant quotas (gateway/limits/quotas.py). No tenant label: what one tenant spent or
-        # was
-        # refused is not shown to the others (/metrics is unauthenticated); the request's log
+        # was refused is not shown to the others (/metrics is unauthenticated); the request's log
         # line names its tenant.
         self.quota_refusals = Counter(
             "querygate_quota_refusals",

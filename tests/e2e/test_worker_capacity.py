@@ -77,7 +77,7 @@ def test_a_worker_that_cannot_start_is_retried_while_the_other_serves(
 
         good = _break_start(gw)
         os.kill(min(_children(gw.proc.pid)), signal.SIGKILL)
-        # Past the three failed starts in a row that used to stop the whole gateway.
+        # Past three failed starts in a row the gateway keeps retrying rather than stop whole.
         _wait("four failed starts", lambda: _failed_starts(gw) >= 4, gw, STARTS_S)
         assert gw.proc.poll() is None, gw.log()[-3000:]
         assert any(
