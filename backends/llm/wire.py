@@ -5,6 +5,11 @@ Messages go out as OpenAI's JSON; the sampling parameters are the client's over 
 come back as a `Completion` priced at the deployment's per-token prices: cost is ours, not
 litellm's (`response_cost` is None for unregistered models). An upstream that reports no usage
 is estimated with `litellm.token_counter`, and the answer says so.
+
+litellm is imported where it is called, not here: the request core reaches this module through
+metering, and importing litellm costs seconds of CPU, which a process that calls no model (the
+CLI's ingest, eval, reindex and route) never pays. A serving process has imported it already,
+with its tiers.
 """
 
 from __future__ import annotations
@@ -18,16 +23,16 @@ import logging
 import math
 from collections.abc import Callable, Sequence
 from types import SimpleNamespace
-from typing import Any
-
-import litellm
-from litellm import ModelResponse
+from typing import TYPE_CHECKING, Any
 
 from backends.errors import UpstreamError
 from backends.llm import openai_http
 from backends.llm.base import Completion, GenerationOptions, Message, Tier, ToolCall
 from backends.llm.deployments import Deployment
 from backends.llm.propagation import trace_headers
+
+if TYPE_CHECKING:
+    from litellm import ModelResponse
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +181,8 @@ def count_tokens(model: str, messages: Sequence[dict[str, Any]] = (), text: str 
     token when its tokenizer fails, since a count that raised would lose the charge."""
     if not messages and not text:
         return 0
+    import litellm
+
     try:
         if messages:
             return int(litellm.token_counter(model=model, messages=list(messages)))

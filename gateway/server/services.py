@@ -6,6 +6,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from backends.cache.base import CacheStore
 from backends.cache.memory import MemoryCacheStore
@@ -13,13 +14,11 @@ from backends.cache.redis import RedisCacheStore
 from backends.embeddings.coalescing import CoalescingEmbedder
 from backends.embeddings.config import build_embedder
 from backends.errors import BackendUnavailable
-from backends.llm.tiers import LiteLLMTiers
 from backends.quotas.redis import RedisQuotaStore
 from backends.redis_client import RedisConnection, RedisModeMismatch, RedisOptions
 from backends.rerank.base import Reranker
 from backends.rerank.local import LocalCrossEncoder
 from backends.rerank.opensearch import OpenSearchReranker
-from backends.rerank.remote import RemoteReranker
 from backends.retrieval.base import Retriever
 from backends.retrieval.embedded import EmbeddedRetriever
 from backends.retrieval.opensearch import OpenSearchRetriever, SharedChunksNotMigrated
@@ -32,6 +31,9 @@ from gateway.limits.quotas import Quotas, warn_if_per_worker
 from gateway.obs.metrics import Metrics
 from gateway.settings import ConfigError, Settings
 
+if TYPE_CHECKING:
+    from backends.rerank.remote import RemoteReranker
+
 log = logging.getLogger(__name__)
 
 
@@ -42,6 +44,8 @@ def build_reranker(settings: Settings) -> Reranker | None:
     if config.reranker == "local":
         return LocalCrossEncoder()
     if config.reranker == "remote" and config.remote is not None:
+        from backends.rerank.remote import RemoteReranker  # litellm's import: see open_services
+
         return RemoteReranker(config.remote)
     if config.reranker == "opensearch" and config.opensearch is not None:
         return OpenSearchReranker(open_client(settings.retrieval.opensearch), config.opensearch)
@@ -150,6 +154,10 @@ async def open_services(settings: Settings, metrics: Metrics) -> AsyncIterator[S
             stack.push_async_callback(redis.aclose)
         quotas = build_quotas(settings, metrics, redis)
         stack.push_async_callback(quotas.aclose)
+        # Imported here, with litellm under it (seconds of CPU): the one-shot commands import
+        # this module for its other builders and never call a model.
+        from backends.llm.tiers import LiteLLMTiers
+
         tiers = LiteLLMTiers(
             settings.models.small,
             settings.models.large,
@@ -170,8 +178,8 @@ async def open_services(settings: Settings, metrics: Metrics) -> AsyncIterator[S
         reranker = build_reranker(settings)
         if reranker is not None:
             stack.push_async_callback(reranker.aclose)
-            if isinstance(reranker, RemoteReranker):
-                await reranker.warm_up()
+            if settings.retrieval.rerank.reranker == "remote":
+                await cast("RemoteReranker", reranker).warm_up()
             log.info("rerank: %s reranker, model %s", reranker.kind, reranker.model_id)
         # Another process's first ingest of a tenant (`querygate ingest`) is seen through it.
         ingests = IngestRegistry(SharedIngests(settings.data_dir))
