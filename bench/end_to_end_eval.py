@@ -94,6 +94,7 @@ RERANK_TIMEOUT_S = 30.0
 CONFIGS = ("default", "fused")
 ROUTES = ("direct", "lookup", "multihop")
 TARGETS = {"fanoutqa": 0.85, "direct": 0.90}  # R@1 of the first citation, held out
+ADDED_P50_TARGET_MS = 15.0  # what the default policy may add to a lookup at p50, c=1
 PROGRESS_EVERY = 100
 
 
@@ -113,6 +114,8 @@ class Served:
     route: str
     escalated: bool
     rerank: str  # the lookup search's rerank decision; "" when no lookup search ran
+    total_ms: float  # the gateway's own `timings_ms.total` for the answer
+    rerank_ms: float  # its `timings_ms.rerank` (0 when no stage ran)
 
 
 def served_from(body: Mapping[str, Any]) -> Served:
@@ -124,6 +127,8 @@ def served_from(body: Mapping[str, Any]) -> Served:
         route=body["route"],
         escalated=bool(body["escalated"]),
         rerank=lookup[0] if lookup else "",
+        total_ms=float(body["timings_ms"]["total"]),
+        rerank_ms=float(body["timings_ms"].get("rerank", 0.0)),
     )
 
 
@@ -280,6 +285,33 @@ def target_lines(
     return lines
 
 
+def latency_lines(results: Mapping[str, Mapping[str, list[Served]]]) -> list[str]:
+    """The gateway's own time per answer (`timings_ms`, one question at a time: c=1), per
+    configuration and set, and what the default configuration adds to fusion alone at p50."""
+    lines = [f"{'config / set':<28}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'rerank p50/p90':>18}"]
+    for config, by_set in results.items():
+        for name, served in by_set.items():
+            total = np.array([s.total_ms for s in served])
+            rerank = np.array([s.rerank_ms for s in served])
+            p50, p90, p99 = np.percentile(total, [50, 90, 99])
+            r50, r90 = np.percentile(rerank, [50, 90])
+            lines.append(
+                f"{config + ' / ' + name:<28}{p50:>9.1f}{p90:>9.1f}{p99:>9.1f}"
+                f"{f'{r50:.1f} / {r90:.1f}':>18}"
+            )
+    if "default" in results and "fused" in results:
+        for name in results["default"]:
+            added = [
+                float(np.percentile([s.total_ms for s in results[c][name]], 50))
+                for c in ("default", "fused")
+            ]
+            lines.append(
+                f"  {name}: the default policy adds {added[0] - added[1]:+.1f} ms at p50 "
+                f"(target: at most +{ADDED_P50_TARGET_MS:.0f} ms)"
+            )
+    return lines
+
+
 SETS = ("fanoutqa", "direct")
 
 
@@ -311,6 +343,8 @@ async def evaluate(args: argparse.Namespace) -> None:
     print("\n".join(report(results, sets)))
     print("\nthe issue's targets (R@1 of the first citation, held out):")
     print("\n".join(target_lines(results, sets)))
+    print("\nthe gateway's time per answer, c=1 (timings_ms; the embedder's vectors cached):")
+    print("\n".join(latency_lines(results)))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
