@@ -186,6 +186,7 @@ class CachedEmbedder:
         self._vectors: dict[str, Vector] = {}
         self._inflight: dict[str, asyncio.Future[None]] = {}
         self._unsaved = 0
+        self.computed = 0  # texts embedded by the model, not read from the cache
         if path.exists():
             with np.load(path) as data:
                 self._vectors = dict(zip(data["keys"].tolist(), data["vectors"], strict=True))
@@ -224,6 +225,7 @@ class CachedEmbedder:
             for key in texts:
                 del self._inflight[key]
         self._unsaved += len(texts)
+        self.computed += len(texts)
         if self._unsaved >= SAVE_EVERY:
             self.save()  # an interrupted run keeps most of an hour's work
 
