@@ -38,6 +38,12 @@ one at a time as a request does (that time is reported apart: it is not retrieva
 (backend, size) is warmed up with one pass over the queries at concurrency 8, then each
 concurrency runs every query `--rounds` times; latency is the client's wall time per `search`.
 Indexes are dropped at the end (a distinct alias per run); embedded files are kept for reuse.
+
+`--recall`: recall@10 of each backend's k-NN arm alone (`mode: dense`, k 10, the lookup's 50
+candidates) against exact search, the 10 chunks of the main tenant with the highest cosine to
+the query, computed in numpy over every chunk vector of the corpus. The embedded arm is exact
+by construction, so its figure checks the measurement; OpenSearch's is what HNSW
+(`--hnsw-m`, `--ef-construction`) loses.
 """
 
 from __future__ import annotations
@@ -54,7 +60,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import cast, get_args
+from typing import Any, cast, get_args
 
 # Before numpy loads OpenBLAS: one thread, as the gateway's embedder assumes on 2 shared cores.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -94,6 +100,8 @@ NOISE = 0.01  # sd per dimension of a copy's vector noise: |noise| ~ 0.2, cosine
 SEED = 11
 WRITE_BATCH = 1000  # documents per upsert_documents call
 WARMUP_CONCURRENCY = 8
+RECALL_K = 10
+EXACT_BLOCK = 100_000  # chunk vectors per block of the exact search: 150 MB at 384 dimensions
 LEXICAL_QUERIES = REPO / "bench" / "data" / "lexical_queries.jsonl"
 
 
@@ -261,6 +269,36 @@ async def timed(
     return latencies, time.perf_counter() - start
 
 
+def exact_top(documents: Sequence[Document], queries: Vector, k: int = RECALL_K) -> list[set[str]]:
+    """Per query, the chunk ids of the `k` chunks with the highest cosine (all unit vectors)."""
+    ids = np.array([c.chunk_id for d in documents for c in d.chunks])
+    vectors = [c.embedding for d in documents for c in d.chunks]
+    best_scores = np.full((len(queries), 0), -np.inf, dtype=np.float32)
+    best_rows = np.zeros((len(queries), 0), dtype=np.int64)
+    for start in range(0, len(vectors), EXACT_BLOCK):
+        block = np.stack(vectors[start : start + EXACT_BLOCK])
+        scores = queries @ block.T  # queries x block
+        top = np.argpartition(-scores, k - 1, axis=1)[:, :k] if scores.shape[1] > k else None
+        rows = top if top is not None else np.tile(np.arange(scores.shape[1]), (len(queries), 1))
+        best_scores = np.concatenate([best_scores, np.take_along_axis(scores, rows, 1)], axis=1)
+        best_rows = np.concatenate([best_rows, rows + start], axis=1)
+        keep = np.argsort(-best_scores, axis=1)[:, :k]
+        best_scores = np.take_along_axis(best_scores, keep, 1)
+        best_rows = np.take_along_axis(best_rows, keep, 1)
+    return [set(ids[row].tolist()) for row in best_rows]
+
+
+async def knn_recall(
+    retriever: Retriever, requests: Sequence[SearchRequest], truth: Sequence[set[str]]
+) -> float:
+    """Mean recall@k of the k-NN arm alone against `truth` (exact search)."""
+    found = []
+    for request, exact in zip(requests, truth, strict=True):
+        hits = await retriever.search(replace(request, mode="dense", k=RECALL_K))
+        found.append(len({h.chunk_id for h in hits} & exact) / RECALL_K)
+    return float(np.mean(found))
+
+
 @dataclass(frozen=True, slots=True)
 class Row:
     backend: str
@@ -272,6 +310,7 @@ class Row:
     footprint: str
     # p50 of each arm searched alone (mode "bm25", "dense"), at concurrency 1 only
     arms: tuple[float, float] | None = None
+    recall: float | None = None  # of the k-NN arm against exact search (--recall), c=1 only
 
 
 async def measure(
@@ -281,6 +320,7 @@ async def measure(
     chunks: int,
     footprint: Callable[[], Awaitable[str]],
     rounds: int,
+    truth: Sequence[set[str]] | None,
 ) -> list[Row]:
     await timed(retriever.search, requests, WARMUP_CONCURRENCY)
     size = await footprint()
@@ -290,7 +330,13 @@ async def measure(
         p50, p99 = np.percentile(latencies, [50, 99])
         qps = len(latencies) / wall
         arms = await arm_p50s(retriever, requests) if concurrency == 1 else None
-        rows.append(Row(backend, chunks, concurrency, float(p50), float(p99), qps, size, arms))
+        recall = (
+            await knn_recall(retriever, requests, truth)
+            if truth is not None and concurrency == 1
+            else None
+        )
+        row = Row(backend, chunks, concurrency, float(p50), float(p99), qps, size, arms, recall)
+        rows.append(row)
         print(_format(rows[-1]), flush=True)
     return rows
 
@@ -315,7 +361,10 @@ def resident_mb() -> float:
 
 
 async def run_embedded(
-    documents: Sequence[Document], requests: Sequence[SearchRequest], rounds: int
+    documents: Sequence[Document],
+    requests: Sequence[SearchRequest],
+    rounds: int,
+    truth: Sequence[set[str]] | None,
 ) -> list[Row]:
     chunks = n_chunks(documents)
     path = CACHE_DIR / f"embedded-{chunks}-{digest_of(documents)}.sqlite3"
@@ -338,7 +387,7 @@ async def run_embedded(
             file = path.stat().st_size / 2**20
             return f"vectors {vectors:.0f} MB, RSS +{loaded:.0f} MB, file {file:.0f} MB"
 
-        return await measure("embedded", retriever, requests, chunks, footprint, rounds)
+        return await measure("embedded", retriever, requests, chunks, footprint, rounds, truth)
 
 
 async def write_all(retriever: Retriever, documents: Sequence[Document]) -> None:
@@ -350,15 +399,22 @@ async def write_all(retriever: Retriever, documents: Sequence[Document]) -> None
 
 async def run_opensearch(
     url: str,
-    tenancy: str,
+    args: argparse.Namespace,
     documents: Sequence[Document],
     requests: Sequence[SearchRequest],
-    rounds: int,
+    truth: Sequence[set[str]] | None,
 ) -> list[Row]:
     chunks = n_chunks(documents)
     alias = f"bench-scale-{uuid.uuid4().hex[:8]}"
     config = OpenSearchConfig.model_validate(
-        {"hosts": [url], "alias": alias, "tenancy": tenancy, "write_timeout_s": 120}
+        {
+            "hosts": [url],
+            "alias": alias,
+            "tenancy": args.tenancy,
+            "write_timeout_s": 120,
+            "hnsw_m": args.hnsw_m,
+            "hnsw_ef_construction": args.ef_construction,
+        }
     )
     retriever = OpenSearchRetriever(config)
     try:
@@ -374,7 +430,7 @@ async def run_opensearch(
             return await index_size(retriever, index)
 
         label = f"opensearch {await version(retriever)}"
-        return await measure(label, retriever, requests, chunks, footprint, rounds)
+        return await measure(label, retriever, requests, chunks, footprint, args.rounds, truth)
     finally:
         await retriever.drop_all()
         await retriever.aclose()
@@ -389,30 +445,40 @@ async def load(retriever: OpenSearchRetriever, documents: Sequence[Document]) ->
     return aliases[0]
 
 
+def node_client(retriever: OpenSearchRetriever) -> Any:
+    """The retriever's own opensearch-py client: the node's stats are read on its connections."""
+    return retriever._layout.client
+
+
 async def merges_done(retriever: OpenSearchRetriever, indices: str, timeout_s: float = 300) -> None:
     """Wait for the merges the load started: they would share the node's CPU with the searches
     (at 100k chunks they ran for most of the first measured pass)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        stats = await retriever._client.indices.stats(index=indices, metric="merge")
+        stats = await node_client(retriever).indices.stats(index=indices, metric="merge")
         if not stats["_all"]["primaries"]["merges"]["current"]:
             return
         await asyncio.sleep(0.5)
 
 
 async def index_size(retriever: OpenSearchRetriever, index: str) -> str:
-    client = retriever._client
+    client = node_client(retriever)
     alias = await client.indices.get_alias(name=index)
     name = next(iter(alias))
     stats = await client.indices.stats(index=name, metric="store,segments,docs")
     total = stats["indices"][name]["primaries"]
     store = total["store"]["size_in_bytes"] / 2**20
     deleted = total["docs"]["deleted"]
-    return f"index {store:.0f} MB, {total['segments']['count']} segments, {deleted} deleted docs"
+    nodes = await client.nodes.stats(metric="jvm")
+    heap = sum(n["jvm"]["mem"]["heap_used_in_bytes"] for n in nodes["nodes"].values()) / 2**20
+    return (
+        f"index {store:.0f} MB, {total['segments']['count']} segments, {deleted} deleted docs;"
+        f" heap used {heap:.0f} MB"
+    )
 
 
 async def version(retriever: OpenSearchRetriever) -> str:
-    info = await retriever._client.info()
+    info = await node_client(retriever).info()
     return str(info["version"]["number"])
 
 
@@ -421,15 +487,16 @@ async def version(retriever: OpenSearchRetriever) -> str:
 
 HEADER = (
     f"{'backend':18} {'chunks':>7} {'conc':>4} {'p50 ms':>8} {'p99 ms':>8} {'qps':>6}"
-    f" {'bm25 p50':>9} {'knn p50':>8}  size"
+    f" {'bm25 p50':>9} {'knn p50':>8} {'knn R@10':>9}  size"
 )
 
 
 def _format(row: Row) -> str:
     arms = f"{row.arms[0]:9.2f} {row.arms[1]:8.2f}" if row.arms else f"{'-':>9} {'-':>8}"
+    recall = f"{row.recall:9.3f}" if row.recall is not None else f"{'-':>9}"
     return (
         f"{row.backend:18} {row.chunks:7d} {row.concurrency:4d} {row.p50:8.2f} {row.p99:8.2f}"
-        f" {row.qps:6.0f} {arms}  {row.footprint}"
+        f" {row.qps:6.0f} {arms} {recall}  {row.footprint}"
     )
 
 
@@ -446,6 +513,15 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--queries", type=int, default=400)
     parser.add_argument("--rounds", type=int, default=1, help="passes over the queries per run")
+    parser.add_argument("--recall", action="store_true", help="k-NN recall@10 against exact")
+    parser.add_argument(
+        "--hnsw-m", type=int, default=OpenSearchConfig.model_fields["hnsw_m"].default
+    )
+    parser.add_argument(
+        "--ef-construction",
+        type=int,
+        default=OpenSearchConfig.model_fields["hnsw_ef_construction"].default,
+    )
     return parser.parse_args()
 
 
@@ -471,11 +547,12 @@ async def main() -> None:
     rows: list[Row] = []
     for size in (int(s) for s in args.sizes.split(",")):
         documents = corpus(real, size)
+        truth = exact_top(documents, queries.vectors) if args.recall else None
         if "embedded" in args.backends:
-            rows += await run_embedded(documents, requests, args.rounds)
+            rows += await run_embedded(documents, requests, args.rounds, truth)
         if "opensearch" in args.backends:
             for url in args.url or ["http://127.0.0.1:9200"]:
-                rows += await run_opensearch(url, args.tenancy, documents, requests, args.rounds)
+                rows += await run_opensearch(url, args, documents, requests, truth)
     print("\n" + HEADER)
     for row in rows:
         print(_format(row))
