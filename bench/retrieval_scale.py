@@ -101,7 +101,7 @@ SEED = 11
 WRITE_BATCH = 1000  # documents per upsert_documents call
 WARMUP_CONCURRENCY = 8
 RECALL_K = 10
-EXACT_BLOCK = 100_000  # chunk vectors per block of the exact search: 150 MB at 384 dimensions
+EXACT_BLOCK = 100_000  # chunk vectors per block: 150 MB, and ~0.8 GB of scores for 400 queries
 LEXICAL_QUERIES = REPO / "bench" / "data" / "lexical_queries.jsonl"
 
 

@@ -155,7 +155,7 @@ async def open_services(settings: Settings, metrics: Metrics) -> AsyncIterator[S
         quotas = build_quotas(settings, metrics, redis)
         stack.push_async_callback(quotas.aclose)
         # Imported here, with litellm under it (seconds of CPU): the one-shot commands import
-        # this module for its other builders and never call a model.
+        # this module for its other builders and never build a litellm tier.
         from backends.llm.tiers import LiteLLMTiers
 
         tiers = LiteLLMTiers(

@@ -32,8 +32,9 @@ async def test_a_flooding_tenant_cannot_push_another_past_its_deadline(
     result = await flood(loaded_gateway, LOAD_S, backoff_s=0.05)
     print(result.summary())
     assert result.victim_latency_s, "the victim sent nothing"
-    # Inside its deadline as the gateway judged it: past request_timeout_s (DEADLINE_S) the
-    # victim is answered 503. The latency this client sees also counts its own event loop,
-    # busy with the flood, so it is printed, not asserted.
+    # The gateway answers 503 to a query that outlives request_timeout_s (DEADLINE_S) in its
+    # pipeline, so all 200 says none did; time queued before the middleware starts the clock is
+    # not covered. The latency this client sees also counts its own event loop, busy with the
+    # flood, so it is printed, not asserted.
     assert set(result.victim) == {200}, result.victim
     assert result.flood_query[429] + result.flood_write[429] > 0
