@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from bench.tenant_flood import OVERRIDES, flood
+from bench.tenant_flood import DEADLINE_S, OVERRIDES, flood
 from tests.fixtures.gateway import GatewayProcess, start_gateway, stop_gateway
 
 LOAD_S = 12.0
@@ -32,9 +32,9 @@ async def test_a_flooding_tenant_cannot_push_another_past_its_deadline(
     result = await flood(loaded_gateway, LOAD_S, backoff_s=0.05)
     print(result.summary())
     assert result.victim_latency_s, "the victim sent nothing"
-    # The gateway answers 503 to a query that outlives request_timeout_s (DEADLINE_S) in its
-    # pipeline, so all 200 says none did; time queued before the middleware starts the clock is
-    # not covered. The latency this client sees also counts its own event loop, busy with the
-    # flood, so it is printed, not asserted.
+    # Within the deadline by the gateway's own clock (timings_ms.total): the latency this
+    # client sees also counts its own event loop, busy with the flood, so it is printed, not
+    # asserted; time queued before the gateway's clock starts is in the printed figure only.
     assert set(result.victim) == {200}, result.victim
+    assert max(result.victim_served_s) < DEADLINE_S
     assert result.flood_query[429] + result.flood_write[429] > 0
