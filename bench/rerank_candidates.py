@@ -4,16 +4,18 @@ Each query of a benchmark split is searched once in hybrid mode, `CANDIDATES` de
 gateway's default fusion and its per-query weights (`routers.policy.lexical_reason` raising the
 lexical weight to 4, as `identifier_lexical_weight` does). Benchmarks: bench/retrieval_eval.py's
 FanOutQA dev sub-questions and lexical benchmark (`is_tuning` split by group), and the style
-benchmark (scripts/make_style_benchmark.py; grouped by page), whose tuning split is
-bench/data/style_queries.jsonl and whose held-out split is bench/data/style_heldout.jsonl, made
-from pages no other query has.
+benchmark (scripts/make_style_benchmark.py; grouped by page), made in three parts on pages no
+other part or benchmark has: its first two parts (bench/data/style_queries.jsonl and
+style_heldout.jsonl) have been read and are its tuning split, the third (style_part3.jsonl) is
+its held-out split.
 
 Backends: the embedded index of the Wikipedia sample (.cache/bench/retrieval/), and an OpenSearch
 node (`load_split(..., opensearch=OpenSearchSource(url, alias))`), into which the sample is
 ingested behind that alias, its corpus manifest named by node version and alias, the chunk
 embeddings read from the same cache. The lists are cached as JSON under .cache/bench/rerank/
 (`candidates-<bench>-<split>.json` for the embedded index,
-`candidates-opensearch-<version>-<bench>-<split>.json` for a node), so mining training pairs
+`candidates-opensearch-<version>-<bench>-<split>.json` for a node; the style benchmark's per
+part, `style-part1` to `style-part3`, a split reading its parts' lists), so mining training pairs
 (scripts/rerank_pairs.py) and bench/rerank_eval.py read the same ones; only missing lists are
 retrieved.
 
@@ -55,10 +57,12 @@ RERANK_CACHE = CACHE_DIR.parent / "rerank"
 IDENTIFIER_LEXICAL_WEIGHT = 4.0  # the gateway's default `identifier_lexical_weight`
 BENCHMARKS = ("fanoutqa", "lexical", "style")
 TRAINED = ("fanoutqa", "lexical")  # what the shipped delta learnt from (rerank_pairs.py)
-STYLE_FILES = {
-    "tuning": REPO / "bench" / "data" / "style_queries.jsonl",
-    "held-out": REPO / "bench" / "data" / "style_heldout.jsonl",
+STYLE_PARTS = {
+    "part1": REPO / "bench" / "data" / "style_queries.jsonl",
+    "part2": REPO / "bench" / "data" / "style_heldout.jsonl",
+    "part3": REPO / "bench" / "data" / "style_part3.jsonl",
 }
+STYLE_SPLITS = {"tuning": ("part1", "part2"), "held-out": ("part3",)}
 EMBEDDED = "embedded"
 
 
@@ -112,37 +116,44 @@ def load_split(
     """The cached lists of one benchmark split, on the embedded index or `opensearch`,
     retrieved (and cached) when missing."""
     backend = opensearch.backend if opensearch else EMBEDDED
-    path = _path(backend, bench, "tuning" if tuning else "held-out")
-    if not path.exists():
+    role = "tuning" if tuning else "held-out"
+    parts = STYLE_SPLITS[role] if bench == "style" else (role,)
+    paths = [_path(backend, bench, part) for part in parts]
+    if not all(path.exists() for path in paths):
         asyncio.run(_retrieve_missing(backend, opensearch))
-    rows = json.loads(path.read_text("utf-8"))
-    if bench == "style":
-        _check_style_cache(path, rows, "tuning" if tuning else "held-out")
-    return [
-        Listed(r["query"], r["page"], r["group"], [Candidate(**c) for c in r["candidates"]])
-        for r in rows
-    ]
+    listed = []
+    for part, path in zip(parts, paths, strict=True):
+        rows = json.loads(path.read_text("utf-8"))
+        if bench == "style":
+            _check_style_cache(path, rows, part)
+        listed += [
+            Listed(r["query"], r["page"], r["group"], [Candidate(**c) for c in r["candidates"]])
+            for r in rows
+        ]
+    return listed
 
 
 def _check_style_cache(path: Path, rows: list[dict[str, object]], part: str) -> None:
-    """A list cached when the style benchmark was one held-out file holds other queries than
-    its split has now: refused rather than read as that split. (A list holds the file's queries
-    whose page is in the corpus, so it may hold fewer.)"""
-    lines = STYLE_FILES[part].read_text("utf-8").splitlines()
+    """A list cached from another file than the style part's now holds other queries than
+    it: refused rather than read as that part. (A list holds the file's queries whose page is
+    in the corpus, so it may hold fewer.)"""
+    lines = STYLE_PARTS[part].read_text("utf-8").splitlines()
     wanted = {json.loads(line)["query"] for line in lines}
     if not {str(r["query"]) for r in rows} <= wanted:
-        raise SystemExit(f"{path} is not the style benchmark's {part} split: delete it")
+        raise SystemExit(f"{path} is not the style benchmark's {part}: delete it")
 
 
 def benchmark_parts(bench: str, corpus_ids: set[str]) -> dict[str, list[Query]]:
-    """A benchmark's splits by name: tuning and held-out."""
+    """A benchmark's lists to cache by name: tuning and held-out; the style benchmark's
+    parts."""
     if bench == "style":
-        return {part: read_page_queries([f], corpus_ids) for part, f in STYLE_FILES.items()}
+        return {part: read_page_queries([f], corpus_ids) for part, f in STYLE_PARTS.items()}
     queries = load_queries(corpus_ids) if bench == "fanoutqa" else load_lexical(corpus_ids)
     return {"tuning": split(queries, True, None), "held-out": split(queries, False, None)}
 
 
-def _open(opensearch: OpenSearchSource | None) -> Retriever:
+def open_retriever(opensearch: OpenSearchSource | None) -> Retriever:
+    """The embedded index, or the node's alias."""
     if opensearch is None:
         return open_embedded()
     return OpenSearchRetriever(OpenSearchConfig(hosts=(opensearch.url,), alias=opensearch.alias))
@@ -152,7 +163,7 @@ async def _retrieve_missing(backend: str, opensearch: OpenSearchSource | None) -
     docs = load_wiki_sample()
     corpus_ids = {d.doc_id for d in docs}
     embedder = CachedEmbedder(OnnxMiniLMEmbedder(), CACHE_DIR / "embeddings.npz")
-    retriever = _open(opensearch)
+    retriever = open_retriever(opensearch)
     label = f"{backend}-{opensearch.alias}" if opensearch else backend
     try:
         print(await ensure_corpus(label, retriever, docs, embedder), flush=True)

@@ -15,11 +15,11 @@ scores, is below `margin` (1 = always). Intervals: 95% bootstrap resampling whol
 (FanOutQA parent question, lexical and style page); differences are paired.
 
 `tuning` reads the calibration fold of the tuning split (the groups the reranker was not
-trained on, bench/rerank_candidates.py) of FanOutQA and the lexical benchmark, on the embedded
+trained on, bench/rerank_candidates.py) of the three benchmarks, on the embedded
 index, scores each query's top `--depth` candidates once per cut in `--cuts`, prints every
 (candidates, cut, margin, blend) cell, then the CPU cost per query on one onnxruntime thread for
 10/20/50 candidates x cuts 64/128/256. `held-out` reads the held-out split of the three
-benchmarks (the style benchmark is held out whole) once per backend, for the policy given, and
+benchmarks (the style benchmark's: its third part) once per backend, for the policy given, and
 prints fused, always-rerank and the policy with intervals, then whether the policy is below
 fusion alone anywhere (a negative mean paired difference in R@1 or MRR@10). The held-out splits
 are never used to choose anything; nor is a backend: the policy is the one chosen on the

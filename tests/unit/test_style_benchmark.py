@@ -98,8 +98,8 @@ def test_the_held_out_part_is_not_made_without_the_tuning_part(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(style, "OUT", tmp_path / "missing.jsonl")
-    with pytest.raises(SystemExit, match="make the tuning part first"):
-        style.benchmark_pages(DOCS)
+    with pytest.raises(SystemExit, match=r"missing\.jsonl is missing: make the parts before"):
+        list(style.generate_held_out(DOCS, per_kind=10))
 
 
 def test_the_held_out_part_leaves_out_the_tuning_parts_pages(
@@ -108,6 +108,24 @@ def test_the_held_out_part_leaves_out_the_tuning_parts_pages(
     tuning = tmp_path / "style_queries.jsonl"
     tuning.write_text(json.dumps({"query": "Which treasure?", "page": "Holy Grail"}) + "\n")
     monkeypatch.setattr(style, "OUT", tuning)
-    assert "Holy Grail" in style.benchmark_pages(DOCS)
+    assert "Holy Grail" in style.benchmark_pages(DOCS, [tuning])
     rows = list(style.generate_held_out(DOCS, per_kind=10))
     assert rows and "Holy Grail" not in {r["page"] for r in rows}
+
+
+def test_the_third_part_leaves_out_both_earlier_parts_pages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    galileo = doc(
+        "Galileo Galilei", "Galileo Galilei was an Italian astronomer who championed heliocentrism."
+    )
+    docs = [*DOCS, galileo]
+    first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+    first.write_text(json.dumps({"query": "Which treasure?", "page": "Holy Grail"}) + "\n")
+    second.write_text(json.dumps({"query": "Which poet?", "page": "John Keats"}) + "\n")
+    monkeypatch.setattr(style, "OUT", first)
+    monkeypatch.setattr(style, "HELD_OUT", second)
+    assert "John Keats" in {r["page"] for r in style.generate_held_out(docs, per_kind=10)}
+    pages = {r["page"] for r in style.generate_part3(docs, per_kind=10)}
+    assert "Galileo Galilei" in pages
+    assert not pages & {"Holy Grail", "John Keats"}
