@@ -2,12 +2,16 @@
 
     nice -n 10 python bench/end_to_end_eval.py                  # the tuning parts
     nice -n 10 python bench/end_to_end_eval.py --part heldout   # once, at the end
+    nice -n 10 python bench/end_to_end_eval.py --opensearch-url http://127.0.0.1:9200
+
 
 The gateway is the real app (`gateway.server.app.create_app`: its handler, middleware and
 pipeline) on aiohttp's test server, in this process, answering `POST /v1/query` with
 `"route": "auto"` and `"debug": true` for one tenant, `retrieval_eval.TENANT`, whose index is
 bench/retrieval_eval.py's embedded index of the 10,033 Wikipedia lead sections (built there
-and reused here: `ensure_corpus` only checks its manifest). The services around it are the
+and reused here: `ensure_corpus` only checks its manifest) or, with `--opensearch-url`, the
+same sample on that node behind `--opensearch-alias`, as bench/rerank_candidates.py ingests it
+(the chunk vectors read from the embedded run's cache). The services around it are the
 ones `open_services` builds for each configuration (`build_reranker`, `build_quotas`, litellm's
 tiers with no model), except the embedder: MiniLM on onnxruntime behind a disk cache of its
 vectors by text (`retrieval_eval.CachedEmbedder`, its own file `end_to_end_vectors.npz`), so a
@@ -67,8 +71,10 @@ if str(REPO) not in sys.path:  # run as a file, the repo's packages are not on t
 
 from backends.embeddings.onnx_minilm import OnnxMiniLMEmbedder  # noqa: E402
 from backends.llm.tiers import LiteLLMTiers  # noqa: E402
+from bench.rerank_candidates import EMBEDDED, OpenSearchSource, open_retriever  # noqa: E402
 from bench.retrieval_eval import (  # noqa: E402
     CACHE_DIR,
+    OPENSEARCH_ALIAS,
     TENANT,
     CachedEmbedder,
     best_chunk_per_doc,
@@ -76,7 +82,6 @@ from bench.retrieval_eval import (  # noqa: E402
     first_relevant_rank,
     interval,
     load_queries,
-    open_embedded,
     open_embedder,
     split,
 )
@@ -178,10 +183,13 @@ def settings_for(config: str, data_dir: Path) -> Settings:
 
 
 async def open_gateway(
-    stack: AsyncExitStack, settings: Settings, embedder: CachedEmbedder
+    stack: AsyncExitStack,
+    settings: Settings,
+    embedder: CachedEmbedder,
+    source: OpenSearchSource | None,
 ) -> TestClient[Any, Any]:
     metrics = Metrics()
-    retriever = open_embedded()
+    retriever = open_retriever(source)
     stack.push_async_callback(retriever.aclose)
     quotas = build_quotas(settings, metrics, None)
     stack.push_async_callback(quotas.aclose)
@@ -207,12 +215,16 @@ async def ask(client: TestClient[Any, Any], query: str) -> Served:
 
 
 async def serve_all(
-    config: str, sets: Mapping[str, Sequence[Case]], embedder: CachedEmbedder
+    config: str,
+    sets: Mapping[str, Sequence[Case]],
+    embedder: CachedEmbedder,
+    source: OpenSearchSource | None,
 ) -> dict[str, list[Served]]:
     out: dict[str, list[Served]] = {}
     with tempfile.TemporaryDirectory(prefix="end-to-end-") as data_dir:
         async with AsyncExitStack() as stack:
-            client = await open_gateway(stack, settings_for(config, Path(data_dir)), embedder)
+            settings = settings_for(config, Path(data_dir))
+            client = await open_gateway(stack, settings, embedder, source)
             for name, cases in sets.items():
                 start = time.perf_counter()
                 out[name] = []
@@ -324,9 +336,12 @@ async def evaluate(args: argparse.Namespace) -> None:
         "direct": lambda: direct_cases(args.part, args.limit),
     }
     sets = {name: every[name]() for name in args.sets}
-    corpus_embedder, index = open_embedder(), open_embedded()
+    url = args.opensearch_url
+    source = OpenSearchSource(url, args.opensearch_alias) if url else None
+    label = f"{source.backend}-{source.alias}" if source else EMBEDDED
+    corpus_embedder, index = open_embedder(), open_retriever(source)
     try:  # the bench's index, as bench/retrieval_eval.py built it (ingested only if missing)
-        print(await ensure_corpus("embedded", index, docs, corpus_embedder))
+        print(await ensure_corpus(label, index, docs, corpus_embedder))
     finally:
         await index.aclose()
         await corpus_embedder.aclose()
@@ -336,13 +351,13 @@ async def evaluate(args: argparse.Namespace) -> None:
     results: dict[str, dict[str, list[Served]]] = {}
     try:
         for config in args.configs:
-            results[config] = await serve_all(config, sets, embedder)
+            results[config] = await serve_all(config, sets, embedder, source)
     finally:
         await embedder.aclose()
     # A question or sentence embedded for the first time costs the model's pass, and the cache
     # a write, inside the answer's time: the first configuration would pay them for both.
     cold = embedder.computed
-    print(f"\npart {args.part}, first citation of /v1/query answers, 95% CI by group:")
+    print(f"\npart {args.part} on {label}, first citation of /v1/query answers, 95% CI by group:")
     print("\n".join(report(results, sets)))
     print("\nthe issue's targets (R@1 of the first citation, held out):")
     print("\n".join(target_lines(results, sets)))
@@ -359,6 +374,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--configs", nargs="+", choices=CONFIGS, default=list(CONFIGS))
     parser.add_argument("--sets", nargs="+", choices=SETS, default=list(SETS))
     parser.add_argument("--limit", type=int, default=None, help="at most N queries per set")
+    parser.add_argument("--opensearch-url", default=None, help="this node, not the embedded index")
+    parser.add_argument("--opensearch-alias", default=OPENSEARCH_ALIAS)
     args = parser.parse_args(argv)
     print(f"command: python {' '.join(sys.argv)}")
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
