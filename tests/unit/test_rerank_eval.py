@@ -48,9 +48,9 @@ def test_the_chosen_policy_is_the_one_whose_worst_benchmark_gains_most() -> None
 
 
 def test_a_cached_style_list_of_another_split_is_refused(tmp_path: Path) -> None:
-    lines = STYLE_PARTS["part3"].read_text("utf-8").splitlines()
+    lines = STYLE_PARTS["part4"].read_text("utf-8").splitlines()
     mine = [{"query": json.loads(line)["query"]} for line in lines[:3]]
-    _check_style_cache(tmp_path / "list.json", mine, "part3")  # fewer is fine
+    _check_style_cache(tmp_path / "list.json", mine, "part4")  # fewer is fine
     foreign = [*mine, {"query": "a query of the first part"}]
-    with pytest.raises(SystemExit, match="not the style benchmark's part3"):
-        _check_style_cache(tmp_path / "list.json", foreign, "part3")
+    with pytest.raises(SystemExit, match="not the style benchmark's part4"):
+        _check_style_cache(tmp_path / "list.json", foreign, "part4")

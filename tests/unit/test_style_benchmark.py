@@ -94,26 +94,15 @@ def test_the_held_out_part_uses_no_taken_page_and_keeps_the_others_rows() -> Non
     assert [(r["kind"], r["query"]) for r in rows] == [(r["kind"], r["query"]) for r in untaken]
 
 
-def test_the_held_out_part_is_not_made_without_the_tuning_part(
+def test_a_part_is_not_made_without_the_parts_before_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(style, "OUT", tmp_path / "missing.jsonl")
+    monkeypatch.setattr(style, "PARTS", (tmp_path / "missing.jsonl", tmp_path / "second.jsonl"))
     with pytest.raises(SystemExit, match=r"missing\.jsonl is missing: make the parts before"):
-        list(style.generate_held_out(DOCS, per_kind=10))
+        list(style.generate_part(2, DOCS, per_kind=10))
 
 
-def test_the_held_out_part_leaves_out_the_tuning_parts_pages(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    tuning = tmp_path / "style_queries.jsonl"
-    tuning.write_text(json.dumps({"query": "Which treasure?", "page": "Holy Grail"}) + "\n")
-    monkeypatch.setattr(style, "OUT", tuning)
-    assert "Holy Grail" in style.benchmark_pages(DOCS, [tuning])
-    rows = list(style.generate_held_out(DOCS, per_kind=10))
-    assert rows and "Holy Grail" not in {r["page"] for r in rows}
-
-
-def test_the_third_part_leaves_out_both_earlier_parts_pages(
+def test_each_part_leaves_out_every_earlier_parts_pages(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     galileo = doc(
@@ -123,9 +112,11 @@ def test_the_third_part_leaves_out_both_earlier_parts_pages(
     first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
     first.write_text(json.dumps({"query": "Which treasure?", "page": "Holy Grail"}) + "\n")
     second.write_text(json.dumps({"query": "Which poet?", "page": "John Keats"}) + "\n")
-    monkeypatch.setattr(style, "OUT", first)
-    monkeypatch.setattr(style, "HELD_OUT", second)
-    assert "John Keats" in {r["page"] for r in style.generate_held_out(docs, per_kind=10)}
-    pages = {r["page"] for r in style.generate_part3(docs, per_kind=10)}
-    assert "Galileo Galilei" in pages
-    assert not pages & {"Holy Grail", "John Keats"}
+    monkeypatch.setattr(style, "PARTS", (first, second, tmp_path / "third.jsonl"))
+    assert "Holy Grail" in {r["page"] for r in style.generate_part(1, docs, per_kind=10)}
+    assert "Holy Grail" in style.benchmark_pages(docs, [first])
+    second_pages = {r["page"] for r in style.generate_part(2, docs, per_kind=10)}
+    assert "John Keats" in second_pages and "Holy Grail" not in second_pages
+    third_pages = {r["page"] for r in style.generate_part(3, docs, per_kind=10)}
+    assert "Galileo Galilei" in third_pages
+    assert not third_pages & {"Holy Grail", "John Keats"}
