@@ -62,7 +62,7 @@ from bench.rerank_candidates import (  # noqa: E402
 )
 from bench.retrieval_eval import OPENSEARCH_ALIAS, interval  # noqa: E402
 from routers.policy import lexical_reason  # noqa: E402
-from routers.rerank import final_order, title_matches  # noqa: E402
+from routers.rerank import final_order, full_match_first, title_matches  # noqa: E402
 from routers.titles import base_name  # noqa: E402
 
 CANDIDATE_COUNTS = (10, 20, 50)
@@ -70,6 +70,7 @@ CUTS = (64, 128, 256)
 MARGINS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 1.01)  # 1.01: every query (margins are <= 1)
 BLENDS = (0.0, 0.5, 1.0, 2.0)
 TITLE_WEIGHTS = (0.0, 0.25, 0.5, 1.0)
+FULL_MATCH = (0, 1, 3, 4, 5)  # the coverage guard off (0), then its minimum number of words
 COST_QUERIES = 6  # queries timed per (candidates, cut) cell
 DEPTH = 10
 
@@ -85,12 +86,14 @@ class Policy:
     # What a candidate whose title the query names adds (`routers.rerank.title_matches`), on
     # reranked queries and, with fused scores alone, on the others, as the rerank stage does.
     title_weight: float = 0.0
+    # The coverage guard's `full_match_min_words` (`routers.rerank.full_match_first`); 0: off.
+    full_match: int = 0
 
     def label(self) -> str:
         skip = "skip" if self.skip_lexical else "-"
         return (
             f"{self.candidates:>5}{self.cut:>5}{self.margin:>7.2f}{self.blend:>6.1f}{skip:>6}"
-            f"{self.title_weight:>6.2f}"
+            f"{self.title_weight:>6.2f}{self.full_match:>5}"
         )
 
     def reranks(self, listed: Listed) -> bool:
@@ -130,6 +133,9 @@ def reranked_docs(listed: Listed, scores: Sequence[float] | None, policy: Policy
     final = fused if scores is None else _minmax(scores[: len(head)]) + policy.blend * fused
     named = title_matches(listed.query, [c.doc_id for c in head])  # the doc id is the title
     order = final_order([float(f) for f in final], named, policy.title_weight)
+    if policy.full_match:
+        passages = [f"{c.doc_id} {c.text}" for c in head]
+        order = full_match_first(listed.query, passages, order, policy.full_match)
     rest = listed.candidates[policy.candidates :]
     return [head[i].doc_id for i in order] + [c.doc_id for c in rest]
 
@@ -229,6 +235,7 @@ def tuning(args: argparse.Namespace) -> None:
             print(f"  scored {b} at cut {cut} in {time.perf_counter() - start:.0f} s", flush=True)
     print(
         f"\n{'bench':<10}{'cands':>5}{'cut':>5}{'margin':>7}{'blend':>6}{'lex':>6}{'title':>6}"
+        f"{'full':>5}"
         f"{'reranked':>9}"
         f"{'R@1':>7}{'MRR@10':>8}{'dR@1 vs fused [95% CI]':>28}{'dMRR@10':>9}"
     )
@@ -237,10 +244,12 @@ def tuning(args: argparse.Namespace) -> None:
     for b, split in splits.items():
         groups = [x.group for x in split]
         f1, frr = metrics(ranks(split, None, None))
-        print(f"{b:<10}{'fused':>45}{f1.mean():>7.3f}{frr.mean():>8.3f}")
-        cells = itertools.product(counts, args.cuts, MARGINS, BLENDS, (False, True), TITLE_WEIGHTS)
-        for n, cut, margin, blend, skip, title in cells:
-            policy = Policy(n, cut, margin, blend, skip, title)
+        print(f"{b:<10}{'fused':>50}{f1.mean():>7.3f}{frr.mean():>8.3f}")
+        cells = itertools.product(
+            counts, args.cuts, MARGINS, BLENDS, (False, True), TITLE_WEIGHTS, FULL_MATCH
+        )
+        for n, cut, margin, blend, skip, title, full in cells:
+            policy = Policy(n, cut, margin, blend, skip, title, full)
             r1, rr = metrics(ranks(split, scores[(b, cut)], policy))
             share = np.mean([policy.reranks(x) for x in split])
             gains.setdefault(policy, []).append(float((r1 - f1).mean()))
@@ -317,15 +326,28 @@ def _ordered_docs(listed: Listed, scores: list[float], policy: Policy | None) ->
 
 def held_out(args: argparse.Namespace) -> None:
     policy = Policy(
-        args.candidates, args.cut, args.margin, args.blend, args.skip_lexical, args.title_weight
+        args.candidates,
+        args.cut,
+        args.margin,
+        args.blend,
+        args.skip_lexical,
+        args.title_weight,
+        args.full_match,
     )
     always = Policy(args.candidates, args.cut, 1.01, args.blend)
-    # Margin 0 reranks nothing: the fused order with the title term alone.
-    titles = Policy(args.candidates, args.cut, 0.0, args.blend, title_weight=args.title_weight)
+    # Margin 0 reranks nothing: the fused order with the title term (and the guard) alone.
+    titles = Policy(
+        args.candidates,
+        args.cut,
+        0.0,
+        args.blend,
+        title_weight=args.title_weight,
+        full_match=args.full_match,
+    )
     encoder = LocalCrossEncoder(delta_path=args.delta, cut=args.cut, threads=args.threads)
     sources: list[OpenSearchSource | None] = [None]
     sources += [OpenSearchSource(url, args.opensearch_alias) for url in args.opensearch_url]
-    print(f"policy (cands cut margin blend): {policy.label()}")
+    print(f"policy (cands cut margin blend lex title full): {policy.label()}")
     print(
         f"{'bench':<10}{'backend':<18}{'variant':<9}{'reranked':>9}{'R@1 [95% CI]':>24}"
         f"{'MRR@10 [95% CI]':>24}{'dR@1 vs fused':>26}{'dMRR@10 vs fused':>26}"
@@ -386,6 +408,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--blend", type=float, default=0.0, help="held-out policy")
     parser.add_argument("--skip-lexical", action="store_true", help="held-out policy")
     parser.add_argument("--title-weight", type=float, default=0.0, help="held-out policy")
+    parser.add_argument("--full-match", type=int, default=0, help="held-out policy; 0: off")
     parser.add_argument(
         "--opensearch-url", action="append", default=[], help="held-out: a node, repeatable"
     )

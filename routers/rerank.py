@@ -19,7 +19,16 @@ so both follow one policy (`retrieval.rerank`):
   keyword or identifier query;
 - a search skipped as confident is still reordered by minmax(fused) + `title_weight` x named
   over its top `candidates` when the query names one of their titles: a string match, no
-  reranker call.
+  reranker call;
+- either reorder keeps the fused first hit first when it holds every content word of a query
+  of at least `full_match_min_words` of them (its title counted) and the hit put above it does
+  not (`keep_full_match`). Both signals above read names: the cross-encoder was trained on
+  questions that name their page, and the title term lifts a named page. A question that
+  describes what it wants ("Which coastal city in southeastern Kenya along the Indian Ocean?")
+  names other pages, and on such questions both moved a page that holds part of the description
+  above the one passage that holds all of it (docs/reranking.md, "The coverage guard"). A short
+  question ("What is the population of Indonesia?") is matched whole by many passages by chance
+  (a city's page that gives the country's population), so the guard waits for four words.
 
 The defaults are the policy chosen on the tuning split by bench/rerank_eval.py for the local
 reranker (docs/reranking.md, "The default policy, measured").
@@ -45,6 +54,7 @@ from backends.rerank.base import Reranker, RerankRequest
 from backends.rerank.config import OpenSearchRerankConfig, RemoteRerankConfig
 from backends.retrieval.base import Hit
 from backends.sections import SECTION
+from routers.grading import content_words
 from routers.policy import lexical_reason
 from routers.titles import names_title
 
@@ -72,7 +82,7 @@ class RerankConfig(BaseModel):
     when: Literal["uncertain", "always"] = "uncertain"
     # Reranked only when the best two documents' fused scores are at most this far apart, as a
     # share of the best one's: (s1 - s2) / s1.
-    max_margin: float = Field(default=0.2, ge=0, le=1)
+    max_margin: float = Field(default=0.1, ge=0, le=1)
     # Skipped when both arms rank the same passage first.
     skip_when_arms_agree: bool = False
     # Keyword and identifier queries keep the fused order: on the lexical benchmark the local
@@ -85,6 +95,11 @@ class RerankConfig(BaseModel):
     # [0, 1]), reranked or skipped as confident; never for keyword or identifier queries, where
     # it lost on the lexical benchmark. 0: titles are not read.
     title_weight: float = Field(default=0.5, ge=0, le=10)
+    # A fused first hit holding every content word of the query stays first unless the hit
+    # put above it holds them all too (the module docstring); only for queries of at least
+    # `full_match_min_words` content words.
+    keep_full_match: bool = True
+    full_match_min_words: int = Field(default=4, ge=1, le=100)
     # How many of the top fused hits are scored (the lookup fetches this many, keeps `k`).
     candidates: int = Field(default=10, ge=2, le=100)
     # Each passage is cut at this many characters (~4 a token: 1024 ~ 256) before the reranker
@@ -185,6 +200,22 @@ def final_order(base: Sequence[float], named: Sequence[bool], title_weight: floa
     return sorted(range(len(final)), key=lambda i: (-final[i], i))
 
 
+def full_match_first(
+    query: str, passages: Sequence[str], order: list[int], min_words: int
+) -> list[int]:
+    """`order` (indices into `passages`, each a fused hit's title and text, fused first first)
+    with the fused first put back first when it holds every content word of a query of at
+    least `min_words` of them and the passage `order` puts first does not hold them all."""
+    if not order or order[0] == 0:
+        return order
+    words = content_words(query)
+    if len(words) < min_words or not words <= content_words(passages[0]):
+        return order
+    if words <= content_words(passages[order[0]]):
+        return order
+    return [0, *(i for i in order if i != 0)]
+
+
 def _minmax(values: Sequence[float]) -> list[float]:
     low, high = min(values), max(values)
     span = high - low
@@ -236,7 +267,9 @@ class RerankStage:
         reads_titles = c.title_weight > 0 and decision in (None, "skipped_confident")
         named = title_matches(call.query, [h.title for h in head]) if reads_titles else []
         if decision == "skipped_confident" and any(named):
-            order = final_order(_minmax(fused), named, c.title_weight)
+            order = self._guarded(
+                call.query, head, final_order(_minmax(fused), named, c.title_weight)
+            )
             kept, moved = self._reordered(call, head, order)
             self._record(call, self._trace(call, decision, margin, fused_ranks=moved))
             return kept
@@ -252,10 +285,17 @@ class RerankStage:
         order = final_order(
             blended(scores, fused, c.blend), named or [False] * len(head), c.title_weight
         )
-        kept, moved = self._reordered(call, head, order)
+        kept, moved = self._reordered(call, head, self._guarded(call.query, head, order))
         trace = self._trace(call, "reranked", margin, len(head), started, moved)
         self._record(call, trace)
         return kept
+
+    def _guarded(self, query: str, head: Sequence[Hit], order: list[int]) -> list[int]:
+        c = self._config
+        if not c.keep_full_match:
+            return order
+        passages = [f"{h.title} {h.text}" for h in head]
+        return full_match_first(query, passages, order, c.full_match_min_words)
 
     @staticmethod
     def _reordered(

@@ -58,6 +58,8 @@ LIVE: tuple[str, ...] = (
     "retrieval.rerank.skip_keyword_queries",
     "retrieval.rerank.blend",
     "retrieval.rerank.title_weight",
+    "retrieval.rerank.keep_full_match",
+    "retrieval.rerank.full_match_min_words",
     "retrieval.rerank.candidates",
     "retrieval.rerank.passage_chars",
     "retrieval.rerank.timeout_s",

@@ -300,10 +300,10 @@ async def test_keyword_queries_keep_the_fused_order() -> None:
 
 
 def test_the_defaults_are_the_measured_policy() -> None:
-    """docs/reranking.md, "The default policy, measured": 10 candidates, margin 0.2, blend 1,
-    keyword queries skipped, arms' agreement not a reason to skip."""
+    """docs/reranking.md, "The coverage guard": 10 candidates, margin 0.1, blend 1, keyword
+    queries skipped, arms' agreement not a reason to skip."""
     c = RerankConfig()
-    assert (c.reranker, c.candidates, c.max_margin, c.blend) == ("local", 10, 0.2, 1.0)
+    assert (c.reranker, c.candidates, c.max_margin, c.blend) == ("local", 10, 0.1, 1.0)
     assert (c.skip_keyword_queries, c.skip_when_arms_agree, c.when) == (True, False, "uncertain")
 
 
@@ -372,3 +372,63 @@ async def test_a_reranked_order_adds_the_title_term() -> None:
 def test_the_title_weight_default_is_the_measured_one() -> None:
     """docs/reranking.md, "The title signal": 0.5 on the calibration fold."""
     assert RerankConfig().title_weight == 0.5
+
+
+# A question that describes its page and names another: the fused first holds all of it.
+MOMBASA = "Which coastal city in southeastern Kenya along the Indian Ocean?"
+DESCRIBED = [
+    Hit(
+        "d1",
+        "d1#0",
+        "Mombasa",
+        "",
+        "Mombasa is a coastal city in southeastern Kenya along the Indian Ocean.",
+        BEST * 0.9,
+    ),
+    Hit("d2", "d2#0", "Kenya", "", "Kenya is a country in East Africa.", BEST * 0.85),
+    Hit(
+        "d3", "d3#0", "Indian Ocean", "", "The Indian Ocean is the third-largest ocean.", BEST * 0.1
+    ),
+]
+
+
+async def described_run(stage: RerankStage, query: str = MOMBASA) -> list[Hit]:
+    kept = await stage.rerank(RerankCall("acme", query, DESCRIBED, 3, "lookup", Recorder()))
+    return list(kept)
+
+
+async def test_a_reranked_order_keeps_first_the_fused_hit_holding_the_whole_question() -> None:
+    prefers_kenya = FakeReranker(score=lambda q, p: float(p.startswith("Kenya")))
+    guarded = RerankStage(config(when="always", blend=0.0, title_weight=1.5), prefers_kenya)
+    assert [h.doc_id for h in await described_run(guarded)] == ["d1", "d2", "d3"]
+    unguarded = RerankStage(
+        config(when="always", blend=0.0, title_weight=1.5, keep_full_match=False), prefers_kenya
+    )
+    assert [h.doc_id for h in await described_run(unguarded)] == ["d2", "d3", "d1"]
+
+
+async def test_the_title_term_alone_keeps_first_the_fused_hit_holding_the_whole_question() -> None:
+    fake = FakeReranker()
+    stage = RerankStage(config(max_margin=0.0, title_weight=5.0), fake)
+    assert [h.doc_id for h in await described_run(stage)] == ["d1", "d2", "d3"]
+    assert fake.requests == []  # skipped as confident: the title term's reorder alone
+    off = RerankStage(config(max_margin=0.0, title_weight=5.0, keep_full_match=False), fake)
+    assert [h.doc_id for h in await described_run(off)] == ["d2", "d3", "d1"]
+
+
+async def test_the_guard_waits_for_enough_words_and_yields_to_another_whole_match() -> None:
+    prefers_kenya = FakeReranker(score=lambda q, p: float(p.startswith("Kenya")))
+    stage = RerankStage(config(when="always", blend=0.0), prefers_kenya)
+    # Two content words ("coastal", "kenya"): under the default minimum the guard is not asked.
+    assert (await described_run(stage, "Coastal Kenya?"))[0].doc_id == "d2"
+    strict = RerankStage(config(when="always", blend=0.0, full_match_min_words=2), prefers_kenya)
+    # Kenya's passage (its title counted) holds "kenya" but not "coastal": Mombasa stays first.
+    assert (await described_run(strict, "Coastal Kenya?"))[0].doc_id == "d1"
+    # A question Kenya's passage holds whole lets it go first.
+    assert (await described_run(strict, "Kenya country East Africa?"))[0].doc_id == "d2"
+
+
+def test_the_guard_is_on_by_default_from_four_words() -> None:
+    """docs/reranking.md, "The coverage guard": chosen on the tuning parts."""
+    c = RerankConfig()
+    assert (c.keep_full_match, c.full_match_min_words) == (True, 4)
