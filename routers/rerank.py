@@ -132,6 +132,8 @@ class RerankTrace:
     ms: float = 0.0
     # The kept hits' fused ranks (1-based) in their new order; empty when nothing moved.
     fused_ranks: tuple[int, ...] = ()
+    # The coverage guard put the fused first hit back first (`keep_full_match`).
+    full_match_kept: bool = False
     # Why it failed (the reranker's error), for the notes and the log.
     detail: str = ""
 
@@ -267,11 +269,13 @@ class RerankStage:
         reads_titles = c.title_weight > 0 and decision in (None, "skipped_confident")
         named = title_matches(call.query, [h.title for h in head]) if reads_titles else []
         if decision == "skipped_confident" and any(named):
-            order = self._guarded(
-                call.query, head, final_order(_minmax(fused), named, c.title_weight)
+            order = final_order(_minmax(fused), named, c.title_weight)
+            guarded = self._guarded(call.query, head, order)
+            kept, moved = self._reordered(call, head, guarded)
+            trace = self._trace(
+                call, decision, margin, fused_ranks=moved, full_match_kept=guarded != order
             )
-            kept, moved = self._reordered(call, head, order)
-            self._record(call, self._trace(call, decision, margin, fused_ranks=moved))
+            self._record(call, trace)
             return kept
         if decision is not None or reranker is None:
             self._record(call, self._trace(call, decision or "skipped_off", margin))
@@ -285,8 +289,11 @@ class RerankStage:
         order = final_order(
             blended(scores, fused, c.blend), named or [False] * len(head), c.title_weight
         )
-        kept, moved = self._reordered(call, head, self._guarded(call.query, head, order))
-        trace = self._trace(call, "reranked", margin, len(head), started, moved)
+        guarded = self._guarded(call.query, head, order)
+        kept, moved = self._reordered(call, head, guarded)
+        trace = self._trace(
+            call, "reranked", margin, len(head), started, moved, full_match_kept=guarded != order
+        )
         self._record(call, trace)
         return kept
 
@@ -351,6 +358,7 @@ class RerankStage:
         started: float | None = None,
         fused_ranks: tuple[int, ...] = (),
         detail: str = "",
+        full_match_kept: bool = False,
     ) -> RerankTrace:
         reranker = self._reranker
         ms = 0.0 if started is None else round((time.perf_counter() - started) * 1000, 3)
@@ -363,6 +371,7 @@ class RerankStage:
             candidates=candidates,
             ms=ms,
             fused_ranks=fused_ranks,
+            full_match_kept=full_match_kept,
             detail=detail,
         )
 

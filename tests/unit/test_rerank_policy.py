@@ -393,24 +393,39 @@ DESCRIBED = [
 
 
 async def described_run(stage: RerankStage, query: str = MOMBASA) -> list[Hit]:
-    kept = await stage.rerank(RerankCall("acme", query, DESCRIBED, 3, "lookup", Recorder()))
-    return list(kept)
+    kept, _ = await described_traced(stage, query)
+    return kept
+
+
+async def described_traced(
+    stage: RerankStage, query: str = MOMBASA
+) -> tuple[list[Hit], RerankTrace]:
+    recorder = Recorder()
+    kept = await stage.rerank(RerankCall("acme", query, DESCRIBED, 3, "lookup", recorder))
+    (trace,) = recorder.traces
+    return list(kept), trace
 
 
 async def test_a_reranked_order_keeps_first_the_fused_hit_holding_the_whole_question() -> None:
     prefers_kenya = FakeReranker(score=lambda q, p: float(p.startswith("Kenya")))
     guarded = RerankStage(config(when="always", blend=0.0, title_weight=1.5), prefers_kenya)
-    assert [h.doc_id for h in await described_run(guarded)] == ["d1", "d2", "d3"]
+    kept, trace = await described_traced(guarded)
+    assert [h.doc_id for h in kept] == ["d1", "d2", "d3"]
+    assert (trace.decision, trace.full_match_kept, trace.fused_ranks) == ("reranked", True, ())
     unguarded = RerankStage(
         config(when="always", blend=0.0, title_weight=1.5, keep_full_match=False), prefers_kenya
     )
-    assert [h.doc_id for h in await described_run(unguarded)] == ["d2", "d3", "d1"]
+    kept, trace = await described_traced(unguarded)
+    assert [h.doc_id for h in kept] == ["d2", "d3", "d1"]
+    assert (trace.full_match_kept, trace.fused_ranks) == (False, (2, 3, 1))
 
 
 async def test_the_title_term_alone_keeps_first_the_fused_hit_holding_the_whole_question() -> None:
     fake = FakeReranker()
     stage = RerankStage(config(max_margin=0.0, title_weight=5.0), fake)
-    assert [h.doc_id for h in await described_run(stage)] == ["d1", "d2", "d3"]
+    kept, trace = await described_traced(stage)
+    assert [h.doc_id for h in kept] == ["d1", "d2", "d3"]
+    assert (trace.decision, trace.full_match_kept) == ("skipped_confident", True)
     assert fake.requests == []  # skipped as confident: the title term's reorder alone
     off = RerankStage(config(max_margin=0.0, title_weight=5.0, keep_full_match=False), fake)
     assert [h.doc_id for h in await described_run(off)] == ["d2", "d3", "d1"]
