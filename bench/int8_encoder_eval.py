@@ -20,8 +20,9 @@ Benchmarks, each computed with fp32 and with int8 embeddings in this one run:
 - retrieval on the embedded index, each encoder indexing the 10,033-page sample itself
   (`bench/retrieval_eval.py`'s corpus, benchmarks and splits): recall@10 of the dense arm and of
   the shipped fusion (minmax_peak, the policy's identifier weight 4) on FanOutQA sub-questions,
-  on the lexical benchmark and (held out only: it has no tuning part) on the style benchmark
-  (`bench/data/style_queries.jsonl`, descriptions of a page that do not name it).
+  on the lexical benchmark and (held out only) on the style benchmark's held-out part
+  (`scripts/make_style_benchmark.py`'s last part, descriptions of a page that do not name it;
+  readings before 2026-12-08 read its first part, `bench/data/style_queries.jsonl`).
 
 The rule (issue: "an int8 encoder kept only if route accuracy and recall@10 on every benchmark
 stay inside their intervals"): int8's figure must fall inside fp32's 95% bootstrap interval on
@@ -75,6 +76,7 @@ from gateway.ingest.chunker import chunk_document  # noqa: E402
 from gateway.ingest.wiki_sample import load_wiki_sample  # noqa: E402
 from routers.learned import CLASSES, LearnedClassifier  # noqa: E402
 from routers.types import Route  # noqa: E402
+from scripts.make_style_benchmark import PARTS as STYLE_PARTS  # noqa: E402
 from scripts.train_router import Example, labels_of, load_examples, style_shift_examples  # noqa: E402
 
 I64 = npt.NDArray[np.int64]
@@ -83,7 +85,7 @@ ENCODERS: tuple[Precision, ...] = ("fp32", "int8")
 # weight (`identifier_lexical_weight`, 4).
 SHIPPED_FUSION = Candidate("minmax_peak +policy x4", "minmax_peak", per_query="policy", raised=4.0)
 DIRECT_DATA = REPO / "bench" / "data" / "direct_routing.jsonl"
-STYLE_FILE = REPO / "bench" / "data" / "style_queries.jsonl"
+STYLE_FILE = STYLE_PARTS[-1]  # the style benchmark's held-out part
 TIMING_ROUNDS = 7
 TIMING_QUERIES = 64
 TIMING_BATCH = 256
@@ -192,7 +194,7 @@ async def retrieval_rows(encoders: dict[str, OnnxMiniLMEmbedder], part: str) -> 
         "FanOutQA": split(load_queries(corpus_ids), part == "tune", None),
         "lexical": split(load_lexical(corpus_ids), part == "tune", None),
     }
-    if part == "heldout":  # the style benchmark is held out whole
+    if part == "heldout":  # only the style benchmark's held-out part: the others were read
         benchmarks["style"] = read_page_queries([STYLE_FILE], corpus_ids)
     stores = {
         "fp32": ("embedded", open_embedded(), CACHE_DIR / "embeddings.npz"),

@@ -57,7 +57,8 @@ IDENTIFIER_LEXICAL_WEIGHT = 4.0  # the gateway's default `identifier_lexical_wei
 BENCHMARKS = ("fanoutqa", "lexical", "style")
 TRAINED = ("fanoutqa", "lexical")  # what the shipped delta learnt from (rerank_pairs.py)
 STYLE_PARTS = {f"part{n}": path for n, path in enumerate(style_benchmark.PARTS, start=1)}
-STYLE_SPLITS = {"tuning": ("part1", "part2", "part3"), "held-out": ("part4",)}
+# The last part is held out; every earlier one has been read, so it tunes.
+STYLE_SPLITS = {"tuning": tuple(STYLE_PARTS)[:-1], "held-out": tuple(STYLE_PARTS)[-1:]}
 EMBEDDED = "embedded"
 
 
@@ -129,12 +130,12 @@ def load_split(
 
 
 def _check_style_cache(path: Path, rows: list[dict[str, object]], part: str) -> None:
-    """A list cached from another file than the style part's now holds other queries than
-    it: refused rather than read as that part. (A list holds the file's queries whose page is
-    in the corpus, so it may hold fewer.)"""
+    """A cached list holding a (query, page) its part's file does not is refused rather than
+    read as that part. (A list holds the file's queries whose page is in the corpus, so it may
+    hold fewer.)"""
     lines = STYLE_PARTS[part].read_text("utf-8").splitlines()
-    wanted = {json.loads(line)["query"] for line in lines}
-    if not {str(r["query"]) for r in rows} <= wanted:
+    wanted = {(json.loads(line)["query"], json.loads(line)["page"]) for line in lines}
+    if not {(str(r["query"]), str(r["page"])) for r in rows} <= wanted:
         raise SystemExit(f"{path} is not the style benchmark's {part}: delete it")
 
 

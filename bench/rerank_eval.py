@@ -1,8 +1,9 @@
 """Fused vs fused + local rerank: quality (R@1, MRR@10) and CPU cost, tuning split first.
 
-    nice -n 10 python bench/rerank_eval.py tuning      # curves: candidates x cut x margin x blend
-    nice -n 10 python bench/rerank_eval.py held-out --candidates 10 --cut 64 --margin 0.2 \
-        --blend 1.0 --skip-lexical [--opensearch-url URL --opensearch-alias ALIAS]
+    nice -n 10 python bench/rerank_eval.py tuning    # every cell of the grid below
+    nice -n 10 python bench/rerank_eval.py held-out --candidates 10 --cut 64 --margin 0.1 \
+        --blend 1.0 --skip-lexical --title-weight 0.5 --full-match 4 \
+        [--opensearch-url URL --opensearch-alias ALIAS]
 
 Candidates: bench/rerank_candidates.py (the Wikipedia sample on the embedded index, and on each
 `--opensearch-url` node behind `--opensearch-alias`; hybrid, the gateway's default fusion and
@@ -17,9 +18,10 @@ scores, is below `margin` (1 = always). Intervals: 95% bootstrap resampling whol
 `tuning` reads the calibration fold of the tuning split (the groups the reranker was not
 trained on, bench/rerank_candidates.py) of the three benchmarks, on the embedded
 index, scores each query's top `--depth` candidates once per cut in `--cuts`, prints every
-(candidates, cut, margin, blend) cell, then the CPU cost per query on one onnxruntime thread for
-10/20/50 candidates x cuts 64/128/256. `held-out` reads the held-out split of the three
-benchmarks (the style benchmark's: its third part) once per backend, for the policy given, and
+(candidates, cut, margin, blend, keyword skip, title weight, guard) cell, then the CPU cost per
+query on one onnxruntime thread for 10/20/50 candidates x cuts 64/128/256. `held-out` reads
+the held-out split of the three benchmarks (the style benchmark's: its last part) once per
+backend, for the policy given, and
 prints fused, always-rerank and the policy with intervals, then whether the policy is below
 fusion alone anywhere (a negative mean paired difference in R@1 or MRR@10). The held-out splits
 are never used to choose anything; nor is a backend: the policy is the one chosen on the
@@ -289,7 +291,13 @@ def errors(args: argparse.Namespace) -> None:
     encoder = LocalCrossEncoder(delta_path=args.delta, cut=args.cut, threads=args.threads)
     plain = Policy(args.candidates, args.cut, args.margin, args.blend, args.skip_lexical)
     titled = Policy(
-        args.candidates, args.cut, args.margin, args.blend, args.skip_lexical, args.title_weight
+        args.candidates,
+        args.cut,
+        args.margin,
+        args.blend,
+        args.skip_lexical,
+        args.title_weight,
+        args.full_match,
     )
     for b in BENCHMARKS:
         split = load_split(b, tuning=True)[: args.limit]

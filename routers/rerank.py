@@ -31,7 +31,7 @@ so both follow one policy (`retrieval.rerank`):
   (a city's page that gives the country's population), so the guard waits for four words.
 
 The defaults are the policy chosen on the tuning split by bench/rerank_eval.py for the local
-reranker (docs/reranking.md, "The default policy, measured").
+reranker (docs/reranking.md, "The coverage guard").
 
 A reranker that fails or outlives `timeout_s` (or the request's deadline) leaves the fused order
 as it was: the decision says "failed" and the request's notes say so. Every decision is handed
@@ -299,7 +299,7 @@ class RerankStage:
 
     def _guarded(self, query: str, head: Sequence[Hit], order: list[int]) -> list[int]:
         c = self._config
-        if not c.keep_full_match:
+        if not c.keep_full_match or not order or order[0] == 0:
             return order
         passages = [f"{h.title} {h.text}" for h in head]
         return full_match_first(query, passages, order, c.full_match_min_words)

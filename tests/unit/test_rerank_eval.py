@@ -7,13 +7,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.rerank_candidates import EMBEDDED, STYLE_PARTS, _check_style_cache, list_name
+from bench.rerank_candidates import (
+    EMBEDDED,
+    STYLE_PARTS,
+    STYLE_SPLITS,
+    _check_style_cache,
+    list_name,
+)
 from bench.rerank_eval import Policy, best_policies, verdict
 
 
 def test_the_embedded_lists_keep_their_names_and_a_nodes_carry_its_backend() -> None:
     assert list_name(EMBEDDED, "fanoutqa", "held-out") == "fanoutqa-held-out"
-    assert list_name("opensearch-3.5.0", "style", "held-out") == "opensearch-3.5.0-style-held-out"
+    assert list_name("opensearch-3.5.0", "style", "part4") == "opensearch-3.5.0-style-part4"
 
 
 def test_a_policy_that_changes_nothing_is_not_below_fusion() -> None:
@@ -47,10 +53,20 @@ def test_the_chosen_policy_is_the_one_whose_worst_benchmark_gains_most() -> None
     ]
 
 
-def test_a_cached_style_list_of_another_split_is_refused(tmp_path: Path) -> None:
-    lines = STYLE_PARTS["part4"].read_text("utf-8").splitlines()
-    mine = [{"query": json.loads(line)["query"]} for line in lines[:3]]
+def test_a_cached_style_list_of_another_part_is_refused(tmp_path: Path) -> None:
+    rows = [json.loads(line) for line in STYLE_PARTS["part4"].read_text("utf-8").splitlines()]
+    mine = [{"query": r["query"], "page": r["page"]} for r in rows[:3]]
     _check_style_cache(tmp_path / "list.json", mine, "part4")  # fewer is fine
-    foreign = [*mine, {"query": "a query of the first part"}]
-    with pytest.raises(SystemExit, match="not the style benchmark's part4"):
-        _check_style_cache(tmp_path / "list.json", foreign, "part4")
+    for foreign in (
+        {"query": "a query of the first part", "page": mine[0]["page"]},
+        {"query": mine[0]["query"], "page": "another page"},
+    ):
+        with pytest.raises(SystemExit, match="not the style benchmark's part4"):
+            _check_style_cache(tmp_path / "list.json", [*mine, foreign], "part4")
+
+
+def test_the_style_splits_hold_every_part_once_and_hold_out_the_last() -> None:
+    tuning, held_out = STYLE_SPLITS["tuning"], STYLE_SPLITS["held-out"]
+    assert sorted((*tuning, *held_out)) == sorted(STYLE_PARTS)
+    assert not set(tuning) & set(held_out)
+    assert held_out == (list(STYLE_PARTS)[-1],)

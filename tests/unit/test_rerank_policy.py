@@ -431,7 +431,7 @@ async def test_the_title_term_alone_keeps_first_the_fused_hit_holding_the_whole_
     assert [h.doc_id for h in await described_run(off)] == ["d2", "d3", "d1"]
 
 
-async def test_the_guard_waits_for_enough_words_and_yields_to_another_whole_match() -> None:
+async def test_the_guard_waits_for_enough_words() -> None:
     prefers_kenya = FakeReranker(score=lambda q, p: float(p.startswith("Kenya")))
     stage = RerankStage(config(when="always", blend=0.0), prefers_kenya)
     # Two content words ("coastal", "kenya"): under the default minimum the guard is not asked.
@@ -439,8 +439,37 @@ async def test_the_guard_waits_for_enough_words_and_yields_to_another_whole_matc
     strict = RerankStage(config(when="always", blend=0.0, full_match_min_words=2), prefers_kenya)
     # Kenya's passage (its title counted) holds "kenya" but not "coastal": Mombasa stays first.
     assert (await described_run(strict, "Coastal Kenya?"))[0].doc_id == "d1"
-    # A question Kenya's passage holds whole lets it go first.
-    assert (await described_run(strict, "Kenya country East Africa?"))[0].doc_id == "d2"
+
+
+async def test_a_hit_that_also_holds_the_whole_question_may_go_first() -> None:
+    """Both Mombasa's and Kenya's passages hold "Kenya" and "coastal" here (Kenya's title and
+    text): the guard does not hold Mombasa first."""
+    hits = [
+        DESCRIBED[0],
+        Hit("d2", "d2#0", "Kenya", "", "Kenya is a coastal country of East Africa.", BEST * 0.85),
+    ]
+    prefers_kenya = FakeReranker(score=lambda q, p: float(p.startswith("Kenya")))
+    stage = RerankStage(config(when="always", blend=0.0, full_match_min_words=2), prefers_kenya)
+    recorder = Recorder()
+    kept = await stage.rerank(RerankCall("acme", "Coastal Kenya?", hits, 2, "lookup", recorder))
+    assert [h.doc_id for h in kept] == ["d2", "d1"]
+    assert recorder.traces[0].full_match_kept is False
+
+
+async def test_a_title_counts_toward_the_whole_match() -> None:
+    """The fused first's text lacks "Mombasa"; its title holds it, so the question is held."""
+    hits = [
+        Hit("d1", "d1#0", "Mombasa", "", "A coastal city in southeastern Kenya.", BEST * 0.9),
+        Hit("d2", "d2#0", "Kenya", "", "Kenya is a country in East Africa.", BEST * 0.85),
+    ]
+    prefers_kenya = FakeReranker(score=lambda q, p: float(p.startswith("Kenya")))
+    stage = RerankStage(config(when="always", blend=0.0, full_match_min_words=2), prefers_kenya)
+    recorder = Recorder()
+    kept = await stage.rerank(
+        RerankCall("acme", "Mombasa coastal city?", hits, 2, "lookup", recorder)
+    )
+    assert [h.doc_id for h in kept] == ["d1", "d2"]
+    assert recorder.traces[0].full_match_kept is True
 
 
 def test_the_guard_is_on_by_default_from_four_words() -> None:
