@@ -290,15 +290,7 @@ def errors(args: argparse.Namespace) -> None:
     """Every tuning query whose page is not first, fused and under the policy, by category."""
     encoder = LocalCrossEncoder(delta_path=args.delta, cut=args.cut, threads=args.threads)
     plain = Policy(args.candidates, args.cut, args.margin, args.blend, args.skip_lexical)
-    titled = Policy(
-        args.candidates,
-        args.cut,
-        args.margin,
-        args.blend,
-        args.skip_lexical,
-        args.title_weight,
-        args.full_match,
-    )
+    titled = policy_of(args)
     for b in BENCHMARKS:
         split = load_split(b, tuning=True)[: args.limit]
         scores = score_all(encoder, split, args.candidates, f"{b}-tuning")
@@ -332,16 +324,14 @@ def _ordered_docs(listed: Listed, scores: list[float], policy: Policy | None) ->
     return [c.doc_id for c in listed.candidates]
 
 
+def policy_of(args: argparse.Namespace) -> Policy:
+    """The policy the command line names."""
+    fields = (args.margin, args.blend, args.skip_lexical, args.title_weight, args.full_match)
+    return Policy(args.candidates, args.cut, *fields)
+
+
 def held_out(args: argparse.Namespace) -> None:
-    policy = Policy(
-        args.candidates,
-        args.cut,
-        args.margin,
-        args.blend,
-        args.skip_lexical,
-        args.title_weight,
-        args.full_match,
-    )
+    policy = policy_of(args)
     always = Policy(args.candidates, args.cut, 1.01, args.blend)
     # Margin 0 reranks nothing: the fused order with the title term (and the guard) alone.
     titles = Policy(
