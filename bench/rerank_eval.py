@@ -12,8 +12,9 @@ bench/retrieval_eval.py: a page's rank is that of its best chunk; R@1 is the sha
 whose page ranks first, MRR@10 the mean of 1/rank (0 below 10). Reranking re-orders the top
 `candidates` chunks by `LocalCrossEncoder` score and leaves the rest in fused order. A policy
 reranks a query only when the fused margin, (s1 - s2) / s1 over the two best pages' fused
-scores, is below `margin` (1 = always). Intervals: 95% bootstrap resampling whole groups
-(FanOutQA parent question, lexical and style page); differences are paired.
+scores, is at most `margin`, the rerank stage's own rule (1.01 = always, `NEVER` = never).
+Intervals: 95% bootstrap resampling whole groups (FanOutQA parent question, lexical and style
+page); differences are paired.
 
 `tuning` reads the calibration fold of the tuning split (the groups the reranker was not
 trained on, bench/rerank_candidates.py) of the three benchmarks, on the embedded
@@ -64,12 +65,18 @@ from bench.rerank_candidates import (  # noqa: E402
 )
 from bench.retrieval_eval import OPENSEARCH_ALIAS, interval  # noqa: E402
 from routers.policy import lexical_reason  # noqa: E402
-from routers.rerank import final_order, full_match_first, title_matches  # noqa: E402
+from routers.rerank import (  # noqa: E402
+    final_order,
+    full_match_first,
+    fused_margin,
+    title_matches,
+)
 from routers.titles import base_name  # noqa: E402
 
 CANDIDATE_COUNTS = (10, 20, 50)
 CUTS = (64, 128, 256)
-MARGINS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 1.01)  # 1.01: every query (margins are <= 1)
+NEVER = -1.0  # a margin no query is under: nothing reranked
+MARGINS = (NEVER, 0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 1.01)  # 1.01: every query (margins are <= 1)
 BLENDS = (0.0, 0.5, 1.0, 2.0)
 TITLE_WEIGHTS = (0.0, 0.25, 0.5, 1.0)
 FULL_MATCH = (0, 1, 3, 4, 5)  # the coverage guard off (0), then its minimum number of words
@@ -81,7 +88,7 @@ DEPTH = 10
 class Policy:
     candidates: int
     cut: int
-    margin: float  # rerank when the fused margin is below this
+    margin: float  # rerank when the fused margin is at most this (`NEVER`: never)
     blend: float  # final = minmax(reranker) + blend x minmax(fused), over the candidates
     # Leave keyword and identifier queries (`routers.policy.lexical_reason`) in fused order.
     skip_lexical: bool = False
@@ -101,7 +108,10 @@ class Policy:
     def reranks(self, listed: Listed) -> bool:
         if self.skip_lexical and lexical_reason(listed.query):
             return False
-        return fused_margin(listed) < self.margin
+        # The stage's own rule (`RerankStage.decide`): reranked unless the margin is over
+        # `max_margin`; a list of one document has no margin and is reranked.
+        margin = fused_margin(listed.candidates)  # reads a candidate's doc_id and score
+        return margin is None or margin <= self.margin
 
 
 def page_rank(doc_ids: Sequence[str], page: str) -> int | None:
@@ -109,16 +119,6 @@ def page_rank(doc_ids: Sequence[str], page: str) -> int | None:
         if doc_id == page:
             return rank if rank <= DEPTH else None
     return None
-
-
-def fused_margin(listed: Listed) -> float:
-    best: dict[str, float] = {}
-    for c in listed.candidates:
-        best.setdefault(c.doc_id, c.score)
-    top = sorted(best.values(), reverse=True)[:2]
-    if len(top) < 2 or top[0] <= 0:
-        return 1.0
-    return (top[0] - top[1]) / top[0]
 
 
 def _minmax(values: Sequence[float]) -> np.ndarray:
@@ -333,11 +333,11 @@ def policy_of(args: argparse.Namespace) -> Policy:
 def held_out(args: argparse.Namespace) -> None:
     policy = policy_of(args)
     always = Policy(args.candidates, args.cut, 1.01, args.blend)
-    # Margin 0 reranks nothing: the fused order with the title term (and the guard) alone.
+    # A negative margin reranks nothing: the fused order with the title term (and the guard).
     titles = Policy(
         args.candidates,
         args.cut,
-        0.0,
+        NEVER,
         args.blend,
         title_weight=args.title_weight,
         full_match=args.full_match,

@@ -476,3 +476,10 @@ def test_the_guard_is_on_by_default_from_four_words() -> None:
     """docs/reranking.md, "The coverage guard": chosen on the tuning parts."""
     c = RerankConfig()
     assert (c.keep_full_match, c.full_match_min_words) == (True, 4)
+
+
+def test_a_guard_minimum_under_one_word_is_refused_naming_the_field() -> None:
+    with pytest.raises(ValidationError, match="full_match_min_words"):
+        RerankConfig(full_match_min_words=0)
+    with pytest.raises(ValidationError, match="keep_full_match"):
+        RerankConfig.model_validate({"keep_full_match": "sometimes"})

@@ -120,3 +120,19 @@ def test_each_part_leaves_out_every_earlier_parts_pages(
     third_pages = {r["page"] for r in style.generate_part(3, docs, per_kind=10)}
     assert "Galileo Galilei" in third_pages
     assert not third_pages & {"Holy Grail", "John Keats"}
+
+
+def test_the_shipped_parts_after_the_first_share_no_page_with_anything_before() -> None:
+    """docs/reranking.md: parts 2-4 are on pages of no earlier part and no other benchmark;
+    part 1, made first, shares 17 pages with FanOutQA's and 23 with the lexical benchmark's."""
+    from bench.retrieval_eval import load_lexical, load_queries
+    from gateway.ingest.wiki_sample import load_wiki_sample
+
+    ids = {d.doc_id for d in load_wiki_sample()}
+    fanoutqa = {q.page for q in load_queries(ids)}
+    lexical = {q.page for q in load_lexical(ids)}
+    parts = [{json.loads(line)["page"] for line in p.open(encoding="utf-8")} for p in style.PARTS]
+    assert (len(parts[0] & fanoutqa), len(parts[0] & lexical)) == (17, 23)
+    for n, pages in enumerate(parts[1:], start=1):
+        earlier = set().union(*parts[:n], fanoutqa, lexical)
+        assert pages and not pages & earlier, n
